@@ -1,0 +1,30 @@
+# space-api. `make run` and `make test` are all a fresh Debian machine with Go needs:
+# the scripts install and start what is missing (PostgreSQL 15, Redis) on loopback.
+SHELL := /usr/bin/env bash
+
+.DEFAULT_GOAL := help
+.PHONY: help run test services services-down bench lint build
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+run: ## serve locally: starts Postgres and Redis if needed, migrates, demo flags, warm pool
+	scripts/run.sh
+
+test: ## the whole suite (race detector on) against real Postgres, Redis and Redis Cluster
+	scripts/test.sh
+
+services: ## start local Postgres, Redis and a 3-node Redis Cluster on loopback
+	scripts/services.sh up
+
+services-down: ## stop what `make services` started
+	scripts/services.sh down
+
+bench: ## benchmarks against the local services; writes docs/benchmarks.md
+	scripts/bench.sh
+
+lint: ## go vet and gofmt check
+	scripts/lint.sh
+
+build: ## build bin/space-api
+	go build -o bin/space-api ./cmd/space-api

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/config"
+	"github.com/space-sandbox/space/internal/store"
+)
+
+// Main is the whole service, wired: end-to-end tests start it on ":0" with a config of
+// their own and talk to it over HTTP, exactly as clients do.
+type Main struct {
+	Config   config.Config
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+
+	DB    *pgxpool.Pool
+	Redis redis.UniversalClient
+	API   *api.Server
+
+	publicLn, internalLn net.Listener
+	public, internal     *http.Server
+	serveErr             chan error
+
+	// inFlight counts connections with a request being read or answered; shutdown
+	// waits for it to reach zero.
+	inFlight  prometheus.Gauge
+	connState sync.Map // net.Conn -> http.ConnState
+
+	closeOnce sync.Once
+	closeErr  error
+	// closers run in reverse order on Close, after the listeners have drained.
+	closers []func(context.Context) error
+}
+
+// NewMain returns a Main for cfg; nothing is opened until Run.
+func NewMain(cfg config.Config, logger *slog.Logger) *Main {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	inFlight := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "space_http_active_connections",
+		Help: "Connections with a request in flight, both listeners.",
+	})
+	reg.MustRegister(inFlight)
+	return &Main{Config: cfg, Logger: logger, Registry: reg, inFlight: inFlight, serveErr: make(chan error, 2)}
+}
+
+// Run opens the dependencies, refuses an unmigrated database, starts the listeners and
+// returns once both are accepting connections. Call Close to stop.
+func (m *Main) Run(ctx context.Context) error {
+	cfg := m.Config
+
+	db, err := store.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	m.DB = db
+	m.onClose(func(context.Context) error { db.Close(); return nil })
+	if err := store.CheckMigrated(ctx, db); err != nil {
+		return err
+	}
+
+	// Redis is not pinged here: a Redis outage at start is a Redis outage like any
+	// other (admission fails open, /readyz says so), not a reason to crash-loop.
+	m.Redis = redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:         cfg.Redis.Addrs,
+		IsClusterMode: len(cfg.Redis.Addrs) > 1,
+		DialTimeout:   time.Second,
+		ReadTimeout:   cfg.Redis.Timeout,
+		WriteTimeout:  cfg.Redis.Timeout,
+	})
+	m.onClose(func(context.Context) error { return m.Redis.Close() })
+
+	m.API = api.New(api.Options{
+		Logger:       m.Logger,
+		Registry:     m.Registry,
+		MaxBodyBytes: cfg.Sandbox.MaxBodyBytes,
+		Checks: []api.Check{
+			{Name: "postgres", Check: db.Ping},
+			{Name: "redis", Check: func(ctx context.Context) error { return m.Redis.Ping(ctx).Err() }},
+		},
+	})
+
+	if err := m.listen(); err != nil {
+		return err
+	}
+	m.Logger.Info("space-api serving", "version", Version(),
+		"public", m.publicLn.Addr().String(), "internal", m.internalLn.Addr().String())
+	return nil
+}
+
+func (m *Main) listen() error {
+	var err error
+	if m.publicLn, err = net.Listen("tcp", m.Config.HTTPAddr); err != nil {
+		return fmt.Errorf("listen SPACE_HTTP_ADDR %s: %w", m.Config.HTTPAddr, err)
+	}
+	if m.internalLn, err = net.Listen("tcp", m.Config.InternalHTTPAddr); err != nil {
+		m.publicLn.Close()
+		return fmt.Errorf("listen SPACE_INTERNAL_HTTP_ADDR %s: %w", m.Config.InternalHTTPAddr, err)
+	}
+	m.public = newHTTPServer(m.API.Public(), m.Logger)
+	m.internal = newHTTPServer(m.API.Internal(), m.Logger)
+	m.public.ConnState, m.internal.ConnState = m.trackConn, m.trackConn
+	for _, s := range []struct {
+		srv *http.Server
+		ln  net.Listener
+	}{{m.public, m.publicLn}, {m.internal, m.internalLn}} {
+		go func() {
+			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				m.Logger.Error("listener failed", "addr", s.ln.Addr().String(), "err", err)
+				m.serveErr <- err
+			}
+		}()
+	}
+	return nil
+}
+
+// newHTTPServer sets the timeouts that keep a slow or malicious client from holding a
+// connection forever (slowloris): headers within 5s, a whole request within 30s.
+// WriteTimeout is generous because a synchronous create waits for a cold start.
+func newHTTPServer(h http.Handler, logger *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      2 * time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    32 << 10,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+}
+
+// trackConn keeps inFlight: +1 when a connection starts a request, -1 when it leaves
+// that state.
+func (m *Main) trackConn(c net.Conn, state http.ConnState) {
+	prev, _ := m.connState.Load(c)
+	if prev == http.StateActive && state != http.StateActive {
+		m.inFlight.Dec()
+	}
+	if state == http.StateActive && prev != http.StateActive {
+		m.inFlight.Inc()
+	}
+	if state == http.StateClosed || state == http.StateHijacked {
+		m.connState.Delete(c)
+	} else {
+		m.connState.Store(c, state)
+	}
+}
+
+// PublicURL is the base URL of the public listener, e.g. http://127.0.0.1:41234.
+func (m *Main) PublicURL() string { return "http://" + m.publicLn.Addr().String() }
+
+// InternalURL is the base URL of the internal listener.
+func (m *Main) InternalURL() string { return "http://" + m.internalLn.Addr().String() }
+
+// Err receives a listener's failure after Run; nil channel reads block forever.
+func (m *Main) Err() <-chan error { return m.serveErr }
+
+func (m *Main) onClose(f func(context.Context) error) { m.closers = append(m.closers, f) }
+
+// Close shuts down gracefully within Config.ShutdownTimeout: readiness turns 503, the
+// listeners stop accepting and drain in-flight requests, then background work stops and
+// the dependencies close. It is safe to call more than once.
+func (m *Main) Close() error {
+	m.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
+		defer cancel()
+		if m.API != nil {
+			m.API.Drain()
+		}
+		var errs []error
+		for _, s := range []*http.Server{m.public, m.internal} {
+			if s != nil {
+				if err := s.Shutdown(ctx); err != nil {
+					errs = append(errs, fmt.Errorf("drain listener: %w", err))
+				}
+			}
+		}
+		for i := len(m.closers) - 1; i >= 0; i-- {
+			if err := m.closers[i](ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		m.closeErr = errors.Join(errs...)
+	})
+	return m.closeErr
+}

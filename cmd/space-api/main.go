@@ -1,0 +1,113 @@
+// Command space-api is the sandbox admission controller.
+//
+//	space-api [serve]   serve the public and internal listeners (default)
+//	space-api migrate   apply database migrations (ours and River's)
+//	space-api version   print the version
+//
+// Configuration comes from SPACE_* environment variables; see README.md.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/space-sandbox/space/internal/config"
+	"github.com/space-sandbox/space/internal/store"
+)
+
+// version is set at build time with -ldflags "-X main.version=..."; otherwise it is
+// read from the module build info.
+var version = ""
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "space-api:", err)
+		os.Exit(1)
+	}
+}
+
+// run is main without the process: tests call it with their own arguments and env.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, "space-api", Version())
+		return nil
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	case "serve", "migrate":
+	default:
+		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	}
+
+	cfg, err := config.Load(getenv)
+	if err != nil {
+		return err
+	}
+	logger := NewLogger(stderr, cfg.LogLevel)
+
+	switch cmd {
+	case "migrate":
+		pool, err := store.Open(ctx, cfg.DatabaseURL)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := store.Migrate(ctx, pool, logger); err != nil {
+			return err
+		}
+		logger.Info("database migrated")
+		return nil
+	default: // serve
+		m := NewMain(cfg, logger)
+		if err := m.Run(ctx); err != nil {
+			m.Close()
+			return err
+		}
+		<-ctx.Done()
+		logger.Info("shutting down")
+		return m.Close()
+	}
+}
+
+const usage = `usage: space-api [command]
+
+commands:
+  serve     serve the public and internal listeners (default)
+  migrate   apply database migrations
+  version   print the version
+
+Configuration is read from SPACE_* environment variables (see README.md).
+`
+
+// Version is the build's version.
+func Version() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// NewLogger returns the JSON logger every component logs through.
+func NewLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+}

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/config"
+	"github.com/space-sandbox/space/internal/store"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// testConfig is a config for a Main on ":0" ports with a database of the test's own.
+func testConfig(t *testing.T) config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.HTTPAddr, cfg.InternalHTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.DatabaseURL = testenv.DatabaseURL(t)
+	cfg.Redis.Addrs = []string{testenv.RedisAddr(t)}
+	cfg.ShutdownTimeout = 10 * time.Second
+	return cfg
+}
+
+// startMain runs a Main built from cfg, closed when the test ends.
+func startMain(t *testing.T, cfg config.Config) *Main {
+	t.Helper()
+	m := NewMain(cfg, NewLogger(io.Discard, "error"))
+	if err := m.Run(testenv.Context(t)); err != nil {
+		m.Close()
+		t.Fatalf("run: %v", err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func getJSON(t *testing.T, url string, v any) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	if v != nil {
+		if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+			t.Fatalf("GET %s: decode: %v", url, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+func TestServe(t *testing.T) {
+	t.Parallel()
+
+	t.Run("readyz is 503 naming redis while it is stopped and 200 when it is back", func(t *testing.T) {
+		t.Parallel()
+		redisSrv := testenv.StartRedis(t)
+		cfg := testConfig(t)
+		cfg.Redis.Addrs = []string{redisSrv.Addr}
+		m := startMain(t, cfg)
+
+		var ready api.Readiness
+		if code := getJSON(t, m.PublicURL()+"/readyz", &ready); code != http.StatusOK {
+			t.Fatalf("readyz = %d %+v, want 200", code, ready)
+		}
+		redisSrv.Stop()
+		ready = api.Readiness{}
+		if code := getJSON(t, m.PublicURL()+"/readyz", &ready); code != http.StatusServiceUnavailable {
+			t.Fatalf("readyz with redis stopped = %d, want 503", code)
+		}
+		if len(ready.Down) != 1 || ready.Down[0] != "redis" || ready.Checks["postgres"].Status != "ok" {
+			t.Fatalf("readyz body = %+v, want only redis down", ready)
+		}
+		redisSrv.Start()
+		testenv.Eventually(t, 10*time.Second, "readyz to recover", func() bool {
+			return getJSON(t, m.PublicURL()+"/readyz", nil) == http.StatusOK
+		})
+	})
+
+	t.Run("readyz is 503 naming postgres while it is unreachable", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		url, proxy := testenv.ProxyDatabaseURL(t, cfg.DatabaseURL)
+		cfg.DatabaseURL = url
+		m := startMain(t, cfg)
+		proxy.Cut()
+		var ready api.Readiness
+		if code := getJSON(t, m.PublicURL()+"/readyz", &ready); code != http.StatusServiceUnavailable || len(ready.Down) != 1 || ready.Down[0] != "postgres" {
+			t.Fatalf("readyz = %d %+v, want 503 naming postgres", code, ready)
+		}
+		proxy.Restore()
+		testenv.Eventually(t, 10*time.Second, "readyz to recover", func() bool {
+			return getJSON(t, m.PublicURL()+"/readyz", nil) == http.StatusOK
+		})
+	})
+
+	t.Run("serve refuses an unmigrated database with a clear message", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.DatabaseURL = testenv.EmptyDatabaseURL(t)
+		m := NewMain(cfg, NewLogger(io.Discard, "error"))
+		defer m.Close()
+		err := m.Run(testenv.Context(t))
+		if !errors.Is(err, store.ErrNotMigrated) || !strings.Contains(err.Error(), "space-api migrate") {
+			t.Fatalf("Run on an unmigrated database = %v, want ErrNotMigrated telling to run space-api migrate", err)
+		}
+	})
+
+	t.Run("metrics are on the internal listener and not the public one", func(t *testing.T) {
+		t.Parallel()
+		m := startMain(t, testConfig(t))
+		getJSON(t, m.PublicURL()+"/healthz", nil)
+		resp, err := http.Get(m.InternalURL() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`space_http_requests_total{code="200",listener="public",method="GET",route="/healthz"} 1`)) {
+			t.Fatalf("internal /metrics = %d, missing the healthz request count:\n%.2000s", resp.StatusCode, body)
+		}
+		if code := getJSON(t, m.PublicURL()+"/metrics", nil); code != http.StatusNotFound {
+			t.Fatalf("public /metrics = %d, want 404", code)
+		}
+	})
+}
+
+func TestRun(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a bad variable stops the start with one line naming it", func(t *testing.T) {
+		t.Parallel()
+		env := map[string]string{
+			"SPACE_DATABASE_URL":  "postgres://x@127.0.0.1:1/x",
+			"SPACE_REDIS_ADDRS":   "127.0.0.1:1",
+			"SPACE_REDIS_TIMEOUT": "fast",
+		}
+		err := run(context.Background(), []string{"serve"}, func(k string) string { return env[k] }, io.Discard, io.Discard)
+		if err == nil || err.Error() != `SPACE_REDIS_TIMEOUT="fast" is invalid: want a positive Go duration such as 100ms, 2s or 10m` {
+			t.Fatalf("run = %v", err)
+		}
+	})
+
+	t.Run("version prints without any configuration", func(t *testing.T) {
+		t.Parallel()
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"version"}, func(string) string { return "" }, &out, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(out.String(), "space-api ") {
+			t.Fatalf("version printed %q", out.String())
+		}
+	})
+
+	t.Run("an unknown command is an error", func(t *testing.T) {
+		t.Parallel()
+		err := run(context.Background(), []string{"frobnicate"}, func(string) string { return "" }, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), `unknown command "frobnicate"`) {
+			t.Fatalf("run = %v", err)
+		}
+	})
+
+	t.Run("migrate then serve on an empty database", func(t *testing.T) {
+		t.Parallel()
+		env := map[string]string{
+			"SPACE_DATABASE_URL":       testenv.EmptyDatabaseURL(t),
+			"SPACE_REDIS_ADDRS":        testenv.RedisAddr(t),
+			"SPACE_HTTP_ADDR":          "127.0.0.1:0",
+			"SPACE_INTERNAL_HTTP_ADDR": "127.0.0.1:0",
+		}
+		getenv := func(k string) string { return env[k] }
+		if err := run(testenv.Context(t), []string{"migrate"}, getenv, io.Discard, io.Discard); err != nil {
+			t.Fatalf("migrate: %v", err)
+		}
+		ctx, cancel := context.WithCancel(testenv.Context(t))
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, nil, getenv, io.Discard, io.Discard) }()
+		select {
+		case err := <-done:
+			t.Fatalf("serve stopped by itself: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("serve after cancel: %v", err)
+		}
+	})
+}

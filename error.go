@@ -1,0 +1,133 @@
+package space
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Error codes. Each maps to exactly one HTTP status in internal/api (one table); the
+// rest of the program speaks only these codes.
+const (
+	EINVALID       = "invalid"       // the request is malformed (400)
+	EUNAUTHORIZED  = "unauthorized"  // no valid credentials (401)
+	ENOTFOUND      = "not_found"     // no such thing, or not the caller's (404)
+	ECONFLICT      = "conflict"      // the thing's state does not allow it (409)
+	EUNPROCESSABLE = "unprocessable" // well formed but cannot be served, e.g. a shape over the caps (422)
+	ELIMITED       = "limited"       // a limit turned it away: see *LimitError (429)
+	EUNAVAILABLE   = "unavailable"   // a dependency is down (503)
+	EINTERNAL      = "internal"      // a bug or an unexpected failure (500)
+)
+
+// Error is a domain error: a code for the machine, a message for the caller, and, for
+// a bad input, the field it is about.
+type Error struct {
+	Code    string
+	Message string
+	// Field is the JSON field or parameter the error is about, if any.
+	Field string
+	// Err is the underlying cause, for logs; it is never shown to callers.
+	Err error
+}
+
+func (e *Error) Error() string {
+	s := e.Code + ": " + e.Message
+	if e.Field != "" {
+		s = e.Code + ": " + e.Field + ": " + e.Message
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf returns an *Error with the given code and a formatted message.
+func Errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// FieldError returns an *Error about one input field.
+func FieldError(code, field, format string, args ...any) *Error {
+	return &Error{Code: code, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// Unavailable wraps a dependency failure as EUNAVAILABLE, naming the dependency.
+func Unavailable(dependency string, err error) *Error {
+	return &Error{Code: EUNAVAILABLE, Message: dependency + " is unavailable", Err: err}
+}
+
+// ErrorCode returns the code of err: the code of the first *Error or *LimitError in its
+// chain, EINTERNAL for any other error, and "" for nil.
+func ErrorCode(err error) string {
+	if err == nil {
+		return ""
+	}
+	var le *LimitError
+	if errors.As(err, &le) {
+		return ELIMITED
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return EINTERNAL
+}
+
+// ErrorMessage returns the caller-facing message of err. Internal errors get a generic
+// message so that no internal detail leaks.
+func ErrorMessage(err error) string {
+	if err == nil {
+		return ""
+	}
+	var le *LimitError
+	if errors.As(err, &le) {
+		return le.Message()
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Message
+	}
+	return "internal error"
+}
+
+// LimitError is a request turned away by one of the limits (ELIMITED, HTTP 429). It
+// carries what a caller needs to back off: which bucket, whose, and when to retry.
+type LimitError struct {
+	Bucket Bucket
+	Client ClientKey
+	// RetryAfter is the earliest time at which a retry can succeed: the refill time of
+	// whichever empty bucket refills last. It is not jittered; the API jitters it.
+	RetryAfter time.Duration
+	// Limit is the rate of the bucket that turned the request away, when it is a token
+	// bucket; nil for concurrency and live caps.
+	Limit *Rate
+	// Cap is the limit for the concurrency and live caps; 0 for token buckets.
+	Cap int
+	// Remaining is what was left in the rejecting bucket (tokens, or places).
+	Remaining float64
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("%s: %s", ELIMITED, e.Message())
+}
+
+// Message is the caller-facing explanation, one per bucket (DESIGN.md §4).
+func (e *LimitError) Message() string {
+	switch e.Bucket {
+	case BucketClientActivation:
+		msg := fmt.Sprintf("client %q is over its sandbox activation rate; slow down and retry after the Retry-After delay", string(e.Client))
+		if e.Client == Unknown {
+			msg += "; activations without an allowlisted X-Client-ID share this rate"
+		}
+		return msg
+	case BucketClusterActivation:
+		return "the cluster is at its sandbox activation capacity; retry later"
+	case BucketClientConcurrency:
+		return fmt.Sprintf("client %q has too many requests in flight (cap %d); retry when one finishes", string(e.Client), e.Cap)
+	case BucketLiveSandboxCap:
+		return fmt.Sprintf("client %q has reached its cap of %d live sandboxes; pause or delete one first", string(e.Client), e.Cap)
+	}
+	return "rate limited"
+}

@@ -1,0 +1,144 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space"
+)
+
+type ctxKey int
+
+const (
+	requestIDKey ctxKey = iota
+)
+
+// RequestID returns the request's id: the caller's X-Request-ID when it is a sane
+// token, otherwise one made here. It is echoed in the response and in every log line.
+func RequestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey).(string)
+	return id
+}
+
+func requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-ID")
+		if !saneToken(id, 64) {
+			var b [8]byte
+			_, _ = rand.Read(b[:])
+			id = hex.EncodeToString(b[:])
+		}
+		w.Header().Set("X-Request-ID", id)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+	})
+}
+
+// saneToken reports whether s is 1..max characters of [A-Za-z0-9._-], the only shape of
+// caller-chosen id that may reach a log line or a database column.
+func saneToken(s string, max int) bool {
+	if len(s) == 0 || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// httpMetrics are the request series. The route label is chi's route pattern, never the
+// raw path, so its values are bounded by the router.
+type httpMetrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
+	m := &httpMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_http_requests_total",
+			Help: "HTTP requests answered, by listener, route pattern, method and status code.",
+		}, []string{"listener", "route", "method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "space_http_request_seconds",
+			Help:    "HTTP request latency, by listener, route pattern and method.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10},
+		}, []string{"listener", "route", "method"}),
+	}
+	reg.MustRegister(m.requests, m.duration)
+	return m
+}
+
+// observe logs and counts every request, and recovers a panicking handler into a 500
+// problem: one bad request must not take the process down.
+func (s *Server) observe(listener string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+			defer func() {
+				if rec := recover(); rec != nil {
+					if rec == http.ErrAbortHandler { //nolint:errorlint // sentinel compared as net/http does
+						panic(rec)
+					}
+					s.logger.ErrorContext(r.Context(), "handler panicked", "panic", rec, "stack", string(debug.Stack()), "request_id", RequestID(r.Context()))
+					if ww.Status() == 0 {
+						writeError(ww, r, s.logger, &space.Error{Code: space.EINTERNAL, Message: "internal error", Err: errors.New("panic")})
+					}
+				}
+				route := chi.RouteContext(r.Context()).RoutePattern()
+				if route == "" {
+					route = "unmatched"
+				}
+				status := ww.Status()
+				if status == 0 {
+					status = http.StatusOK
+				}
+				elapsed := time.Since(start)
+				s.metrics.requests.WithLabelValues(listener, route, r.Method, strconv.Itoa(status)).Inc()
+				s.metrics.duration.WithLabelValues(listener, route, r.Method).Observe(elapsed.Seconds())
+				level := slog.LevelInfo
+				if status >= 500 {
+					level = slog.LevelWarn
+				}
+				if s.logger.Enabled(r.Context(), level) {
+					s.logger.LogAttrs(r.Context(), level, "request",
+						slog.String("listener", listener),
+						slog.String("method", r.Method),
+						slog.String("route", route),
+						slog.Int("status", status),
+						slog.Int("bytes", ww.BytesWritten()),
+						slog.Duration("duration", elapsed),
+						slog.String("request_id", RequestID(r.Context())),
+						slog.String("client", string(space.ClientFromContext(r.Context()))),
+					)
+				}
+			}()
+			next.ServeHTTP(ww, r)
+		})
+	}
+}
+
+// limitBody caps every request body: a body over the limit fails its JSON decode with
+// a 400 naming the body, before any work is done.
+func (s *Server) limitBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil {
+			r.Body = http.MaxBytesReader(w, r.Body, s.maxBodyBytes)
+		}
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,115 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/admission"
+)
+
+// statusByCode is the one table from domain error codes to HTTP status.
+var statusByCode = map[string]int{
+	space.EINVALID:       http.StatusBadRequest,
+	space.EUNAUTHORIZED:  http.StatusUnauthorized,
+	space.ENOTFOUND:      http.StatusNotFound,
+	space.ECONFLICT:      http.StatusConflict,
+	space.EUNPROCESSABLE: http.StatusUnprocessableEntity,
+	space.ELIMITED:       http.StatusTooManyRequests,
+	space.EUNAVAILABLE:   http.StatusServiceUnavailable,
+	space.EINTERNAL:      http.StatusInternalServerError,
+}
+
+// Status returns the HTTP status of a domain error.
+func Status(err error) int {
+	if s, ok := statusByCode[space.ErrorCode(err)]; ok {
+		return s
+	}
+	return http.StatusInternalServerError
+}
+
+// Problem is an RFC 9457 problem details body, with the extension members space adds:
+// the error code, the field a bad input is about, and for limits the bucket and client.
+type Problem struct {
+	Type      string          `json:"type"`
+	Title     string          `json:"title"`
+	Status    int             `json:"status"`
+	Detail    string          `json:"detail,omitempty"`
+	Instance  string          `json:"instance,omitempty"`
+	Code      string          `json:"code"`
+	Field     string          `json:"field,omitempty"`
+	Bucket    space.Bucket    `json:"bucket,omitempty"`
+	Client    space.ClientKey `json:"client,omitempty"`
+	RequestID string          `json:"request_id,omitempty"`
+}
+
+// ProblemType is the type URI of a problem with the given code.
+func ProblemType(code string) string { return "urn:space:problem:" + code }
+
+// writeError renders err as problem+json with the status of its code. Internal errors
+// are logged with the request id and shown to the caller as a bare "internal error".
+func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
+	code := space.ErrorCode(err)
+	status := Status(err)
+	p := Problem{
+		Type:      ProblemType(code),
+		Title:     http.StatusText(status),
+		Status:    status,
+		Detail:    space.ErrorMessage(err),
+		Instance:  r.URL.Path,
+		Code:      code,
+		RequestID: RequestID(r.Context()),
+	}
+	var de *space.Error
+	if errors.As(err, &de) {
+		p.Field = de.Field
+	}
+	var le *space.LimitError
+	if errors.As(err, &le) {
+		p.Bucket, p.Client = le.Bucket, le.Client
+		setLimitHeaders(w.Header(), le, rand.Float64)
+	}
+	switch {
+	case status >= 500:
+		logger.ErrorContext(r.Context(), "request failed", "code", code, "err", err, "request_id", p.RequestID)
+	case code == space.EUNAUTHORIZED:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="space"`)
+	}
+	writeProblem(w, p)
+}
+
+func writeProblem(w http.ResponseWriter, p Problem) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// setLimitHeaders sets Retry-After and the RateLimit-Policy / RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers for a turned-away request. For a token bucket the
+// quota q is the burst and the window w the time an empty bucket takes to refill; r is
+// what remains and t the seconds until it is useful again.
+func setLimitHeaders(h http.Header, le *space.LimitError, rnd func() float64) {
+	retry := int(admission.RetryAfter(le.RetryAfter, rnd) / time.Second)
+	h.Set("Retry-After", strconv.Itoa(retry))
+	name := string(le.Bucket)
+	remaining := int64(math.Max(0, math.Floor(le.Remaining)))
+	switch {
+	case le.Limit != nil:
+		window := int64(1)
+		if le.Limit.RefillRPS > 0 {
+			window = int64(math.Max(1, math.Ceil(float64(le.Limit.Burst)/le.Limit.RefillRPS)))
+		}
+		h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", name, le.Limit.Burst, window))
+	case le.Cap > 0:
+		h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d", name, le.Cap))
+	}
+	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", name, remaining, retry))
+}

@@ -1,0 +1,164 @@
+// Package api is space-api's HTTP layer: the chi routers of the public and internal
+// listeners, client identity, handlers, and the one place where domain errors become
+// HTTP statuses and RFC 9457 problem+json bodies.
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Check is one dependency that readiness depends on. Check returns nil when the
+// dependency answers; Detail, when set, adds a note shown in /readyz whatever the
+// result (the simulated substrate says that it is one).
+type Check struct {
+	Name   string
+	Check  func(ctx context.Context) error
+	Detail string
+}
+
+// Options are what a Server needs. Logger and Registry are required.
+type Options struct {
+	Logger *slog.Logger
+	// Registry receives the HTTP metrics and is served on /metrics (internal listener).
+	Registry *prometheus.Registry
+	// Checks are run by /readyz, concurrently, each within CheckTimeout.
+	Checks []Check
+	// CheckTimeout bounds each readiness check (default 2s).
+	CheckTimeout time.Duration
+	// MaxBodyBytes caps request bodies (default 64 KiB).
+	MaxBodyBytes int64
+}
+
+// Server holds the handlers of both listeners.
+type Server struct {
+	logger       *slog.Logger
+	registry     *prometheus.Registry
+	metrics      *httpMetrics
+	checks       []Check
+	checkTimeout time.Duration
+	maxBodyBytes int64
+	draining     atomic.Bool
+}
+
+// New returns a Server.
+func New(opts Options) *Server {
+	s := &Server{
+		logger:       opts.Logger,
+		registry:     opts.Registry,
+		checks:       opts.Checks,
+		checkTimeout: opts.CheckTimeout,
+		maxBodyBytes: opts.MaxBodyBytes,
+	}
+	if s.checkTimeout <= 0 {
+		s.checkTimeout = 2 * time.Second
+	}
+	if s.maxBodyBytes <= 0 {
+		s.maxBodyBytes = 64 << 10
+	}
+	s.metrics = newHTTPMetrics(opts.Registry)
+	return s
+}
+
+// Drain makes /readyz answer 503 so that load balancers stop sending new requests
+// while in-flight ones finish; called first on shutdown.
+func (s *Server) Drain() { s.draining.Store(true) }
+
+// Public is the handler of the public listener (SPACE_HTTP_ADDR).
+func (s *Server) Public() http.Handler {
+	r := chi.NewRouter()
+	r.Use(requestID, s.observe("public"), s.limitBody)
+	r.NotFound(s.notFound)
+	r.MethodNotAllowed(s.methodNotAllowed)
+	r.Get("/healthz", s.healthz)
+	r.Get("/readyz", s.readyz)
+	return r
+}
+
+// Internal is the handler of the internal listener (SPACE_INTERNAL_HTTP_ADDR): the
+// /internal/v1 API and /metrics, which must never be reachable by clients.
+func (s *Server) Internal() http.Handler {
+	r := chi.NewRouter()
+	r.Use(requestID, s.observe("internal"), s.limitBody)
+	r.NotFound(s.notFound)
+	r.MethodNotAllowed(s.methodNotAllowed)
+	r.Get("/healthz", s.healthz)
+	r.Get("/readyz", s.readyz)
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
+	return r
+}
+
+func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	writeProblem(w, Problem{
+		Type: ProblemType("not_found"), Title: http.StatusText(http.StatusNotFound), Status: http.StatusNotFound,
+		Detail: "no such route", Instance: r.URL.Path, Code: "not_found", RequestID: RequestID(r.Context()),
+	})
+}
+
+func (s *Server) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	writeProblem(w, Problem{
+		Type: ProblemType("method_not_allowed"), Title: http.StatusText(http.StatusMethodNotAllowed), Status: http.StatusMethodNotAllowed,
+		Detail: r.Method + " is not allowed here", Instance: r.URL.Path, Code: "method_not_allowed", RequestID: RequestID(r.Context()),
+	})
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// CheckResult is one dependency's line in /readyz.
+type CheckResult struct {
+	Status string `json:"status"` // "ok" or "down"
+	Error  string `json:"error,omitempty"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// Readiness is the /readyz body.
+type Readiness struct {
+	Status string                 `json:"status"` // "ok", "unavailable" or "draining"
+	Down   []string               `json:"down,omitempty"`
+	Checks map[string]CheckResult `json:"checks"`
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	res := Readiness{Status: "ok", Checks: make(map[string]CheckResult, len(s.checks))}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, c := range s.checks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(r.Context(), s.checkTimeout)
+			defer cancel()
+			cr := CheckResult{Status: "ok", Detail: c.Detail}
+			if err := c.Check(ctx); err != nil {
+				cr.Status, cr.Error = "down", err.Error()
+			}
+			mu.Lock()
+			res.Checks[c.Name] = cr
+			if cr.Status != "ok" {
+				res.Down = append(res.Down, c.Name)
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	sort.Strings(res.Down)
+	status := http.StatusOK
+	switch {
+	case len(res.Down) > 0:
+		res.Status, status = "unavailable", http.StatusServiceUnavailable
+	case s.draining.Load():
+		res.Status, status = "draining", http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, res)
+}

@@ -1,0 +1,452 @@
+// Package config reads space-api's configuration from SPACE_* environment variables.
+//
+// Every variable is parsed and validated at start. A bad value is reported as one line
+// naming the variable, the value and what it accepts, so that a typo in a Helm value
+// stops a rollout at the first pod instead of misbehaving in production. Defaults live
+// in one place, Default.
+package config
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/space-sandbox/space"
+)
+
+// Config is the whole configuration, grouped by the component that uses it.
+type Config struct {
+	// HTTPAddr is the public listener (SPACE_HTTP_ADDR, default ":8080").
+	HTTPAddr string
+	// InternalHTTPAddr serves /internal/v1 and /metrics (SPACE_INTERNAL_HTTP_ADDR,
+	// default ":8081"). It must never be reachable by clients.
+	InternalHTTPAddr string
+	// DatabaseURL is the Postgres URL (SPACE_DATABASE_URL, required).
+	DatabaseURL string
+	// LogLevel is debug, info, warn or error (SPACE_LOG_LEVEL, default info).
+	LogLevel string
+	// ShutdownTimeout bounds the drain of in-flight requests and running jobs on
+	// SIGTERM (SPACE_SHUTDOWN_TIMEOUT, default 25s, under Kubernetes' 30s grace period).
+	ShutdownTimeout time.Duration
+
+	Auth       Auth
+	Redis      Redis
+	Admission  Admission
+	Flags      Flags
+	Sandbox    Sandbox
+	Dispatcher Dispatcher
+}
+
+// Auth decides how a caller's client id is established.
+type Auth struct {
+	// Mode is AuthAPIKey (Authorization: Bearer, keys hashed in Postgres) or
+	// AuthTrustedHeader (X-Client-ID from a trusted proxy) (SPACE_AUTH_MODE, default
+	// api_key).
+	Mode AuthMode
+	// TrustedProxyCIDRs are the peers whose X-Client-ID is believed in trusted_header
+	// mode (SPACE_TRUSTED_PROXY_CIDRS, comma separated; required in that mode).
+	TrustedProxyCIDRs []netip.Prefix
+}
+
+// AuthMode is the value of SPACE_AUTH_MODE.
+type AuthMode string
+
+const (
+	AuthAPIKey        AuthMode = "api_key"
+	AuthTrustedHeader AuthMode = "trusted_header"
+)
+
+// Redis locates the Redis that holds the buckets and leases.
+type Redis struct {
+	// Addrs is SPACE_REDIS_ADDRS (required): one address for a standalone Redis,
+	// several for a Redis Cluster.
+	Addrs []string
+	// Timeout bounds every Redis call on the request path (SPACE_REDIS_TIMEOUT, default
+	// 100ms): a slow Redis must not make every create slow.
+	Timeout time.Duration
+}
+
+// FailureMode says what admission does when Redis cannot answer.
+type FailureMode string
+
+const (
+	// FailOpen admits (and counts an error): a Redis outage must not stop the fleet.
+	FailOpen FailureMode = "open"
+	// FailClosed rejects with 503: for fleets where an unbudgeted activation costs more
+	// than a refused one.
+	FailClosed FailureMode = "closed"
+)
+
+// Admission configures the activation buckets (DESIGN.md §3).
+type Admission struct {
+	// Enabled turns charging on (SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED, default
+	// true). Off, nothing is charged and the flag's rate entries are ignored.
+	Enabled bool
+	// Cluster is the shared bucket (SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS,
+	// default 100, and _BURST, default 200).
+	Cluster space.Rate
+	// Client is the rate of every client key, unknown included, unless the quota flag
+	// says otherwise (SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_REFILL_RPS and
+	// _CLIENT_BURST). Nil when both are unset: no per-client bucket. Setting one of the
+	// two without the other is an error.
+	Client *space.Rate
+	// FailureMode is SPACE_CLUSTER_ACTIVATION_ADMISSION_FAILURE_MODE (default open).
+	FailureMode FailureMode
+	// Shadow decides and records but admits (SPACE_CLUSTER_ACTIVATION_ADMISSION_SHADOW).
+	Shadow bool
+}
+
+// Flags locates the flag-definition file.
+type Flags struct {
+	// File is SPACE_FLAGS_FILE; empty means no overrides: env defaults apply.
+	File string
+	// PollInterval is how often the file is checked for a change
+	// (SPACE_FLAGS_POLL_INTERVAL, default 2s).
+	PollInterval time.Duration
+}
+
+// Sandbox configures the create path.
+type Sandbox struct {
+	// TemplatesFile is SPACE_TEMPLATES_FILE: template name to what the substrate needs.
+	TemplatesFile string
+	// Substrate is "simulated" (default) or "kubernetes" (SPACE_SUBSTRATE).
+	Substrate string
+	// MaxShape holds the shape caps (SPACE_MAX_CPU_MILLIS default 16000,
+	// SPACE_MAX_MEMORY_MIB default 65536, SPACE_MAX_DISK_GIB default 100). A shape over a
+	// cap does not resolve: 422.
+	MaxShape space.Shape
+	// MaxBodyBytes caps a request body (SPACE_MAX_BODY_BYTES, default 64 KiB).
+	MaxBodyBytes int64
+}
+
+// Dispatcher configures queued operations.
+type Dispatcher struct {
+	// Workers is SPACE_DISPATCHER_WORKERS (default 10; 0 runs no worker on this
+	// replica, which still accepts async requests).
+	Workers int
+	// AdmissionDeadline is how long an operation may wait for admission before it fails
+	// as admission_timeout (SPACE_DISPATCHER_ADMISSION_DEADLINE, default 10m).
+	AdmissionDeadline time.Duration
+}
+
+// Substrates are the accepted values of SPACE_SUBSTRATE.
+var Substrates = []string{"simulated", "kubernetes"}
+
+// Default returns the configuration with every default filled in and nothing required
+// set.
+func Default() Config {
+	return Config{
+		HTTPAddr:         ":8080",
+		InternalHTTPAddr: ":8081",
+		LogLevel:         "info",
+		ShutdownTimeout:  25 * time.Second,
+		Auth:             Auth{Mode: AuthAPIKey},
+		Redis:            Redis{Timeout: 100 * time.Millisecond},
+		Admission: Admission{
+			Enabled:     true,
+			Cluster:     space.Rate{RefillRPS: 100, Burst: 200},
+			FailureMode: FailOpen,
+		},
+		Flags: Flags{PollInterval: 2 * time.Second},
+		Sandbox: Sandbox{
+			Substrate:    "simulated",
+			MaxShape:     space.Shape{CPUMillis: 16000, MemoryMiB: 65536, DiskGiB: 100},
+			MaxBodyBytes: 64 << 10,
+		},
+		Dispatcher: Dispatcher{Workers: 10, AdmissionDeadline: 10 * time.Minute},
+	}
+}
+
+// FromEnv reads the configuration from the process environment.
+func FromEnv() (Config, error) { return Load(os.Getenv) }
+
+// Load reads the configuration through getenv, starting from Default. The error names
+// the first bad variable; every error is a *VarError.
+func Load(getenv func(string) string) (Config, error) {
+	c := Default()
+	r := reader{getenv: getenv}
+
+	r.str("SPACE_HTTP_ADDR", &c.HTTPAddr, checkAddr)
+	r.str("SPACE_INTERNAL_HTTP_ADDR", &c.InternalHTTPAddr, checkAddr)
+	r.str("SPACE_DATABASE_URL", &c.DatabaseURL, checkDatabaseURL)
+	r.required("SPACE_DATABASE_URL", c.DatabaseURL, "a postgres:// URL")
+	r.oneOf("SPACE_LOG_LEVEL", &c.LogLevel, "debug", "info", "warn", "error")
+	r.duration("SPACE_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout)
+
+	mode := string(c.Auth.Mode)
+	r.oneOf("SPACE_AUTH_MODE", &mode, string(AuthAPIKey), string(AuthTrustedHeader))
+	c.Auth.Mode = AuthMode(mode)
+	r.cidrs("SPACE_TRUSTED_PROXY_CIDRS", &c.Auth.TrustedProxyCIDRs)
+	if c.Auth.Mode == AuthTrustedHeader && len(c.Auth.TrustedProxyCIDRs) == 0 {
+		r.fail("SPACE_TRUSTED_PROXY_CIDRS", "", "one or more CIDRs (e.g. 10.0.0.0/8); required when SPACE_AUTH_MODE=trusted_header")
+	}
+
+	r.addrs("SPACE_REDIS_ADDRS", &c.Redis.Addrs)
+	if len(c.Redis.Addrs) == 0 {
+		r.required("SPACE_REDIS_ADDRS", "", "host:port, or several comma separated for a Redis Cluster")
+	}
+	r.duration("SPACE_REDIS_TIMEOUT", &c.Redis.Timeout)
+
+	r.boolean("SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED", &c.Admission.Enabled)
+	r.rate("SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS", &c.Admission.Cluster.RefillRPS)
+	r.burst("SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST", &c.Admission.Cluster.Burst)
+	c.Admission.Client = r.clientRate()
+	fm := string(c.Admission.FailureMode)
+	r.oneOf("SPACE_CLUSTER_ACTIVATION_ADMISSION_FAILURE_MODE", &fm, string(FailOpen), string(FailClosed))
+	c.Admission.FailureMode = FailureMode(fm)
+	r.boolean("SPACE_CLUSTER_ACTIVATION_ADMISSION_SHADOW", &c.Admission.Shadow)
+
+	r.str("SPACE_FLAGS_FILE", &c.Flags.File, nil)
+	r.duration("SPACE_FLAGS_POLL_INTERVAL", &c.Flags.PollInterval)
+
+	r.str("SPACE_TEMPLATES_FILE", &c.Sandbox.TemplatesFile, nil)
+	r.oneOf("SPACE_SUBSTRATE", &c.Sandbox.Substrate, Substrates...)
+	r.positive("SPACE_MAX_CPU_MILLIS", &c.Sandbox.MaxShape.CPUMillis)
+	r.positive("SPACE_MAX_MEMORY_MIB", &c.Sandbox.MaxShape.MemoryMiB)
+	r.positive("SPACE_MAX_DISK_GIB", &c.Sandbox.MaxShape.DiskGiB)
+	var body int
+	if r.positive("SPACE_MAX_BODY_BYTES", &body) {
+		c.Sandbox.MaxBodyBytes = int64(body)
+	}
+
+	r.nonNegative("SPACE_DISPATCHER_WORKERS", &c.Dispatcher.Workers)
+	r.duration("SPACE_DISPATCHER_ADMISSION_DEADLINE", &c.Dispatcher.AdmissionDeadline)
+
+	if r.err != nil {
+		return Config{}, r.err
+	}
+	return c, nil
+}
+
+// VarError is a bad environment variable: its name, its value and what it accepts.
+type VarError struct {
+	Var     string
+	Value   string
+	Accepts string
+}
+
+func (e *VarError) Error() string {
+	if e.Value == "" {
+		return fmt.Sprintf("%s is not set: want %s", e.Var, e.Accepts)
+	}
+	return fmt.Sprintf("%s=%q is invalid: want %s", e.Var, e.Value, e.Accepts)
+}
+
+// reader parses variables, keeping the first error so that Load reads as a list.
+type reader struct {
+	getenv func(string) string
+	err    error
+}
+
+func (r *reader) fail(name, value, accepts string) {
+	if r.err == nil {
+		r.err = &VarError{Var: name, Value: value, Accepts: accepts}
+	}
+}
+
+func (r *reader) lookup(name string) (string, bool) {
+	v := strings.TrimSpace(r.getenv(name))
+	return v, v != ""
+}
+
+func (r *reader) required(name, value, accepts string) {
+	if value == "" {
+		r.fail(name, "", accepts)
+	}
+}
+
+func (r *reader) str(name string, dst *string, check func(string) string) {
+	v, ok := r.lookup(name)
+	if !ok {
+		return
+	}
+	if check != nil {
+		if accepts := check(v); accepts != "" {
+			r.fail(name, v, accepts)
+			return
+		}
+	}
+	*dst = v
+}
+
+func (r *reader) oneOf(name string, dst *string, allowed ...string) {
+	v, ok := r.lookup(name)
+	if !ok {
+		return
+	}
+	for _, a := range allowed {
+		if v == a {
+			*dst = v
+			return
+		}
+	}
+	r.fail(name, v, "one of "+strings.Join(allowed, ", "))
+}
+
+func (r *reader) boolean(name string, dst *bool) {
+	v, ok := r.lookup(name)
+	if !ok {
+		return
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		r.fail(name, v, "true or false")
+		return
+	}
+	*dst = b
+}
+
+func (r *reader) duration(name string, dst *time.Duration) {
+	v, ok := r.lookup(name)
+	if !ok {
+		return
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		r.fail(name, v, "a positive Go duration such as 100ms, 2s or 10m")
+		return
+	}
+	*dst = d
+}
+
+func (r *reader) rate(name string, dst *float64) bool {
+	v, ok := r.lookup(name)
+	if !ok {
+		return false
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 || math.IsNaN(f) || math.IsInf(f, 0) {
+		r.fail(name, v, "a number of tokens per second >= 0, such as 0.5 or 100")
+		return false
+	}
+	*dst = f
+	return true
+}
+
+func (r *reader) burst(name string, dst *int64) bool {
+	v, ok := r.lookup(name)
+	if !ok {
+		return false
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 {
+		r.fail(name, v, "an integer number of tokens >= 1")
+		return false
+	}
+	*dst = n
+	return true
+}
+
+func (r *reader) clientRate() *space.Rate {
+	const rps, burst = "SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_REFILL_RPS", "SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_BURST"
+	var rate space.Rate
+	hasRPS := r.rate(rps, &rate.RefillRPS)
+	hasBurst := r.burst(burst, &rate.Burst)
+	switch {
+	case hasRPS && hasBurst:
+		return &rate
+	case hasRPS:
+		r.fail(burst, "", "an integer number of tokens >= 1; set together with "+rps)
+	case hasBurst:
+		r.fail(rps, "", "a number of tokens per second >= 0; set together with "+burst)
+	}
+	return nil
+}
+
+func (r *reader) integer(name string, dst *int, min int, accepts string) bool {
+	v, ok := r.lookup(name)
+	if !ok {
+		return false
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < min {
+		r.fail(name, v, accepts)
+		return false
+	}
+	*dst = n
+	return true
+}
+
+func (r *reader) positive(name string, dst *int) bool {
+	return r.integer(name, dst, 1, "an integer >= 1")
+}
+
+func (r *reader) nonNegative(name string, dst *int) bool {
+	return r.integer(name, dst, 0, "an integer >= 0")
+}
+
+func (r *reader) addrs(name string, dst *[]string) {
+	v, ok := r.lookup(name)
+	if !ok {
+		return
+	}
+	var out []string
+	for _, a := range strings.Split(v, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		if accepts := checkHostPort(a); accepts != "" {
+			r.fail(name, v, accepts)
+			return
+		}
+		out = append(out, a)
+	}
+	*dst = out
+}
+
+func (r *reader) cidrs(name string, dst *[]netip.Prefix) {
+	v, ok := r.lookup(name)
+	if !ok {
+		return
+	}
+	var out []netip.Prefix
+	for _, s := range strings.Split(v, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			// A bare address is a /32 (or /128).
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				r.fail(name, v, "comma-separated CIDRs such as 10.0.0.0/8,192.168.1.7/32")
+				return
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	*dst = out
+}
+
+func checkAddr(v string) string {
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		return "a listen address such as :8080 or 127.0.0.1:8080"
+	}
+	return ""
+}
+
+func checkHostPort(v string) string {
+	host, port, err := net.SplitHostPort(v)
+	if err != nil || host == "" || port == "" {
+		return "host:port, or several comma separated for a Redis Cluster"
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return "host:port with a numeric port"
+	}
+	return ""
+}
+
+func checkDatabaseURL(v string) string {
+	if !strings.HasPrefix(v, "postgres://") && !strings.HasPrefix(v, "postgresql://") {
+		return "a postgres:// URL"
+	}
+	return ""
+}

@@ -1,0 +1,154 @@
+// Package store opens space-api's Postgres and migrates its schema: our goose
+// migrations (migrations/) and River's queue tables. Queries live with the package that
+// owns them (sandbox, pool, dispatcher); this package owns only what they share.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/space-sandbox/space/migrations"
+)
+
+// migrateLockID is the advisory lock that serialises migrations, so that replicas (or
+// a Helm Job racing an init container) starting together migrate one at a time.
+const migrateLockID = 0x5ace_0001
+
+// ErrNotMigrated is returned by CheckMigrated when the schema is behind the binary.
+var ErrNotMigrated = errors.New("database is not migrated: run `space-api migrate` first")
+
+// Open connects to Postgres and checks it answers.
+func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse SPACE_DATABASE_URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("ping postgres: %w", err)
+	}
+	return pool, nil
+}
+
+// Migrate applies every pending migration, ours then River's. It is idempotent and
+// safe to run from several processes at once.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: acquire: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrateLockID); err != nil {
+		return fmt.Errorf("migrate: lock: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrateLockID) //nolint:errcheck // released with the session anyway
+
+	provider, db, err := gooseProvider(pool)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	results, err := provider.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: space schema: %w", err)
+	}
+	for _, r := range results {
+		logger.Info("applied migration", "source", r.Source.Path, "duration", r.Duration)
+	}
+
+	migrator, err := riverMigrator(pool, logger)
+	if err != nil {
+		return err
+	}
+	res, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	if err != nil {
+		return fmt.Errorf("migrate: river schema: %w", err)
+	}
+	for _, v := range res.Versions {
+		logger.Info("applied river migration", "version", v.Version, "name", v.Name)
+	}
+	return nil
+}
+
+// CheckMigrated returns an error wrapping ErrNotMigrated when any migration, ours or
+// River's, is pending. serve calls it before it listens.
+func CheckMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+	provider, db, err := gooseProvider(pool)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	current, target, err := provider.GetVersions(ctx)
+	if err != nil {
+		return fmt.Errorf("check migrations: %w", err)
+	}
+	if current < target {
+		return fmt.Errorf("%w (schema at version %d of %d)", ErrNotMigrated, current, target)
+	}
+	migrator, err := riverMigrator(pool, nil)
+	if err != nil {
+		return err
+	}
+	res, err := migrator.Validate(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("check river migrations: %w", err)
+	}
+	if !res.OK {
+		return fmt.Errorf("%w (river: %v)", ErrNotMigrated, res.Messages)
+	}
+	return nil
+}
+
+func gooseProvider(pool *pgxpool.Pool) (*goose.Provider, interface{ Close() error }, error) {
+	db := stdlib.OpenDBFromPool(pool)
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
+		goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("migrations: %w", err)
+	}
+	return provider, db, nil
+}
+
+func riverMigrator(pool *pgxpool.Pool, logger *slog.Logger) (*rivermigrate.Migrator[pgxTx], error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("river migrator: %w", err)
+	}
+	return m, nil
+}
+
+type pgxTx = pgx.Tx
+
+// RiverSchemaVersion names the newest River migration this binary carries, so that
+// test templates are rebuilt when River is upgraded.
+func RiverSchemaVersion() string {
+	m, err := rivermigrate.New(riverpgxv5.New(nil), &rivermigrate.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return "unknown"
+	}
+	all := m.AllVersions()
+	if len(all) == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%d", all[len(all)-1].Version)
+}

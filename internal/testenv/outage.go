@@ -1,0 +1,268 @@
+package testenv
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisServer is a private redis-server process for tests that stop and restart Redis;
+// stopping the shared one would fail every other test running beside them.
+type RedisServer struct {
+	t    testing.TB
+	Addr string
+	dir  string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+}
+
+// StartRedis starts a private redis-server on a free loopback port, stopped when the
+// test ends. It needs redis-server on PATH, which `make services` installs.
+func StartRedis(t testing.TB) *RedisServer {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatalf("redis-server is not on PATH; install it with %s", StartCommand)
+	}
+	s := &RedisServer{t: t, Addr: freeAddr(t), dir: t.TempDir()}
+	s.Start()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Start starts the server (again) on the same address and waits until it answers.
+func (s *RedisServer) Start() {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return
+	}
+	_, port, _ := net.SplitHostPort(s.Addr)
+	cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port,
+		"--save", "", "--appendonly", "no", "--dir", s.dir)
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("start redis-server: %v", err)
+	}
+	s.cmd = cmd
+	client := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer client.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := client.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("private redis-server on %s did not answer: %v", s.Addr, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Stop kills the server; its address then refuses connections.
+func (s *RedisServer) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Proxy is a TCP proxy in front of a real server that a test can cut, to see what a
+// component does when its Postgres or Redis goes away, without stopping the shared
+// server under every other test.
+type Proxy struct {
+	t      testing.TB
+	Addr   string
+	target string
+
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// StartProxy listens on a free loopback port and forwards to target (host:port).
+func StartProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	p := &Proxy{t: t, Addr: freeAddr(t), target: target, conns: map[net.Conn]struct{}{}}
+	p.Restore()
+	t.Cleanup(func() {
+		p.Cut()
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
+	})
+	return p
+}
+
+// Cut closes the listener and every open connection: new connections are refused
+// and open ones fail, as when the server goes down.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+		delete(p.conns, c)
+	}
+}
+
+// Restore listens again on the same address, as when the server comes back.
+func (p *Proxy) Restore() {
+	p.t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil || p.closed {
+		return
+	}
+	var ln net.Listener
+	var err error
+	for i := 0; i < 50; i++ { // the port may linger for a moment after Cut
+		if ln, err = net.Listen("tcp", p.Addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		p.t.Fatalf("proxy listen %s: %v", p.Addr, err)
+	}
+	p.ln = ln
+	go p.serve(ln)
+}
+
+func (p *Proxy) serve(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		if p.ln != ln {
+			p.mu.Unlock()
+			c.Close()
+			up.Close()
+			return
+		}
+		p.conns[c] = struct{}{}
+		p.conns[up] = struct{}{}
+		p.mu.Unlock()
+		go p.pipe(c, up)
+		go p.pipe(up, c)
+	}
+}
+
+func (p *Proxy) pipe(dst, src net.Conn) {
+	_, _ = io.Copy(dst, src)
+	dst.Close()
+	src.Close()
+	p.mu.Lock()
+	delete(p.conns, dst)
+	delete(p.conns, src)
+	p.mu.Unlock()
+}
+
+// ProxyDatabaseURL returns url with its host:port replaced by the proxy's.
+func ProxyDatabaseURL(t testing.TB, dbURL string) (string, *Proxy) {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil || u.Host == "" {
+		t.Fatalf("parse database URL %q: %v", redactURL(dbURL), err)
+	}
+	p := StartProxy(t, u.Host)
+	u.Host = p.Addr
+	return u.String(), p
+}
+
+// Blackhole returns an address that accepts connections and never answers: the
+// slowest kind of outage, for tests of timeouts.
+func Blackhole(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return ln.Addr().String()
+}
+
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// FreeAddr returns a loopback address with a port nobody listens on right now.
+func FreeAddr(t testing.TB) string { return freeAddr(t) }
+
+// WriteFile writes content to name in a temporary directory of the test and returns
+// the path.
+func WriteFile(t testing.TB, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// Eventually polls cond every 10ms until it holds or timeout passes. Prefer a signal
+// from the code under test; use this only for what a test cannot be signalled about
+// (another process, a server coming back).
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# `make test`: the whole suite against real Postgres, Redis and a 3-node Redis Cluster.
+# Servers come from SPACE_TEST_DATABASE_URL, SPACE_TEST_REDIS_ADDR and
+# SPACE_TEST_REDIS_CLUSTER_ADDRS; when those are unset this starts the local services
+# (scripts/services.sh up) and uses them.
+#
+#   FUZZTIME=10s   how long each fuzz target runs after the tests (default 5s; 0 skips
+#                  the fuzzing but still runs each target's seed corpus as a test)
+#   TESTFLAGS=...  extra flags for go test, e.g. TESTFLAGS='-run TestAdmit -v'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -z "${SPACE_TEST_DATABASE_URL:-}" ] || [ -z "${SPACE_TEST_REDIS_ADDR:-}" ] || [ -z "${SPACE_TEST_REDIS_CLUSTER_ADDRS:-}" ]; then
+  scripts/services.sh up
+  eval "$(scripts/services.sh env)"
+fi
+export SPACE_TEST_DATABASE_URL SPACE_TEST_REDIS_ADDR SPACE_TEST_REDIS_CLUSTER_ADDRS
+
+echo "== lint"
+scripts/lint.sh
+
+echo "== go test -race"
+# shellcheck disable=SC2086
+go test -race -count=1 -timeout 20m ${TESTFLAGS:-} ./...
+
+fuzztime="${FUZZTIME:-5s}"
+if [ "$fuzztime" != "0" ] && [ -z "${TESTFLAGS:-}" ]; then
+  echo "== fuzz ($fuzztime each)"
+  # Every Fuzz* target in the tree, found rather than listed, so none is forgotten.
+  grep -rlE '^func Fuzz[A-Za-z0-9_]+\(' --include='*_test.go' . | sort | while read -r file; do
+    pkg="./$(dirname "${file#./}")"
+    grep -oE '^func (Fuzz[A-Za-z0-9_]+)\(' "$file" | sed -E 's/^func (Fuzz[A-Za-z0-9_]+)\(/\1/' | while read -r target; do
+      echo "-- $pkg $target"
+      go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg"
+    done
+  done
+fi
+echo "== ok"

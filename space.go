@@ -1,0 +1,112 @@
+// Package space holds the domain of the sandbox admission controller: the types every
+// other package speaks (sandboxes, shapes, client keys, rates, operations) and its
+// errors. It depends on nothing but the standard library; the packages under internal/
+// implement it against one dependency each (Redis, Postgres, River, OpenFeature, a
+// substrate).
+package space
+
+import (
+	"fmt"
+	"time"
+)
+
+// ClientKey is a caller's bounded identity: an allowlisted client id, or Unknown. Only
+// values of this type reach Redis keys and metric labels, so the set of keys is bounded
+// by the allowlist however many ids callers send.
+type ClientKey string
+
+// Unknown is the key of every caller whose id is not on the allowlist. They share its
+// buckets and limits.
+const Unknown ClientKey = "unknown"
+
+// Rate is a token bucket: it holds at most Burst tokens and refills RefillRPS tokens a
+// second, continuously. A new bucket starts full.
+type Rate struct {
+	RefillRPS float64 `json:"refill_rps"`
+	Burst     int64   `json:"burst"`
+}
+
+// Validate reports whether the rate can drive a bucket: a rate of zero is allowed (the
+// bucket never refills), a negative one is not, and a bucket must hold at least one
+// token.
+func (r Rate) Validate() error {
+	if r.RefillRPS < 0 || r.RefillRPS != r.RefillRPS { // the second is NaN
+		return fmt.Errorf("refill_rps must be a number >= 0, got %v", r.RefillRPS)
+	}
+	if r.Burst < 1 {
+		return fmt.Errorf("burst must be an integer >= 1, got %d", r.Burst)
+	}
+	return nil
+}
+
+// Shape is what a sandbox is made of. Warm pool slots are keyed by the whole shape: a
+// slot serves only a request of exactly its shape.
+type Shape struct {
+	Template  string `json:"template"`
+	CPUMillis int    `json:"cpu_millis"`
+	MemoryMiB int    `json:"memory_mib"`
+	DiskGiB   int    `json:"disk_gib"`
+}
+
+// String renders the shape as one label value, e.g. "python-3.12/1000m/2048Mi/10Gi".
+func (s Shape) String() string {
+	return fmt.Sprintf("%s/%dm/%dMi/%dGi", s.Template, s.CPUMillis, s.MemoryMiB, s.DiskGiB)
+}
+
+// SandboxState is where a sandbox is in its life.
+type SandboxState string
+
+const (
+	StateStarting   SandboxState = "starting"
+	StateRunning    SandboxState = "running"
+	StatePausing    SandboxState = "pausing"
+	StatePaused     SandboxState = "paused"
+	StateRestoring  SandboxState = "restoring"
+	StateFailed     SandboxState = "failed"
+	StateTerminated SandboxState = "terminated"
+)
+
+// Live reports whether a sandbox in this state holds one of its client's live-sandbox
+// places: it is running or on its way in or out, not paused, failed or gone.
+func (s SandboxState) Live() bool {
+	switch s {
+	case StateStarting, StateRunning, StatePausing, StateRestoring:
+		return true
+	}
+	return false
+}
+
+// LiveStates lists the states that hold a live-sandbox place (see Live).
+var LiveStates = []SandboxState{StateStarting, StateRunning, StatePausing, StateRestoring}
+
+// Sandbox is one isolated machine (pod, microVM) owned by one client.
+type Sandbox struct {
+	ID     string       `json:"id"`
+	Client ClientKey    `json:"client"`
+	State  SandboxState `json:"state"`
+	Shape
+	// Warm is true when the sandbox was adopted from a warm pool slot on its last
+	// activation rather than cold started.
+	Warm      bool              `json:"warm"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	UpdatedAt time.Time         `json:"updated_at"`
+
+	// SubstrateRef names the running sandbox on its substrate (a pod name, a VM id);
+	// SnapshotRef names its last snapshot. Neither is shown to clients.
+	SubstrateRef string `json:"-"`
+	SnapshotRef  string `json:"-"`
+	// LastError says why a failed sandbox failed.
+	LastError string `json:"last_error,omitempty"`
+}
+
+// Bucket names a limit that can turn a request away. The names appear in 429 problem
+// bodies and metric labels.
+type Bucket string
+
+const (
+	BucketClientActivation  Bucket = "client_activation"
+	BucketClusterActivation Bucket = "cluster_activation"
+	BucketClientConcurrency Bucket = "client_concurrency"
+	BucketLiveSandboxCap    Bucket = "live_sandbox_cap"
+)
