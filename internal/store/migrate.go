@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,6 +24,10 @@ import (
 // a Helm Job racing an init container) starting together migrate one at a time.
 const migrateLockID = 0x5ace_0001
 
+// DefaultMaxConns is the connection pool size when SPACE_DATABASE_URL does not set
+// pool_max_conns.
+const DefaultMaxConns = 32
+
 // ErrNotMigrated is returned by CheckMigrated when the schema is behind the binary.
 var ErrNotMigrated = errors.New("database is not migrated: run `space-api migrate` first")
 
@@ -31,6 +36,12 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse SPACE_DATABASE_URL: %w", err)
+	}
+	// pgxpool's default (the larger of 4 and the CPU count) starves a server that
+	// answers thousands of requests a second and runs background work beside them; a
+	// pool_max_conns in the URL still wins.
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -1,0 +1,244 @@
+// Package pool is the warm pool: sandboxes started ahead of demand, one row per slot in
+// Postgres keyed by the full shape. A create of exactly a slot's shape claims it and
+// costs no activation budget; the Replenisher keeps each shape at its target, charging
+// the cluster bucket for every warm-up so that refilling the pool never bypasses the
+// cluster budget.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/substrate"
+)
+
+// Slot is a warm pool member.
+type Slot struct {
+	ID    string
+	Shape space.Shape
+	// Ref is the slot's reference on the substrate.
+	Ref string
+}
+
+// Options configure a Pool.
+type Options struct {
+	DB        *pgxpool.Pool
+	Substrate substrate.Substrate
+	// Registerer receives space_pool_claims_total and space_pool_ready_slots; nil
+	// registers nothing.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Pool claims and retires slots.
+type Pool struct {
+	db     *pgxpool.Pool
+	sub    substrate.Substrate
+	logger *slog.Logger
+	claims *prometheus.CounterVec
+}
+
+// New returns a Pool.
+func New(opts Options) *Pool {
+	p := &Pool{db: opts.DB, sub: opts.Substrate, logger: opts.Logger}
+	if p.logger == nil {
+		p.logger = slog.New(slog.DiscardHandler)
+	}
+	p.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "space_pool_claims_total",
+		Help: "Warm pool claims by result: hit (a ready slot of the exact shape was claimed) or miss.",
+	}, []string{"result"})
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(p.claims, &readyCollector{db: opts.DB, desc: readyDesc})
+	}
+	return p
+}
+
+// Claim marks the oldest ready slot of exactly shape as claimed by sandboxID, inside
+// tx, and returns it; nil when there is none. SKIP LOCKED lets concurrent claims pass
+// each other instead of queueing on one row, and never hands one slot to two claims.
+func (p *Pool) Claim(ctx context.Context, tx pgx.Tx, shape space.Shape, sandboxID string) (*Slot, error) {
+	slot := &Slot{Shape: shape}
+	err := tx.QueryRow(ctx, `UPDATE pool_slots SET state = 'claimed', sandbox_id = $5, updated_at = now()
+		WHERE id = (
+			SELECT id FROM pool_slots
+			WHERE state = 'ready' AND template = $1 AND cpu_millis = $2 AND memory_mib = $3 AND disk_gib = $4
+			ORDER BY created_at
+			LIMIT 1
+			FOR UPDATE SKIP LOCKED
+		)
+		RETURNING id::text, coalesce(substrate_ref, '')`,
+		shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB, sandboxID,
+	).Scan(&slot.ID, &slot.Ref)
+	if errors.Is(err, pgx.ErrNoRows) {
+		p.claims.WithLabelValues("miss").Inc()
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim slot: %w", err)
+	}
+	p.claims.WithLabelValues("hit").Inc()
+	return slot, nil
+}
+
+// Consume removes a claimed slot once its sandbox has adopted it: the slot is now the
+// sandbox and no longer part of the pool.
+func (p *Pool) Consume(ctx context.Context, slot *Slot) error {
+	if _, err := p.db.Exec(ctx, "DELETE FROM pool_slots WHERE id = $1", slot.ID); err != nil {
+		return fmt.Errorf("consume slot %s: %w", slot.ID, err)
+	}
+	return nil
+}
+
+// Discard removes a claimed slot whose adoption failed and stops it on the substrate,
+// so that a broken slot is never offered again; the replenisher replaces it.
+func (p *Pool) Discard(ctx context.Context, slot *Slot) {
+	if _, err := p.db.Exec(ctx, "DELETE FROM pool_slots WHERE id = $1", slot.ID); err != nil {
+		p.logger.WarnContext(ctx, "discard slot", "slot", slot.ID, "err", err)
+	}
+	if slot.Ref != "" {
+		if err := p.sub.Stop(ctx, slot.Ref); err != nil {
+			p.logger.WarnContext(ctx, "stop discarded slot", "slot", slot.ID, "ref", slot.Ref, "err", err)
+		}
+	}
+}
+
+// counts returns ready+warming slots by shape: what the replenisher fills toward.
+func (p *Pool) counts(ctx context.Context) (map[space.Shape]int, map[space.Shape]int, error) {
+	rows, err := p.db.Query(ctx, `SELECT template, cpu_millis, memory_mib, disk_gib, state, count(*)
+		FROM pool_slots WHERE state IN ('ready', 'warming')
+		GROUP BY template, cpu_millis, memory_mib, disk_gib, state`)
+	if err != nil {
+		return nil, nil, fmt.Errorf("count slots: %w", err)
+	}
+	defer rows.Close()
+	ready, warming := map[space.Shape]int{}, map[space.Shape]int{}
+	for rows.Next() {
+		var s space.Shape
+		var state string
+		var n int
+		if err := rows.Scan(&s.Template, &s.CPUMillis, &s.MemoryMiB, &s.DiskGiB, &state, &n); err != nil {
+			return nil, nil, fmt.Errorf("count slots: %w", err)
+		}
+		if state == "ready" {
+			ready[s] = n
+		} else {
+			warming[s] = n
+		}
+	}
+	return ready, warming, rows.Err()
+}
+
+// insertWarming records a slot about to warm, so that it counts toward the target
+// before the (slow) warm-up starts.
+func (p *Pool) insertWarming(ctx context.Context, shape space.Shape) (string, error) {
+	id := uuid.NewString()
+	_, err := p.db.Exec(ctx, `INSERT INTO pool_slots (id, template, cpu_millis, memory_mib, disk_gib, state)
+		VALUES ($1, $2, $3, $4, $5, 'warming')`, id, shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB)
+	if err != nil {
+		return "", fmt.Errorf("insert warming slot: %w", err)
+	}
+	return id, nil
+}
+
+func (p *Pool) markReady(ctx context.Context, id, ref string) error {
+	tag, err := p.db.Exec(ctx, `UPDATE pool_slots SET state = 'ready', substrate_ref = $2, updated_at = now()
+		WHERE id = $1 AND state = 'warming'`, id, ref)
+	if err != nil {
+		return fmt.Errorf("mark slot %s ready: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("mark slot %s ready: the slot is gone", id)
+	}
+	return nil
+}
+
+func (p *Pool) deleteSlot(ctx context.Context, id string) error {
+	_, err := p.db.Exec(ctx, "DELETE FROM pool_slots WHERE id = $1", id)
+	if err != nil {
+		return fmt.Errorf("delete slot %s: %w", id, err)
+	}
+	return nil
+}
+
+// retire removes up to n ready slots of shape, newest first, and stops them.
+func (p *Pool) retire(ctx context.Context, shape space.Shape, n int) (int, error) {
+	rows, err := p.db.Query(ctx, `DELETE FROM pool_slots WHERE id IN (
+			SELECT id FROM pool_slots
+			WHERE state = 'ready' AND template = $1 AND cpu_millis = $2 AND memory_mib = $3 AND disk_gib = $4
+			ORDER BY created_at DESC
+			LIMIT $5
+			FOR UPDATE SKIP LOCKED
+		) RETURNING coalesce(substrate_ref, '')`, shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB, n)
+	if err != nil {
+		return 0, fmt.Errorf("retire slots: %w", err)
+	}
+	refs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("retire slots: %w", err)
+	}
+	for _, ref := range refs {
+		if ref == "" {
+			continue
+		}
+		if err := p.sub.Stop(ctx, ref); err != nil {
+			p.logger.WarnContext(ctx, "stop retired slot", "ref", ref, "err", err)
+		}
+	}
+	return len(refs), nil
+}
+
+// reapStale forgets slots stuck in warming or claimed for longer than age: the
+// replica that was warming or adopting them died. A stuck claimed slot is not stopped,
+// since its sandbox may have adopted it before the crash.
+func (p *Pool) reapStale(ctx context.Context, age time.Duration) (int64, error) {
+	tag, err := p.db.Exec(ctx, `DELETE FROM pool_slots
+		WHERE state IN ('warming', 'claimed') AND updated_at < now() - make_interval(secs => $1)`, age.Seconds())
+	if err != nil {
+		return 0, fmt.Errorf("reap stale slots: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+var readyDesc = prometheus.NewDesc("space_pool_ready_slots",
+	"Ready warm pool slots by shape, read from Postgres at scrape time (the same on every replica: aggregate with max).",
+	[]string{"shape"}, nil)
+
+// readyCollector reads the ready counts at scrape time, so that every replica reports
+// the pool as it is, not as the replica that last replenished saw it.
+type readyCollector struct {
+	db   *pgxpool.Pool
+	desc *prometheus.Desc
+}
+
+func (c *readyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	rows, err := c.db.Query(ctx, `SELECT template, cpu_millis, memory_mib, disk_gib, count(*)
+		FROM pool_slots WHERE state = 'ready' GROUP BY 1, 2, 3, 4`)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var s space.Shape
+		var n float64
+		if err := rows.Scan(&s.Template, &s.CPUMillis, &s.MemoryMiB, &s.DiskGiB, &n); err != nil {
+			ch <- prometheus.NewInvalidMetric(c.desc, err)
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, n, s.String())
+	}
+}

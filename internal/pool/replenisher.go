@@ -1,0 +1,317 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/substrate"
+)
+
+// Target is how many slots of one shape the pool should hold (ready + warming).
+type Target struct {
+	Shape  space.Shape
+	Target int
+}
+
+// Charger charges one activation. The replenisher passes no client rate, so only the
+// cluster bucket is charged: a warm-up is a real cold start the cluster pays for, but
+// no client asked for it. A *space.LimitError means the bucket is empty.
+type Charger interface {
+	Charge(ctx context.Context, client space.ClientKey, clientRate *space.Rate) error
+}
+
+// ReplenisherOptions configure a Replenisher.
+type ReplenisherOptions struct {
+	Pool      *Pool
+	Substrate substrate.Substrate
+	Templates substrate.Templates
+	Charger   Charger
+	// Targets returns the current targets; it is read every round, so a flag change
+	// resizes the pool without a deploy. A shape absent from the targets has target 0.
+	Targets func(ctx context.Context) ([]Target, error)
+	// Interval between rounds (default 1s).
+	Interval time.Duration
+	// MinBackoff and MaxBackoff bound the pause after a rejected warm-up (defaults
+	// 500ms and 30s): it doubles with each rejection in a row and is never shorter than
+	// the refill time the bucket reported.
+	MinBackoff, MaxBackoff time.Duration
+	// Parallel is how many warm-ups run at once (default 4).
+	Parallel int
+	// StaleAfter forgets slots stuck warming or claimed this long (default 5m).
+	StaleAfter time.Duration
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+	// Now is the clock for backoff (default time.Now).
+	Now func() time.Time
+}
+
+// Replenisher keeps each shape's ready + warming slots at its target. Only one replica
+// replenishes at a time: a round runs under a Postgres advisory lock and a replica
+// that cannot take it skips the round, so concurrent replicas never overshoot.
+type Replenisher struct {
+	opts    ReplenisherOptions
+	logger  *slog.Logger
+	warmups *prometheus.CounterVec
+	kick    chan struct{}
+
+	mu        sync.Mutex
+	rejected  int       // rejections in a row
+	nextRound time.Time // no warm-up before this (backoff)
+}
+
+// RoundResult says what one round did.
+type RoundResult struct {
+	// Leader is false when another replica holds the lock and this round did nothing.
+	Leader  bool
+	Warmed  int
+	Failed  int
+	Retired int
+	// Rejected is true when the cluster bucket turned a warm-up away; BackoffUntil is
+	// when the next warm-up may be tried.
+	Rejected     bool
+	BackoffUntil time.Time
+}
+
+// replenishLockID is the advisory lock held by the replenishing replica.
+const replenishLockID = 0x5ace_0002
+
+// NewReplenisher returns a Replenisher.
+func NewReplenisher(opts ReplenisherOptions) *Replenisher {
+	if opts.Interval <= 0 {
+		opts.Interval = time.Second
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 500 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 30 * time.Second
+	}
+	if opts.Parallel <= 0 {
+		opts.Parallel = 4
+	}
+	if opts.StaleAfter <= 0 {
+		opts.StaleAfter = 5 * time.Minute
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	r := &Replenisher{opts: opts, logger: opts.Logger, kick: make(chan struct{}, 1)}
+	if r.logger == nil {
+		r.logger = slog.New(slog.DiscardHandler)
+	}
+	r.warmups = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "space_pool_warmups_total",
+		Help: "Warm pool warm-ups by result: ok, failed (the substrate failed; the slot is replaced), rejected (the cluster bucket was empty), retired (surplus slots stopped).",
+	}, []string{"result"})
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(r.warmups)
+	}
+	return r
+}
+
+// Kick asks for a round now rather than at the next interval, e.g. after a claim.
+func (r *Replenisher) Kick() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run replenishes every Interval (or on Kick) until ctx ends. onRound, when not nil,
+// is told each round's result: tests wait on it instead of sleeping.
+func (r *Replenisher) Run(ctx context.Context, onRound func(RoundResult, error)) {
+	t := time.NewTicker(r.opts.Interval)
+	defer t.Stop()
+	for {
+		res, err := r.Round(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.logger.WarnContext(ctx, "replenish round failed", "err", err)
+		}
+		if onRound != nil {
+			onRound(res, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.kick:
+		}
+	}
+}
+
+// Round runs one replenishing pass if this replica can take the lock.
+func (r *Replenisher) Round(ctx context.Context) (RoundResult, error) {
+	var res RoundResult
+	conn, err := r.opts.Pool.db.Acquire(ctx)
+	if err != nil {
+		return res, fmt.Errorf("replenish: acquire: %w", err)
+	}
+	defer conn.Release()
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", replenishLockID).Scan(&res.Leader); err != nil {
+		return res, fmt.Errorf("replenish: lock: %w", err)
+	}
+	if !res.Leader {
+		return res, nil
+	}
+	defer func() {
+		// Unlock on a context that outlives a cancelled round; if even that fails,
+		// the lock goes with the connection.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", replenishLockID); err != nil {
+			conn.Conn().Close(uctx)
+		}
+	}()
+
+	if n, err := r.opts.Pool.reapStale(ctx, r.opts.StaleAfter); err != nil {
+		return res, err
+	} else if n > 0 {
+		r.logger.WarnContext(ctx, "forgot stale warm pool slots", "count", n)
+	}
+	targets, err := r.opts.Targets(ctx)
+	if err != nil {
+		return res, fmt.Errorf("replenish: targets: %w", err)
+	}
+	ready, warming, err := r.opts.Pool.counts(ctx)
+	if err != nil {
+		return res, err
+	}
+
+	want := make(map[space.Shape]int, len(targets))
+	for _, t := range targets {
+		want[t.Shape] += t.Target
+	}
+	// Surplus first: a lowered target retires ready slots; shapes no longer targeted
+	// retire them all.
+	for shape, n := range ready {
+		if surplus := n + warming[shape] - want[shape]; surplus > 0 {
+			retired, err := r.opts.Pool.retire(ctx, shape, min(surplus, n))
+			res.Retired += retired
+			r.warmups.WithLabelValues("retired").Add(float64(retired))
+			if err != nil {
+				return res, err
+			}
+		}
+	}
+
+	if until := r.backoffUntil(); r.opts.Now().Before(until) {
+		res.BackoffUntil = until
+		return res, nil
+	}
+
+	err = r.fill(ctx, targets, ready, warming, &res)
+	return res, err
+}
+
+// fill starts warm-ups for every shape below its target, charging the cluster bucket
+// for each, until the bucket turns one away. It returns once every warm-up it started
+// has finished, so a round's result is complete.
+func (r *Replenisher) fill(ctx context.Context, targets []Target, ready, warming map[space.Shape]int, res *RoundResult) error {
+	sem := make(chan struct{}, r.opts.Parallel)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	defer wg.Wait()
+	for _, t := range targets {
+		deficit := t.Target - ready[t.Shape] - warming[t.Shape]
+		if deficit <= 0 {
+			continue
+		}
+		tmpl, ok := r.opts.Templates[t.Shape.Template]
+		if !ok {
+			r.logger.WarnContext(ctx, "warm pool target names an unknown template; skipped", "shape", t.Shape.String())
+			continue
+		}
+		for range deficit {
+			err := r.opts.Charger.Charge(ctx, "", nil)
+			var le *space.LimitError
+			if errors.As(err, &le) {
+				r.warmups.WithLabelValues("rejected").Inc()
+				until := r.backOff(le.RetryAfter)
+				mu.Lock()
+				res.Rejected, res.BackoffUntil = true, until
+				mu.Unlock()
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("replenish: charge: %w", err)
+			}
+			r.resetBackoff()
+			id, err := r.opts.Pool.insertWarming(ctx, t.Shape)
+			if err != nil {
+				return err
+			}
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				ok := r.warm(ctx, id, t.Shape, tmpl)
+				mu.Lock()
+				defer mu.Unlock()
+				if ok {
+					res.Warmed++
+				} else {
+					res.Failed++
+				}
+			}()
+		}
+	}
+	return nil
+}
+
+// warm starts one slot; a slot that fails to warm is deleted, so the next round
+// replaces it. The token it was charged stays spent, like any failed cold start.
+func (r *Replenisher) warm(ctx context.Context, id string, shape space.Shape, tmpl substrate.Template) bool {
+	ref, err := r.opts.Substrate.Warm(ctx, id, shape, tmpl)
+	if err == nil {
+		err = r.opts.Pool.markReady(ctx, id, ref)
+		if err != nil {
+			_ = r.opts.Substrate.Stop(context.WithoutCancel(ctx), ref)
+		}
+	}
+	if err != nil {
+		r.warmups.WithLabelValues("failed").Inc()
+		r.logger.WarnContext(ctx, "warm-up failed; the slot will be replaced", "shape", shape.String(), "err", err)
+		if derr := r.opts.Pool.deleteSlot(context.WithoutCancel(ctx), id); derr != nil {
+			r.logger.WarnContext(ctx, "delete failed slot", "slot", id, "err", derr)
+		}
+		return false
+	}
+	r.warmups.WithLabelValues("ok").Inc()
+	return true
+}
+
+func (r *Replenisher) backoffUntil() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.nextRound
+}
+
+// backOff records a rejection and returns when to try again: MinBackoff doubled per
+// rejection in a row, capped at MaxBackoff, and never before the bucket's refill.
+func (r *Replenisher) backOff(refill time.Duration) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d := r.opts.MinBackoff << min(r.rejected, 16)
+	if d > r.opts.MaxBackoff || d <= 0 {
+		d = r.opts.MaxBackoff
+	}
+	d = max(d, refill)
+	r.rejected++
+	r.nextRound = r.opts.Now().Add(d)
+	return r.nextRound
+}
+
+func (r *Replenisher) resetBackoff() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rejected = 0
+	r.nextRound = time.Time{}
+}

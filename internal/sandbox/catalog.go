@@ -1,0 +1,127 @@
+package sandbox
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/substrate"
+)
+
+// Catalog resolves a requested shape into something a substrate can cold start: a
+// known template, within the global caps (SPACE_MAX_*) and the template's own.
+type Catalog struct {
+	Templates substrate.Templates
+	// Max holds the global caps; a zero field is no cap.
+	Max space.Shape
+}
+
+// Resolve returns the template of shape, or an EUNPROCESSABLE error naming the field
+// that cannot be served (DESIGN.md §2 step 6). Nothing has been charged when it fails.
+func (c Catalog) Resolve(shape space.Shape) (substrate.Template, error) {
+	tmpl, ok := c.Templates[shape.Template]
+	if !ok {
+		names := c.Templates.Names()
+		return substrate.Template{}, space.FieldError(space.EUNPROCESSABLE, "template",
+			"template %q is not known; known templates: %s", shape.Template, strings.Join(names, ", "))
+	}
+	for _, f := range []struct {
+		field      string
+		value, max int
+		env        string
+	}{
+		{"cpu_millis", shape.CPUMillis, c.Max.CPUMillis, "SPACE_MAX_CPU_MILLIS"},
+		{"memory_mib", shape.MemoryMiB, c.Max.MemoryMiB, "SPACE_MAX_MEMORY_MIB"},
+		{"disk_gib", shape.DiskGiB, c.Max.DiskGiB, "SPACE_MAX_DISK_GIB"},
+	} {
+		if f.max > 0 && f.value > f.max {
+			return substrate.Template{}, space.FieldError(space.EUNPROCESSABLE, f.field,
+				"%d is over the cluster's cap of %d", f.value, f.max)
+		}
+	}
+	if field, limit, ok := tmpl.Fits(shape); !ok {
+		return substrate.Template{}, space.FieldError(space.EUNPROCESSABLE, field,
+			"is over template %q's cap of %d", shape.Template, limit)
+	}
+	return tmpl, nil
+}
+
+// Request limits. They bound what a client can make us store and log.
+const (
+	maxTemplateLen    = 128
+	maxMetadataKeys   = 32
+	maxMetadataKeyLen = 63
+	maxMetadataValLen = 256
+)
+
+var templateName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// ValidateCreate checks a create request's shape and metadata (DESIGN.md §2 step 3):
+// an EINVALID error naming the field, before any limit or bucket is touched. Whether
+// the shape can be served is Resolve's question, asked later.
+func ValidateCreate(shape space.Shape, metadata map[string]string) error {
+	switch {
+	case shape.Template == "":
+		return space.FieldError(space.EINVALID, "template", "is required")
+	case len(shape.Template) > maxTemplateLen || !templateName.MatchString(shape.Template):
+		return space.FieldError(space.EINVALID, "template", "must be 1-%d letters, digits, '.', '_' or '-'", maxTemplateLen)
+	}
+	for _, f := range []struct {
+		name  string
+		value int
+	}{{"cpu_millis", shape.CPUMillis}, {"memory_mib", shape.MemoryMiB}, {"disk_gib", shape.DiskGiB}} {
+		if f.value <= 0 {
+			return space.FieldError(space.EINVALID, f.name, "must be a positive integer, got %d", f.value)
+		}
+	}
+	if len(metadata) > maxMetadataKeys {
+		return space.FieldError(space.EINVALID, "metadata", "has %d keys; at most %d are allowed", len(metadata), maxMetadataKeys)
+	}
+	for k, v := range metadata {
+		if k == "" || len(k) > maxMetadataKeyLen {
+			return space.FieldError(space.EINVALID, "metadata", "keys must be 1-%d bytes", maxMetadataKeyLen)
+		}
+		if len(v) > maxMetadataValLen {
+			return space.FieldError(space.EINVALID, "metadata."+k, "is longer than %d bytes", maxMetadataValLen)
+		}
+	}
+	return nil
+}
+
+// validID reports whether s is a sandbox id (a UUID in its canonical text form), so
+// that nothing else reaches a query.
+func validID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// CheckID returns an EINVALID error naming the id parameter when s is not an id.
+func CheckID(s string) error {
+	if !validID(s) {
+		return space.FieldError(space.EINVALID, "id", "%s is not a sandbox id", quoteShort(s))
+	}
+	return nil
+}
+
+func quoteShort(s string) string {
+	if len(s) > 40 {
+		s = s[:40] + "..."
+	}
+	return fmt.Sprintf("%q", s)
+}

@@ -1,0 +1,408 @@
+// Package sandbox is the create/restore/pause/wake flow that the HTTP API and the
+// dispatcher share (DESIGN.md §2). Its one rule is the order of the steps of an
+// activation: live-sandbox cap, then the warm pool, then cold shape resolution, then
+// the admission charge, then the cold start — so that a warm hit never costs budget and
+// a request that cannot be served never spends a token.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/pool"
+	"github.com/space-sandbox/space/internal/store"
+	"github.com/space-sandbox/space/internal/substrate"
+)
+
+// Charger charges one activation to the cluster bucket and, when rate is not nil, to
+// client's bucket, both or neither (internal/admission). A *space.LimitError means a
+// bucket was empty and nothing was charged.
+type Charger interface {
+	Charge(ctx context.Context, client space.ClientKey, rate *space.Rate) error
+}
+
+// Caller is who an activation is for and the limits it runs under, resolved by the
+// caller of the flow from the quota flag (the API per request, the dispatcher per job,
+// a wake for the sandbox's owner).
+type Caller struct {
+	Client space.ClientKey
+	// LiveSandboxes caps the client's live sandboxes; 0 is no cap.
+	LiveSandboxes int
+	// Rate is the client's activation bucket; nil charges the cluster bucket alone.
+	Rate *space.Rate
+}
+
+// Options configure a Service.
+type Options struct {
+	DB        *pgxpool.Pool
+	Pool      *pool.Pool
+	Substrate substrate.Substrate
+	Charger   Charger
+	Catalog   Catalog
+	// OnClaim is called after a warm slot is claimed, e.g. to kick the replenisher.
+	OnClaim func()
+	// StartTimeout bounds a substrate call that runs after the request's own context
+	// is detached (default 5m): a client that hangs up mid cold start does not abort it,
+	// since its token is spent either way.
+	StartTimeout time.Duration
+	Registerer   prometheus.Registerer
+	Logger       *slog.Logger
+}
+
+// Service runs the flow.
+type Service struct {
+	opts   Options
+	logger *slog.Logger
+	starts *prometheus.CounterVec
+}
+
+// New returns a Service.
+func New(opts Options) *Service {
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = 5 * time.Minute
+	}
+	if opts.OnClaim == nil {
+		opts.OnClaim = func() {}
+	}
+	s := &Service{opts: opts, logger: opts.Logger}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	s.starts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "space_sandbox_activations_total",
+		Help: "Sandbox activations by kind (create, restore) and outcome (warm, cold, failed, rejected, unprocessable).",
+	}, []string{"kind", "outcome"})
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(s.starts)
+	}
+	return s
+}
+
+// CreateRequest is a create's body, validated.
+type CreateRequest struct {
+	Shape    space.Shape
+	Metadata map[string]string
+}
+
+// Create makes a new sandbox for caller: DESIGN.md §2 steps 3 to 8.
+func (s *Service) Create(ctx context.Context, caller Caller, req CreateRequest) (*space.Sandbox, error) {
+	if err := ValidateCreate(req.Shape, req.Metadata); err != nil {
+		return nil, err
+	}
+	sb := &space.Sandbox{
+		ID:       uuid.NewString(),
+		Client:   caller.Client,
+		State:    space.StateStarting,
+		Shape:    req.Shape,
+		Metadata: req.Metadata,
+	}
+	return s.activate(ctx, caller, activation{
+		kind: "create",
+		reserve: func(ctx context.Context, tx pgx.Tx) (*space.Sandbox, error) {
+			return sb, insertSandbox(ctx, tx, sb)
+		},
+		undo: func(ctx context.Context, sb *space.Sandbox, _ error) error {
+			return deleteSandbox(ctx, s.opts.DB, sb.ID)
+		},
+		start: func(ctx context.Context, sb *space.Sandbox, spec substrate.Spec, slot *pool.Slot) (string, error) {
+			if slot != nil {
+				return s.opts.Substrate.Adopt(ctx, slot.Ref, spec)
+			}
+			return s.opts.Substrate.StartCold(ctx, spec)
+		},
+		failed: func(ctx context.Context, sb *space.Sandbox, err error) (*space.Sandbox, error) {
+			msg := err.Error()
+			return setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateFailed, LastError: &msg})
+		},
+	})
+}
+
+// Restore brings caller's paused sandbox id back: the same steps as Create with the
+// sandbox's own shape. A warm hit restores the snapshot into a claimed slot.
+func (s *Service) Restore(ctx context.Context, caller Caller, id string) (*space.Sandbox, error) {
+	return s.restore(ctx, caller, id, caller.Client)
+}
+
+// Wake is an implicit restore from ingress or the data plane: charged to the
+// sandbox's owner (owner is the owner's Caller; see Owner), and a no-op for a sandbox
+// that is already running or on its way.
+func (s *Service) Wake(ctx context.Context, owner Caller, id string) (*space.Sandbox, error) {
+	sb, err := s.restore(ctx, owner, id, owner.Client)
+	if space.ErrorCode(err) == space.ECONFLICT {
+		cur, gerr := s.Get(ctx, owner.Client, id)
+		if gerr == nil && (cur.State == space.StateRunning || cur.State == space.StateRestoring || cur.State == space.StateStarting) {
+			return cur, nil
+		}
+	}
+	return sb, err
+}
+
+// Owner returns the client that owns sandbox id: a wake's caller key.
+func (s *Service) Owner(ctx context.Context, id string) (space.ClientKey, error) {
+	if err := CheckID(id); err != nil {
+		return "", err
+	}
+	sb, err := getSandbox(ctx, s.opts.DB, id, "", false)
+	if err != nil {
+		return "", classify(err)
+	}
+	return sb.Client, nil
+}
+
+func (s *Service) restore(ctx context.Context, caller Caller, id string, client space.ClientKey) (*space.Sandbox, error) {
+	if err := CheckID(id); err != nil {
+		return nil, err
+	}
+	var snapshot string
+	return s.activate(ctx, caller, activation{
+		kind: "restore",
+		reserve: func(ctx context.Context, tx pgx.Tx) (*space.Sandbox, error) {
+			sb, err := transition(ctx, tx, id, client, space.StateRestoring, space.StatePaused)
+			if err != nil {
+				return nil, err
+			}
+			snapshot = sb.SnapshotRef
+			return sb, nil
+		},
+		undo: func(ctx context.Context, sb *space.Sandbox, _ error) error {
+			_, err := setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StatePaused})
+			return err
+		},
+		start: func(ctx context.Context, sb *space.Sandbox, spec substrate.Spec, slot *pool.Slot) (string, error) {
+			slotRef := ""
+			if slot != nil {
+				slotRef = slot.Ref
+			}
+			return s.opts.Substrate.Restore(ctx, snapshot, slotRef, spec)
+		},
+		// A failed restore leaves the sandbox paused with its snapshot, so it can be
+		// restored again; the error says why.
+		failed: func(ctx context.Context, sb *space.Sandbox, err error) (*space.Sandbox, error) {
+			msg := err.Error()
+			return setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StatePaused, LastError: &msg})
+		},
+	})
+}
+
+// activation is one kind of activation's part in the shared steps.
+type activation struct {
+	kind string
+	// reserve creates or moves the sandbox into a live state inside the transaction
+	// that checked the live cap; its error aborts the activation.
+	reserve func(ctx context.Context, tx pgx.Tx) (*space.Sandbox, error)
+	// undo takes the reservation back when the activation is refused (422, 429, 503).
+	undo func(ctx context.Context, sb *space.Sandbox, cause error) error
+	// start runs the sandbox on the substrate, in a claimed slot when slot is not nil.
+	start func(ctx context.Context, sb *space.Sandbox, spec substrate.Spec, slot *pool.Slot) (string, error)
+	// failed records a substrate failure and returns the sandbox as it now is.
+	failed func(ctx context.Context, sb *space.Sandbox, err error) (*space.Sandbox, error)
+}
+
+// activate runs DESIGN.md §2 steps 4 to 8, in that order:
+//
+//  4. live-sandbox cap, checked atomically with the reservation (one transaction under
+//     a per-client advisory lock);
+//  5. warm pool: claim a ready slot of exactly this shape in the same transaction and
+//     adopt it — no bucket is charged;
+//  6. resolve the cold shape — 422 and no bucket charged when it cannot be served;
+//  7. charge admission, both buckets or neither — 429 (or 503 fail-closed);
+//  8. cold start; a failure leaves the token spent.
+func (s *Service) activate(ctx context.Context, caller Caller, a activation) (*space.Sandbox, error) {
+	var sb *space.Sandbox
+	var slot *pool.Slot
+	err := pgx.BeginFunc(ctx, s.opts.DB, func(tx pgx.Tx) error {
+		if err := lockClient(ctx, tx, caller.Client); err != nil {
+			return err
+		}
+		if err := checkLiveCap(ctx, tx, caller.Client, caller.LiveSandboxes); err != nil {
+			return err
+		}
+		var err error
+		if sb, err = a.reserve(ctx, tx); err != nil {
+			return err
+		}
+		slot, err = s.opts.Pool.Claim(ctx, tx, sb.Shape, sb.ID)
+		return err
+	})
+	if err != nil {
+		s.count(a.kind, err)
+		return nil, classify(err)
+	}
+
+	// From here the sandbox exists: finish the activation even if the caller hangs up,
+	// so that no sandbox is left half made.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StartTimeout)
+	defer cancel()
+	spec := substrate.Spec{SandboxID: sb.ID, Client: sb.Client, Shape: sb.Shape}
+
+	if slot != nil {
+		s.opts.OnClaim()
+		spec.Template = s.opts.Catalog.Templates[sb.Template]
+		ref, err := a.start(ctx, sb, spec, slot)
+		if err == nil {
+			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
+				s.logger.WarnContext(ctx, "consume adopted slot", "slot", slot.ID, "err", cerr)
+			}
+			warm := true
+			sb, err = setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm})
+			s.starts.WithLabelValues(a.kind, "warm").Inc()
+			return sb, classify(err)
+		}
+		// A slot that cannot be adopted is discarded and the activation goes on cold,
+		// as if the pool had missed.
+		s.logger.WarnContext(ctx, "warm slot adoption failed; starting cold", "sandbox", sb.ID, "slot", slot.ID, "err", err)
+		s.opts.Pool.Discard(ctx, slot)
+	}
+
+	tmpl, err := s.opts.Catalog.Resolve(sb.Shape)
+	if err == nil {
+		err = s.opts.Charger.Charge(ctx, caller.Client, caller.Rate)
+	}
+	if err != nil {
+		if uerr := a.undo(ctx, sb, err); uerr != nil {
+			s.logger.ErrorContext(ctx, "undo refused activation", "sandbox", sb.ID, "err", uerr)
+		}
+		s.count(a.kind, err)
+		return nil, err
+	}
+
+	spec.Template = tmpl
+	ref, err := a.start(ctx, sb, spec, nil)
+	if err != nil {
+		s.starts.WithLabelValues(a.kind, "failed").Inc()
+		s.logger.WarnContext(ctx, "cold start failed", "kind", a.kind, "sandbox", sb.ID, "err", err)
+		if _, ferr := a.failed(ctx, sb, err); ferr != nil {
+			s.logger.ErrorContext(ctx, "record failed activation", "sandbox", sb.ID, "err", ferr)
+		}
+		return nil, &space.Error{Code: space.EUNAVAILABLE, Err: err,
+			Message: fmt.Sprintf("the substrate failed to %s sandbox %s; see GET /v1/sandboxes/%s", activateVerb(a.kind), sb.ID, sb.ID)}
+	}
+	warm := false
+	sb, err = setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm})
+	s.starts.WithLabelValues(a.kind, "cold").Inc()
+	return sb, classify(err)
+}
+
+func activateVerb(kind string) string {
+	if kind == "create" {
+		return "start"
+	}
+	return kind
+}
+
+func (s *Service) count(kind string, err error) {
+	switch space.ErrorCode(err) {
+	case space.ELIMITED:
+		s.starts.WithLabelValues(kind, "rejected").Inc()
+	case space.EUNPROCESSABLE:
+		s.starts.WithLabelValues(kind, "unprocessable").Inc()
+	}
+}
+
+// Pause snapshots caller's running sandbox and stops it; a paused sandbox no longer
+// holds a live-sandbox place.
+func (s *Service) Pause(ctx context.Context, client space.ClientKey, id string) (*space.Sandbox, error) {
+	if err := CheckID(id); err != nil {
+		return nil, err
+	}
+	sb, err := transition(ctx, s.opts.DB, id, client, space.StatePausing, space.StateRunning)
+	if err != nil {
+		return nil, classify(err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StartTimeout)
+	defer cancel()
+	snap, err := s.opts.Substrate.Snapshot(ctx, sb.SubstrateRef)
+	if err != nil {
+		msg := err.Error()
+		if _, serr := setState(ctx, s.opts.DB, id, stateChange{State: space.StateRunning, LastError: &msg}); serr != nil {
+			s.logger.ErrorContext(ctx, "record failed pause", "sandbox", id, "err", serr)
+		}
+		if errors.Is(err, substrate.ErrUnsupported) {
+			return nil, &space.Error{Code: space.EUNPROCESSABLE, Message: "this substrate cannot snapshot sandboxes", Err: err}
+		}
+		return nil, &space.Error{Code: space.EUNAVAILABLE, Message: "the substrate failed to snapshot sandbox " + id + "; it is still running", Err: err}
+	}
+	sb, err = setState(ctx, s.opts.DB, id, stateChange{State: space.StatePaused, SnapshotRef: snap, ClearRef: true})
+	return sb, classify(err)
+}
+
+// Delete stops caller's sandbox and marks it terminated. A sandbox mid-transition
+// (starting, pausing, restoring) cannot be deleted until it settles.
+func (s *Service) Delete(ctx context.Context, client space.ClientKey, id string) error {
+	if err := CheckID(id); err != nil {
+		return err
+	}
+	sb, err := getSandbox(ctx, s.opts.DB, id, client, false)
+	if err != nil {
+		return classify(err)
+	}
+	if sb.State == space.StateTerminated {
+		return nil
+	}
+	sb, err = transition(ctx, s.opts.DB, id, client, space.StateTerminated, space.StateRunning, space.StatePaused, space.StateFailed)
+	if err != nil {
+		return classify(err)
+	}
+	if sb.SubstrateRef != "" {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StartTimeout)
+		defer cancel()
+		if err := s.opts.Substrate.Stop(ctx, sb.SubstrateRef); err != nil {
+			// The sandbox is terminated for its client; the substrate leak is logged
+			// for an operator.
+			s.logger.ErrorContext(ctx, "stop terminated sandbox", "sandbox", id, "ref", sb.SubstrateRef, "err", err)
+		}
+	}
+	return nil
+}
+
+// Get returns caller's sandbox id; another client's is ENOTFOUND.
+func (s *Service) Get(ctx context.Context, client space.ClientKey, id string) (*space.Sandbox, error) {
+	if err := CheckID(id); err != nil {
+		return nil, err
+	}
+	sb, err := getSandbox(ctx, s.opts.DB, id, client, false)
+	return sb, classify(err)
+}
+
+// Page size bounds for List.
+const (
+	DefaultPageSize = 50
+	MaxPageSize     = 500
+)
+
+// List returns one page of caller's sandboxes, newest first.
+func (s *Service) List(ctx context.Context, client space.ClientKey, limit int, pageToken string) (*Page, error) {
+	if limit == 0 {
+		limit = DefaultPageSize
+	}
+	if limit < 1 || limit > MaxPageSize {
+		return nil, space.FieldError(space.EINVALID, "limit", "must be between 1 and %d", MaxPageSize)
+	}
+	after, err := decodePageToken(pageToken)
+	if err != nil {
+		return nil, err
+	}
+	page, err := listSandboxes(ctx, s.opts.DB, client, limit, after)
+	return page, classify(err)
+}
+
+// classify turns a Postgres failure into EUNAVAILABLE (503) and leaves domain errors
+// as they are.
+func classify(err error) error {
+	if err == nil || space.ErrorCode(err) != space.EINTERNAL {
+		return err
+	}
+	if store.Unreachable(err) {
+		return space.Unavailable("postgres", err)
+	}
+	return err
+}

@@ -1,0 +1,241 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/space-sandbox/space"
+)
+
+// querier is what the queries need: a pool or a transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+const sandboxColumns = `id::text, client, state, template, cpu_millis, memory_mib, disk_gib, warm, metadata,
+	coalesce(substrate_ref, ''), coalesce(snapshot_ref, ''), coalesce(last_error, ''), created_at, updated_at`
+
+func scanSandbox(row pgx.Row) (*space.Sandbox, error) {
+	var sb space.Sandbox
+	var meta []byte
+	err := row.Scan(&sb.ID, &sb.Client, &sb.State, &sb.Template, &sb.CPUMillis, &sb.MemoryMiB, &sb.DiskGiB,
+		&sb.Warm, &meta, &sb.SubstrateRef, &sb.SnapshotRef, &sb.LastError, &sb.CreatedAt, &sb.UpdatedAt)
+	if err != nil {
+		return nil, err
+	}
+	if len(meta) > 2 {
+		if err := json.Unmarshal(meta, &sb.Metadata); err != nil {
+			return nil, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
+		}
+	}
+	return &sb, nil
+}
+
+// lockClient serialises, for the rest of tx, every change to one client's live
+// sandboxes, so that counting them and inserting one is atomic across replicas.
+func lockClient(ctx context.Context, tx pgx.Tx, client space.ClientKey) error {
+	_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('space:live:' || $1, 0))", string(client))
+	if err != nil {
+		return fmt.Errorf("lock client: %w", err)
+	}
+	return nil
+}
+
+// checkLiveCap returns a live_sandbox_cap LimitError when client already holds cap
+// live sandboxes. It must run after lockClient in the same transaction.
+func checkLiveCap(ctx context.Context, tx pgx.Tx, client space.ClientKey, cap int) error {
+	if cap <= 0 {
+		return nil
+	}
+	var live int
+	// LIMIT keeps the count cheap for a client far over its cap.
+	err := tx.QueryRow(ctx, `SELECT count(*) FROM (
+			SELECT 1 FROM sandboxes WHERE client = $1 AND state IN ('starting', 'running', 'pausing', 'restoring') LIMIT $2
+		) live`, string(client), cap).Scan(&live)
+	if err != nil {
+		return fmt.Errorf("count live sandboxes: %w", err)
+	}
+	if live >= cap {
+		return &space.LimitError{Bucket: space.BucketLiveSandboxCap, Client: client, Cap: cap, RetryAfter: time.Second}
+	}
+	return nil
+}
+
+func insertSandbox(ctx context.Context, q querier, sb *space.Sandbox) error {
+	meta, err := json.Marshal(sb.Metadata)
+	if err != nil {
+		return fmt.Errorf("metadata: %w", err)
+	}
+	if sb.Metadata == nil {
+		meta = []byte("{}")
+	}
+	return q.QueryRow(ctx, `INSERT INTO sandboxes (id, client, state, template, cpu_millis, memory_mib, disk_gib, warm, metadata)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING created_at, updated_at`,
+		sb.ID, string(sb.Client), string(sb.State), sb.Template, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta,
+	).Scan(&sb.CreatedAt, &sb.UpdatedAt)
+}
+
+// getSandbox reads one sandbox of client; ENOTFOUND when it does not exist or belongs
+// to another client (a caller cannot tell the two apart). An empty client reads any
+// sandbox: for the internal wake, which acts for the owner.
+func getSandbox(ctx context.Context, q querier, id string, client space.ClientKey, forUpdate bool) (*space.Sandbox, error) {
+	sql := "SELECT " + sandboxColumns + " FROM sandboxes WHERE id = $1 AND ($2 = '' OR client = $2)"
+	if forUpdate {
+		sql += " FOR UPDATE"
+	}
+	sb, err := scanSandbox(q.QueryRow(ctx, sql, id, string(client)))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, space.Errorf(space.ENOTFOUND, "no sandbox %s", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox: %w", err)
+	}
+	return sb, nil
+}
+
+// setState moves a sandbox to state, recording what the substrate said. Empty refs
+// leave the stored ones alone; clearRef forgets the substrate ref (a paused sandbox
+// runs nowhere).
+type stateChange struct {
+	State        space.SandboxState
+	SubstrateRef string
+	ClearRef     bool
+	SnapshotRef  string
+	Warm         *bool
+	LastError    *string
+}
+
+func setState(ctx context.Context, q querier, id string, c stateChange) (*space.Sandbox, error) {
+	sb, err := scanSandbox(q.QueryRow(ctx, `UPDATE sandboxes SET
+			state = $2,
+			substrate_ref = CASE WHEN $4 THEN NULL WHEN $3 <> '' THEN $3 ELSE substrate_ref END,
+			snapshot_ref = CASE WHEN $5 <> '' THEN $5 ELSE snapshot_ref END,
+			warm = coalesce($6, warm),
+			last_error = CASE WHEN $7::text IS NULL THEN last_error ELSE nullif($7, '') END,
+			updated_at = now()
+		WHERE id = $1
+		RETURNING `+sandboxColumns,
+		id, string(c.State), c.SubstrateRef, c.ClearRef, c.SnapshotRef, c.Warm, c.LastError))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, space.Errorf(space.ENOTFOUND, "no sandbox %s", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("set sandbox %s %s: %w", id, c.State, err)
+	}
+	return sb, nil
+}
+
+// transition moves a sandbox of client from one of the states in from to state to,
+// atomically. It returns ENOTFOUND when there is no such sandbox of client, and
+// ECONFLICT naming the current state when it is not in one of from.
+func transition(ctx context.Context, q querier, id string, client space.ClientKey, to space.SandboxState, from ...space.SandboxState) (*space.Sandbox, error) {
+	states := make([]string, len(from))
+	for i, s := range from {
+		states[i] = string(s)
+	}
+	sb, err := scanSandbox(q.QueryRow(ctx, `UPDATE sandboxes SET state = $3, last_error = NULL, updated_at = now()
+		WHERE id = $1 AND ($2 = '' OR client = $2) AND state = ANY($4)
+		RETURNING `+sandboxColumns, id, string(client), string(to), states))
+	if err == nil {
+		return sb, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("sandbox %s to %s: %w", id, to, err)
+	}
+	cur, gerr := getSandbox(ctx, q, id, client, false)
+	if gerr != nil {
+		return nil, gerr
+	}
+	return nil, conflict(cur, to, from)
+}
+
+func conflict(cur *space.Sandbox, to space.SandboxState, from []space.SandboxState) error {
+	want := make([]string, len(from))
+	for i, s := range from {
+		want[i] = string(s)
+	}
+	return space.Errorf(space.ECONFLICT, "sandbox %s is %s; moving it to %s needs it %s",
+		cur.ID, cur.State, to, strings.Join(want, " or "))
+}
+
+func deleteSandbox(ctx context.Context, q querier, id string) error {
+	_, err := q.Exec(ctx, "DELETE FROM sandboxes WHERE id = $1", id)
+	if err != nil {
+		return fmt.Errorf("delete sandbox reservation %s: %w", id, err)
+	}
+	return nil
+}
+
+// Page is one page of a client's sandboxes, newest first.
+type Page struct {
+	Sandboxes []*space.Sandbox `json:"sandboxes"`
+	// NextPageToken, when not empty, fetches the next page.
+	NextPageToken string `json:"next_page_token,omitempty"`
+}
+
+// pageToken is the keyset position after the last sandbox of a page.
+type pageToken struct {
+	CreatedAt time.Time `json:"t"`
+	ID        string    `json:"i"`
+}
+
+func encodePageToken(sb *space.Sandbox) string {
+	b, _ := json.Marshal(pageToken{CreatedAt: sb.CreatedAt, ID: sb.ID})
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodePageToken(s string) (*pageToken, error) {
+	if s == "" {
+		return nil, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	var tok pageToken
+	if err == nil {
+		err = json.Unmarshal(b, &tok)
+	}
+	if err != nil || !validID(tok.ID) {
+		return nil, space.FieldError(space.EINVALID, "page_token", "is not a token this API returned")
+	}
+	return &tok, nil
+}
+
+func listSandboxes(ctx context.Context, q querier, client space.ClientKey, limit int, after *pageToken) (*Page, error) {
+	args := []any{string(client), limit + 1}
+	sql := "SELECT " + sandboxColumns + " FROM sandboxes WHERE client = $1"
+	if after != nil {
+		sql += " AND (created_at, id) < ($3::timestamptz, $4::uuid)"
+		args = append(args, after.CreatedAt, after.ID)
+	}
+	sql += " ORDER BY created_at DESC, id DESC LIMIT $2"
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	page := &Page{Sandboxes: []*space.Sandbox{}}
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		page.Sandboxes = append(page.Sandboxes, sb)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	if len(page.Sandboxes) > limit {
+		page.Sandboxes = page.Sandboxes[:limit]
+		page.NextPageToken = encodePageToken(page.Sandboxes[limit-1])
+	}
+	return page, nil
+}
