@@ -15,9 +15,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/config"
+	"github.com/space-sandbox/space/internal/flags"
+	"github.com/space-sandbox/space/internal/pool"
+	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/store"
+	"github.com/space-sandbox/space/internal/substrate"
 )
 
 // Main is the whole service, wired: end-to-end tests start it on ":0" with a config of
@@ -27,9 +32,22 @@ type Main struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
 
-	DB    *pgxpool.Pool
-	Redis redis.UniversalClient
-	API   *api.Server
+	// RedisPrefix namespaces every Redis key (default "space", the design's keys);
+	// tests set a prefix of their own so that servers can share one Redis.
+	RedisPrefix string
+	// OnFlagsReload, when set before Run, is told of every flags file reload: tests
+	// wait on it instead of sleeping.
+	OnFlagsReload func(flags.ReloadResult)
+
+	DB          *pgxpool.Pool
+	Redis       redis.UniversalClient
+	API         *api.Server
+	Resolver    *flags.Resolver
+	Admitter    *admission.Admitter
+	Substrate   substrate.Substrate
+	Pool        *pool.Pool
+	Replenisher *pool.Replenisher
+	Sandboxes   *sandbox.Service
 
 	publicLn, internalLn net.Listener
 	public, internal     *http.Server
@@ -55,7 +73,7 @@ func NewMain(cfg config.Config, logger *slog.Logger) *Main {
 		Help: "Connections with a request in flight, both listeners.",
 	})
 	reg.MustRegister(inFlight)
-	return &Main{Config: cfg, Logger: logger, Registry: reg, inFlight: inFlight, serveErr: make(chan error, 2)}
+	return &Main{Config: cfg, Logger: logger, Registry: reg, RedisPrefix: "space", inFlight: inFlight, serveErr: make(chan error, 2)}
 }
 
 // Run opens the dependencies, refuses an unmigrated database, starts the listeners and
@@ -84,19 +102,21 @@ func (m *Main) Run(ctx context.Context) error {
 	})
 	m.onClose(func(context.Context) error { return m.Redis.Close() })
 
-	m.API = api.New(api.Options{
-		Logger:       m.Logger,
-		Registry:     m.Registry,
-		MaxBodyBytes: cfg.Sandbox.MaxBodyBytes,
-		Checks: []api.Check{
-			{Name: "postgres", Check: db.Ping},
-			{Name: "redis", Check: func(ctx context.Context) error { return m.Redis.Ping(ctx).Err() }},
-		},
-	})
+	opts, err := m.domain(ctx)
+	if err != nil {
+		return err
+	}
+	opts.Logger, opts.Registry, opts.MaxBodyBytes = m.Logger, m.Registry, cfg.Sandbox.MaxBodyBytes
+	opts.Checks = append([]api.Check{
+		{Name: "postgres", Check: db.Ping},
+		{Name: "redis", Check: func(ctx context.Context) error { return m.Redis.Ping(ctx).Err() }},
+	}, opts.Checks...)
+	m.API = api.New(opts)
 
 	if err := m.listen(); err != nil {
 		return err
 	}
+	m.background(m.Replenisher.Run, nil)
 	m.Logger.Info("space-api serving", "version", Version(),
 		"public", m.publicLn.Addr().String(), "internal", m.internalLn.Addr().String())
 	return nil
@@ -170,6 +190,26 @@ func (m *Main) InternalURL() string { return "http://" + m.internalLn.Addr().Str
 func (m *Main) Err() <-chan error { return m.serveErr }
 
 func (m *Main) onClose(f func(context.Context) error) { m.closers = append(m.closers, f) }
+
+// background runs f until Close, which cancels its context and waits for it to return
+// (after the listeners have drained).
+func (m *Main) background(f func(ctx context.Context, onRound func(pool.RoundResult, error)), onRound func(pool.RoundResult, error)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(ctx, onRound)
+	}()
+	m.onClose(func(closeCtx context.Context) error {
+		cancel()
+		select {
+		case <-done:
+			return nil
+		case <-closeCtx.Done():
+			return fmt.Errorf("background work did not stop: %w", closeCtx.Err())
+		}
+	})
+}
 
 // Close shuts down gracefully within Config.ShutdownTimeout: readiness turns 503, the
 // listeners stop accepting and drain in-flight requests, then background work stops and

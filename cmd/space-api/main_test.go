@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -25,13 +26,22 @@ func testConfig(t *testing.T) config.Config {
 	cfg.DatabaseURL = testenv.DatabaseURL(t)
 	cfg.Redis.Addrs = []string{testenv.RedisAddr(t)}
 	cfg.ShutdownTimeout = 10 * time.Second
+	cfg.Sandbox.TemplatesFile = testenv.WriteFile(t, "templates.json", testTemplates)
+	cfg.Auth.Mode = config.AuthTrustedHeader
+	cfg.Auth.TrustedProxyCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
 	return cfg
 }
+
+const testTemplates = `{"templates": {
+	"python-3.12": {"image": "python:3.12-slim", "max_disk_gib": 50},
+	"node-22": {"image": "node:22-slim"}
+}}`
 
 // startMain runs a Main built from cfg, closed when the test ends.
 func startMain(t *testing.T, cfg config.Config) *Main {
 	t.Helper()
 	m := NewMain(cfg, NewLogger(io.Discard, "error"))
+	m.RedisPrefix = testenv.Prefix(t)
 	if err := m.Run(testenv.Context(t)); err != nil {
 		m.Close()
 		t.Fatalf("run: %v", err)
@@ -168,11 +178,13 @@ func TestRun(t *testing.T) {
 
 	t.Run("migrate then serve on an empty database", func(t *testing.T) {
 		t.Parallel()
+		addr := testenv.FreeAddr(t)
 		env := map[string]string{
 			"SPACE_DATABASE_URL":       testenv.EmptyDatabaseURL(t),
 			"SPACE_REDIS_ADDRS":        testenv.RedisAddr(t),
-			"SPACE_HTTP_ADDR":          "127.0.0.1:0",
+			"SPACE_HTTP_ADDR":          addr,
 			"SPACE_INTERNAL_HTTP_ADDR": "127.0.0.1:0",
+			"SPACE_TEMPLATES_FILE":     testenv.WriteFile(t, "templates.json", testTemplates),
 		}
 		getenv := func(k string) string { return env[k] }
 		if err := run(testenv.Context(t), []string{"migrate"}, getenv, io.Discard, io.Discard); err != nil {
@@ -181,11 +193,19 @@ func TestRun(t *testing.T) {
 		ctx, cancel := context.WithCancel(testenv.Context(t))
 		done := make(chan error, 1)
 		go func() { done <- run(ctx, nil, getenv, io.Discard, io.Discard) }()
-		select {
-		case err := <-done:
-			t.Fatalf("serve stopped by itself: %v", err)
-		case <-time.After(300 * time.Millisecond):
-		}
+		testenv.Eventually(t, 20*time.Second, "serve to answer readyz", func() bool {
+			select {
+			case err := <-done:
+				t.Fatalf("serve stopped by itself: %v", err)
+			default:
+			}
+			resp, err := http.Get("http://" + addr + "/readyz")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		})
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatalf("serve after cancel: %v", err)

@@ -88,6 +88,8 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
+			ctx, info := withRequestInfo(r.Context())
+			r = r.WithContext(ctx)
 			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
 			defer func() {
 				if rec := recover(); rec != nil {
@@ -114,6 +116,10 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 				if status >= 500 {
 					level = slog.LevelWarn
 				}
+				client := info.client
+				if client == "" {
+					client = "-"
+				}
 				if s.logger.Enabled(r.Context(), level) {
 					s.logger.LogAttrs(r.Context(), level, "request",
 						slog.String("listener", listener),
@@ -123,7 +129,7 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 						slog.Int("bytes", ww.BytesWritten()),
 						slog.Duration("duration", elapsed),
 						slog.String("request_id", RequestID(r.Context())),
-						slog.String("client", string(space.ClientFromContext(r.Context()))),
+						slog.String("client", string(client)),
 					)
 				}
 			}()

@@ -15,6 +15,10 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/space-sandbox/space/internal/admission"
+	"github.com/space-sandbox/space/internal/flags"
+	"github.com/space-sandbox/space/internal/sandbox"
 )
 
 // Check is one dependency that readiness depends on. Check returns nil when the
@@ -37,6 +41,13 @@ type Options struct {
 	CheckTimeout time.Duration
 	// MaxBodyBytes caps request bodies (default 64 KiB).
 	MaxBodyBytes int64
+
+	// The domain. With Sandboxes nil only the health and metrics routes are served.
+	Auth        Authenticator
+	Resolver    *flags.Resolver
+	Concurrency *admission.ConcurrencyLimiter
+	Admitter    *admission.Admitter
+	Sandboxes   *sandbox.Service
 }
 
 // Server holds the handlers of both listeners.
@@ -48,6 +59,12 @@ type Server struct {
 	checkTimeout time.Duration
 	maxBodyBytes int64
 	draining     atomic.Bool
+
+	auth        Authenticator
+	resolver    *flags.Resolver
+	concurrency *admission.ConcurrencyLimiter
+	admitter    *admission.Admitter
+	sandboxes   *sandbox.Service
 }
 
 // New returns a Server.
@@ -58,6 +75,11 @@ func New(opts Options) *Server {
 		checks:       opts.Checks,
 		checkTimeout: opts.CheckTimeout,
 		maxBodyBytes: opts.MaxBodyBytes,
+		auth:         opts.Auth,
+		resolver:     opts.Resolver,
+		concurrency:  opts.Concurrency,
+		admitter:     opts.Admitter,
+		sandboxes:    opts.Sandboxes,
 	}
 	if s.checkTimeout <= 0 {
 		s.checkTimeout = 2 * time.Second
@@ -81,6 +103,18 @@ func (s *Server) Public() http.Handler {
 	r.MethodNotAllowed(s.methodNotAllowed)
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz)
+	if s.sandboxes != nil {
+		r.Route("/v1", func(r chi.Router) {
+			r.Use(s.identify, s.limitConcurrency)
+			r.Get("/limits", s.getLimits)
+			r.Post("/sandboxes", s.createSandbox)
+			r.Get("/sandboxes", s.listSandboxes)
+			r.Get("/sandboxes/{id}", s.getSandbox)
+			r.Delete("/sandboxes/{id}", s.deleteSandbox)
+			r.Post("/sandboxes/{id}/pause", s.pauseSandbox)
+			r.Post("/sandboxes/{id}/restore", s.restoreSandbox)
+		})
+	}
 	return r
 }
 
@@ -94,6 +128,9 @@ func (s *Server) Internal() http.Handler {
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz)
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
+	if s.sandboxes != nil {
+		r.Post("/internal/v1/sandboxes/{id}/wake", s.wakeSandbox)
+	}
 	return r
 }
 

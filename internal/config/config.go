@@ -122,6 +122,10 @@ type Sandbox struct {
 	MaxShape space.Shape
 	// MaxBodyBytes caps a request body (SPACE_MAX_BODY_BYTES, default 64 KiB).
 	MaxBodyBytes int64
+	// SimulatedColdStart is how long the simulated substrate takes to cold start,
+	// warm, snapshot or restore a sandbox (SPACE_SIMULATED_COLD_START, default 0; make
+	// run uses 300ms so that warm hits visibly win). Adopting a warm slot takes a tenth.
+	SimulatedColdStart time.Duration
 }
 
 // Dispatcher configures queued operations.
@@ -213,6 +217,8 @@ func Load(getenv func(string) string) (Config, error) {
 	if r.positive("SPACE_MAX_BODY_BYTES", &body) {
 		c.Sandbox.MaxBodyBytes = int64(body)
 	}
+
+	r.duration("SPACE_SIMULATED_COLD_START", &c.Sandbox.SimulatedColdStart)
 
 	r.nonNegative("SPACE_DISPATCHER_WORKERS", &c.Dispatcher.Workers)
 	r.duration("SPACE_DISPATCHER_ADMISSION_DEADLINE", &c.Dispatcher.AdmissionDeadline)

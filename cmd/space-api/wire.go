@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"github.com/open-feature/go-sdk/openfeature"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/admission"
+	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/config"
+	"github.com/space-sandbox/space/internal/flags"
+	"github.com/space-sandbox/space/internal/pool"
+	"github.com/space-sandbox/space/internal/sandbox"
+	"github.com/space-sandbox/space/internal/substrate"
+)
+
+// domain wires the components of DESIGN.md §2 onto m's Postgres and Redis: flags,
+// admission, the substrate, the warm pool and the sandbox flow.
+func (m *Main) domain(ctx context.Context) (api.Options, error) {
+	cfg := m.Config
+	opts := api.Options{}
+
+	if cfg.Sandbox.TemplatesFile == "" {
+		return opts, &config.VarError{Var: "SPACE_TEMPLATES_FILE", Accepts: `a templates file: {"templates": {"<name>": {"image": ...}}}`}
+	}
+	templates, err := substrate.LoadTemplates(cfg.Sandbox.TemplatesFile)
+	if err != nil {
+		return opts, err
+	}
+
+	flagClient, err := m.flags(ctx)
+	if err != nil {
+		return opts, err
+	}
+	m.Resolver = flags.NewResolver(flags.ResolverOptions{
+		Client: flagClient,
+		Env: flags.Env{
+			AdmissionEnabled: cfg.Admission.Enabled,
+			Cluster:          cfg.Admission.Cluster,
+			ClientRate:       cfg.Admission.Client,
+		},
+		Logger:     m.Logger,
+		Registerer: m.Registry,
+	})
+
+	m.Admitter, err = admission.New(admission.Options{
+		Redis:      m.Redis,
+		Prefix:     m.RedisPrefix,
+		Enabled:    cfg.Admission.Enabled,
+		Cluster:    cfg.Admission.Cluster,
+		FailClosed: cfg.Admission.FailureMode == config.FailClosed,
+		Shadow:     cfg.Admission.Shadow,
+		Timeout:    cfg.Redis.Timeout,
+		Registerer: m.Registry,
+		Logger:     m.Logger,
+	})
+	if err != nil {
+		return opts, fmt.Errorf("admission: %w", err)
+	}
+	concurrency, err := admission.NewConcurrencyLimiter(admission.ConcurrencyOptions{
+		Redis:      m.Redis,
+		Prefix:     m.RedisPrefix,
+		Timeout:    cfg.Redis.Timeout,
+		FailClosed: cfg.Admission.FailureMode == config.FailClosed,
+		Registerer: m.Registry,
+		Logger:     m.Logger,
+	})
+	if err != nil {
+		return opts, fmt.Errorf("concurrency limiter: %w", err)
+	}
+	m.onClose(func(context.Context) error { concurrency.Close(); return nil })
+
+	sub, err := m.substrate()
+	if err != nil {
+		return opts, err
+	}
+	m.Substrate = sub
+	charger := admissionCharger{m.Admitter}
+	m.Pool = pool.New(pool.Options{DB: m.DB, Substrate: sub, Registerer: m.Registry, Logger: m.Logger})
+	m.Replenisher = pool.NewReplenisher(pool.ReplenisherOptions{
+		Pool: m.Pool, Substrate: sub, Templates: templates, Charger: charger,
+		Targets:    m.poolTargets,
+		Registerer: m.Registry,
+		Logger:     m.Logger,
+	})
+	m.Sandboxes = sandbox.New(sandbox.Options{
+		DB: m.DB, Pool: m.Pool, Substrate: sub, Charger: charger,
+		Catalog:    sandbox.Catalog{Templates: templates, Max: cfg.Sandbox.MaxShape},
+		OnClaim:    m.Replenisher.Kick,
+		Registerer: m.Registry,
+		Logger:     m.Logger,
+	})
+
+	untrusted := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "space_auth_untrusted_client_id_total",
+		Help: "Requests that sent X-Client-ID from a peer outside SPACE_TRUSTED_PROXY_CIDRS; the header was ignored.",
+	})
+	m.Registry.MustRegister(untrusted)
+	opts.Auth = &api.TrustedHeader{Trusted: cfg.Auth.TrustedProxyCIDRs, Untrusted: untrusted}
+	opts.Resolver = m.Resolver
+	opts.Concurrency = concurrency
+	opts.Admitter = m.Admitter
+	opts.Sandboxes = m.Sandboxes
+	opts.Checks = append(opts.Checks, api.Check{Name: "substrate", Check: sub.Check, Detail: sub.Describe()})
+	return opts, nil
+}
+
+// flags sets up the OpenFeature provider of SPACE_FLAGS_FILE under a domain of this
+// Main's own (several Mains share a process in tests) and returns its client; nil when
+// no file is configured.
+func (m *Main) flags(ctx context.Context) (*openfeature.Client, error) {
+	if m.Config.Flags.File == "" {
+		return nil, nil
+	}
+	provider, err := flags.NewFileProvider(flags.FileProviderOptions{
+		Path:         m.Config.Flags.File,
+		PollInterval: m.Config.Flags.PollInterval,
+		Logger:       m.Logger,
+		Registerer:   m.Registry,
+		OnReload:     m.OnFlagsReload,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("SPACE_FLAGS_FILE: %w", err)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	domain := "space-api-" + hex.EncodeToString(b[:])
+	if err := openfeature.SetNamedProviderWithContextAndWait(ctx, domain, provider); err != nil {
+		return nil, fmt.Errorf("SPACE_FLAGS_FILE: start provider: %w", err)
+	}
+	m.onClose(func(context.Context) error {
+		provider.Shutdown()
+		return nil
+	})
+	return openfeature.NewClient(domain), nil
+}
+
+func (m *Main) poolTargets(ctx context.Context) ([]pool.Target, error) {
+	ts, err := m.Resolver.PoolTargets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]pool.Target, len(ts))
+	for i, t := range ts {
+		out[i] = pool.Target{Shape: t.Shape, Target: t.Target}
+	}
+	return out, nil
+}
+
+func (m *Main) substrate() (substrate.Substrate, error) {
+	switch m.Config.Sandbox.Substrate {
+	case "simulated":
+		d := m.Config.Sandbox.SimulatedColdStart
+		return substrate.NewSimulated(substrate.SimulatedOptions{Latency: map[substrate.Op]time.Duration{
+			substrate.OpStartCold: d, substrate.OpWarm: d, substrate.OpRestore: d, substrate.OpSnapshot: d,
+			substrate.OpAdopt: d / 10,
+		}}), nil
+	default:
+		return nil, &config.VarError{Var: "SPACE_SUBSTRATE", Value: m.Config.Sandbox.Substrate, Accepts: "simulated (kubernetes is not wired yet)"}
+	}
+}
+
+// admissionCharger charges through the Admitter: a rejection becomes the LimitError
+// the flow and the replenisher expect.
+type admissionCharger struct{ a *admission.Admitter }
+
+func (c admissionCharger) Charge(ctx context.Context, client space.ClientKey, rate *space.Rate) error {
+	d, err := c.a.Admit(ctx, client, rate)
+	if err != nil {
+		return err
+	}
+	if !d.Admitted {
+		return d.LimitError(client)
+	}
+	return nil
+}

@@ -1,0 +1,136 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/flags"
+	"github.com/space-sandbox/space/internal/sandbox"
+)
+
+// createBody is POST /v1/sandboxes.
+type createBody struct {
+	Template  string            `json:"template"`
+	CPUMillis int               `json:"cpu_millis"`
+	MemoryMiB int               `json:"memory_mib"`
+	DiskGiB   int               `json:"disk_gib"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+}
+
+func (b createBody) request() sandbox.CreateRequest {
+	return sandbox.CreateRequest{
+		Shape:    space.Shape{Template: b.Template, CPUMillis: b.CPUMillis, MemoryMiB: b.MemoryMiB, DiskGiB: b.DiskGiB},
+		Metadata: b.Metadata,
+	}
+}
+
+// caller turns resolved limits into what the flow runs under.
+func caller(l flags.Limits) sandbox.Caller {
+	return sandbox.Caller{Client: l.Client, LiveSandboxes: l.LiveSandboxes, Rate: l.ClientRate}
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var body createBody
+	if err := decodeJSON(r, &body); err != nil {
+		writeError(w, r, s.logger, err)
+		return
+	}
+	req := body.request()
+	// Validate before anything else: a bad body touches no limit (DESIGN.md §2 step 3).
+	if err := sandbox.ValidateCreate(req.Shape, req.Metadata); err != nil {
+		writeError(w, r, s.logger, err)
+		return
+	}
+	sb, err := s.sandboxes.Create(r.Context(), caller(limitsFrom(r.Context())), req)
+	if err != nil {
+		writeError(w, r, s.logger, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/sandboxes/"+sb.ID)
+	writeJSON(w, http.StatusCreated, sb)
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandboxes.Get(r.Context(), space.ClientFromContext(r.Context()), chi.URLParam(r, "id"))
+	if err != nil {
+		writeError(w, r, s.logger, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := 0
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			writeError(w, r, s.logger, space.FieldError(space.EINVALID, "limit", "must be an integer"))
+			return
+		}
+		if n == 0 {
+			n = -1 // an explicit 0 is out of range, not "the default"
+		}
+		limit = n
+	}
+	page, err := s.sandboxes.List(r.Context(), space.ClientFromContext(r.Context()), limit, q.Get("page_token"))
+	if err != nil {
+		writeError(w, r, s.logger, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandboxes.Pause(r.Context(), space.ClientFromContext(r.Context()), chi.URLParam(r, "id"))
+	if err != nil {
+		writeError(w, r, s.logger, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+func (s *Server) restoreSandbox(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	if err := sandbox.CheckID(id); err != nil {
+		writeError(w, r, s.logger, err)
+		return
+	}
+	sb, err := s.sandboxes.Restore(r.Context(), caller(limitsFrom(r.Context())), id)
+	if err != nil {
+		writeError(w, r, s.logger, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	if err := s.sandboxes.Delete(r.Context(), space.ClientFromContext(r.Context()), chi.URLParam(r, "id")); err != nil {
+		writeError(w, r, s.logger, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// wakeSandbox is the implicit wake from ingress or the data plane (internal listener
+// only): a restore charged to the sandbox's owner, never to unknown.
+func (s *Server) wakeSandbox(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	owner, err := s.sandboxes.Owner(r.Context(), id)
+	if err != nil {
+		writeError(w, r, s.logger, err)
+		return
+	}
+	limits := s.resolver.LimitsFor(r.Context(), owner)
+	setRequestClient(r.Context(), owner)
+	ctx := space.NewContextWithClient(r.Context(), owner)
+	sb, err := s.sandboxes.Wake(ctx, caller(limits), id)
+	if err != nil {
+		writeError(w, r, s.logger, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
