@@ -1,0 +1,56 @@
+package flags
+
+import (
+	"errors"
+	"testing"
+)
+
+// FuzzParseFlagsFile feeds arbitrary bytes to the flags file parser with the default
+// validators: no panic, and a file that loads serves only values its validators accept.
+func FuzzParseFlagsFile(f *testing.F) {
+	for _, seed := range []string{
+		quotaFile(designExample),
+		flagsFile(map[string]string{WarmPoolFlag: poolExample, "other": `true`}),
+		`{"flags": {}}`,
+		`{"flags": {"f": {"state": "DISABLED", "variants": {"a": 1}, "defaultVariant": "a"}}}`,
+		`{"flags": {"f": {"state": "ENABLED", "variants": {"a": 1}, "defaultVariant": "a", "targeting": {"var": "x"}}}}`,
+		`{"$evaluators": {}, "flags": null}`,
+		`{"flags": {"space-api-client-concurrency-quotas": {"state": "ENABLED", "variants": {"a": "x"}, "defaultVariant": "a"}}}`,
+		`[]`,
+		``,
+	} {
+		f.Add([]byte(seed))
+	}
+	validators := DefaultValidators()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		flags, err := parseFlagsFile(data, validators)
+		if err != nil {
+			return
+		}
+		for key, fl := range flags {
+			if fl == nil {
+				t.Fatalf("flag %q is nil", key)
+			}
+			if validate := validators[key]; validate != nil {
+				if err := validate(fl.value); err != nil {
+					t.Fatalf("flag %q loaded with a value its validator refuses: %v", key, err)
+				}
+			}
+		}
+	})
+}
+
+func TestFlagError(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a flag error names the flag and the variant and unwraps to its cause", func(t *testing.T) {
+		t.Parallel()
+		err := error(&FlagError{Flag: QuotaFlag, Variant: "on", Err: ErrMalformed})
+		if got := err.Error(); got != `flag "space-api-client-concurrency-quotas", variant "on": malformed flag value` {
+			t.Errorf("Error() = %q", got)
+		}
+		if !errors.Is(err, ErrMalformed) {
+			t.Error("does not unwrap")
+		}
+	})
+}

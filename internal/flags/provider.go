@@ -1,0 +1,414 @@
+package flags
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/open-feature/go-sdk/openfeature"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultPollInterval is how often the file provider checks its file when
+// FileProviderOptions.PollInterval is zero (SPACE_FLAGS_POLL_INTERVAL's default).
+const DefaultPollInterval = 2 * time.Second
+
+// ProviderName is the name the file provider reports in its OpenFeature metadata and
+// events.
+const ProviderName = "space-flags-file"
+
+// FileProviderOptions configures NewFileProvider.
+type FileProviderOptions struct {
+	// Path is the flags file (SPACE_FLAGS_FILE). It may be a symlink, as a Kubernetes
+	// ConfigMap mount makes it: the provider reads through the link on every poll.
+	Path string
+	// PollInterval is how often the file is read and hashed; default
+	// DefaultPollInterval (2s).
+	PollInterval time.Duration
+	// Logger receives reload successes and failures; default slog.Default().
+	Logger *slog.Logger
+	// Registerer registers space_flags_reloads_total{result} and the last-reload
+	// gauges; nil leaves them unregistered (they still count, for tests).
+	Registerer prometheus.Registerer
+	// Validators maps a flag key to a check of each of its variant values, run at every
+	// load: a file whose value fails is refused as a whole and the last good flags stay.
+	// Nil means DefaultValidators(); an empty map validates nothing.
+	Validators map[string]func(value any) error
+	// OnReload, when set, is called after every reload attempt that saw something new in
+	// the file (new content, or a new read error), on the goroutine that reloaded, before
+	// the next poll. It must not block. It lets tests wait for a reload instead of
+	// sleeping.
+	OnReload func(ReloadResult)
+}
+
+// ReloadResult is the outcome of one check of the flags file.
+type ReloadResult struct {
+	// Err is why the file was not loaded (unreadable, missing, invalid JSON, targeting
+	// rules, a value refused by a validator); nil when it was. On an error the last good
+	// flags stay in service.
+	Err error
+	// Unchanged is true when the file read exactly as at the previous check (or fails
+	// exactly as it did): nothing was done and nothing was reported.
+	Unchanged bool
+	// Changed lists the flags added, removed or changed by a successful load; empty
+	// when the new content serves the same flags (a reformatted file, or the last good
+	// file back after an error). A configuration-changed event is emitted when it is
+	// not empty.
+	Changed []string
+	// Hash is the hex SHA-256 of the content in service after the check.
+	Hash string
+}
+
+// DefaultValidators returns the checks the flags file is held to: the quota flag must
+// parse as a whole (ParseQuotas) and the warm pool flag must give valid targets
+// (ParsePoolTargets).
+func DefaultValidators() map[string]func(any) error {
+	return map[string]func(any) error{
+		QuotaFlag: func(v any) error {
+			_, err := ParseQuotas(v)
+			return err
+		},
+		WarmPoolFlag: func(v any) error {
+			_, err := ParsePoolTargets(v)
+			return err
+		},
+	}
+}
+
+// FileProvider is an OpenFeature provider that serves the flags of a file in flagd's
+// flag-definition format, static defaultVariant only:
+//
+//	{"flags": {"<key>": {"state": "ENABLED", "variants": {"on": ...}, "defaultVariant": "on"}}}
+//
+// A DISABLED flag is reported as not found, so the caller's default applies. Between
+// Init and Shutdown (which the OpenFeature API calls when the provider is set and
+// replaced) it polls the file: it reads it through any symlink and compares a content
+// hash, which sees an atomic rename and a Kubernetes ConfigMap update (the ..data
+// symlink swap) alike without inotify. A new good file replaces the flags atomically
+// and emits PROVIDER_CONFIGURATION_CHANGED naming the changed flags; a bad or missing
+// one is logged, counted, and the last good flags stay.
+//
+// Object values are shared by every evaluation (which is what lets the Resolver cache
+// its parsed quotas by value identity): callers must not modify them.
+type FileProvider struct {
+	path       string
+	interval   time.Duration
+	log        *slog.Logger
+	validators map[string]func(any) error
+	onReload   func(ReloadResult)
+	metrics    providerMetrics
+
+	current atomic.Pointer[flagSet]
+	events  chan openfeature.Event
+
+	reloadMu sync.Mutex // serializes checks; guards lastSeen
+	lastSeen string     // fingerprint of the last check: a content hash or an error text
+
+	runMu sync.Mutex // guards stop and done
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+var (
+	_ openfeature.FeatureProvider = (*FileProvider)(nil)
+	_ openfeature.StateHandler    = (*FileProvider)(nil)
+	_ openfeature.EventHandler    = (*FileProvider)(nil)
+)
+
+// NewFileProvider loads the file once and returns the provider, not yet polling. An
+// error here (the file is missing, invalid, has targeting rules, or fails a validator)
+// is a configuration error: there are no last good flags to keep. Errors from the file
+// name the flag (*FlagError) and wrap ErrTargeting or ErrMalformed where they apply.
+func NewFileProvider(opts FileProviderOptions) (*FileProvider, error) {
+	if opts.Path == "" {
+		return nil, errors.New("flags file: no path given")
+	}
+	if opts.PollInterval < 0 {
+		return nil, fmt.Errorf("flags file: poll interval must be positive, got %s", opts.PollInterval)
+	}
+	p := &FileProvider{
+		path:       opts.Path,
+		interval:   opts.PollInterval,
+		log:        opts.Logger,
+		validators: opts.Validators,
+		onReload:   opts.OnReload,
+		metrics:    newProviderMetrics(opts.Registerer),
+		// Buffered so that a reload never waits on the API's listener; see emit.
+		events: make(chan openfeature.Event, 16),
+	}
+	if p.interval == 0 {
+		p.interval = DefaultPollInterval
+	}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	if p.validators == nil {
+		p.validators = DefaultValidators()
+	}
+	data, err := os.ReadFile(p.path)
+	if err != nil {
+		return nil, fmt.Errorf("flags file %s: %w", p.path, err)
+	}
+	set, err := p.build(data)
+	if err != nil {
+		return nil, fmt.Errorf("flags file %s: %w", p.path, err)
+	}
+	p.current.Store(set)
+	p.lastSeen = set.hash
+	p.metrics.loaded(time.Now())
+	return p, nil
+}
+
+func (p *FileProvider) build(data []byte) (*flagSet, error) {
+	flags, err := parseFlagsFile(data, p.validators)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(data)
+	return &flagSet{flags: flags, hash: hex.EncodeToString(sum[:])}, nil
+}
+
+// Path is the file the provider reads.
+func (p *FileProvider) Path() string { return p.path }
+
+// Hash is the hex SHA-256 of the file content in service.
+func (p *FileProvider) Hash() string { return p.current.Load().hash }
+
+// Reload checks the file now, as a poll does, and returns what it found. Polls and
+// Reload calls are serialized. It is for a SIGHUP handler and for tests.
+func (p *FileProvider) Reload() ReloadResult {
+	p.reloadMu.Lock()
+	res := p.check()
+	p.reloadMu.Unlock()
+	if !res.Unchanged && p.onReload != nil {
+		p.onReload(res)
+	}
+	return res
+}
+
+// check reads the file and swaps in its flags when they are new and good. The caller
+// holds reloadMu.
+func (p *FileProvider) check() ReloadResult {
+	cur := p.current.Load()
+	data, err := os.ReadFile(p.path)
+	if err != nil {
+		// A missing file is reported once, not once a poll, until it changes.
+		fingerprint := "error: " + err.Error()
+		if fingerprint == p.lastSeen {
+			return ReloadResult{Unchanged: true, Err: err, Hash: cur.hash}
+		}
+		p.lastSeen = fingerprint
+		return p.failed(fmt.Errorf("flags file %s: %w", p.path, err), cur)
+	}
+	sum := sha256.Sum256(data)
+	hash := hex.EncodeToString(sum[:])
+	if hash == p.lastSeen {
+		return ReloadResult{Unchanged: true, Hash: cur.hash}
+	}
+	p.lastSeen = hash
+	if hash == cur.hash {
+		// The good file is back after an error: nothing to swap, but the file is sane again.
+		p.metrics.reloaded(true, time.Now())
+		p.log.Info("flags file readable again; flags unchanged", "path", p.path, "hash", short(hash))
+		return ReloadResult{Hash: hash}
+	}
+	next, err := p.build(data)
+	if err != nil {
+		return p.failed(fmt.Errorf("flags file %s: %w", p.path, err), cur)
+	}
+	changed := changedFlags(cur.flags, next.flags)
+	p.current.Store(next)
+	p.metrics.reloaded(true, time.Now())
+	p.log.Info("flags file reloaded", "path", p.path, "hash", short(hash), "changed", changed)
+	if len(changed) > 0 {
+		p.emit(openfeature.Event{
+			ProviderName: ProviderName,
+			EventType:    openfeature.ProviderConfigChange,
+			ProviderEventDetails: openfeature.ProviderEventDetails{
+				Message:     "flags file reloaded",
+				FlagChanges: changed,
+			},
+		})
+	}
+	return ReloadResult{Changed: changed, Hash: hash}
+}
+
+func (p *FileProvider) failed(err error, cur *flagSet) ReloadResult {
+	p.metrics.reloaded(false, time.Now())
+	p.log.Error("flags file reload failed; keeping the last good flags", "path", p.path, "error", err, "hash_in_service", short(cur.hash))
+	return ReloadResult{Err: err, Hash: cur.hash}
+}
+
+// emit hands an event to the OpenFeature API without ever blocking a reload: the API
+// drains the channel as long as the provider is registered, and an event that finds the
+// buffer full (nobody listening) is dropped with a warning. Flags are read per
+// evaluation, so a dropped event delays nothing but a handler.
+func (p *FileProvider) emit(ev openfeature.Event) {
+	select {
+	case p.events <- ev:
+	default:
+		p.log.Warn("flags file: event dropped, nobody is listening", "event", string(ev.EventType))
+	}
+}
+
+func short(hash string) string {
+	if len(hash) > 12 {
+		return hash[:12]
+	}
+	return hash
+}
+
+// Init starts polling. The OpenFeature API calls it when the provider is set; calling
+// it again while polling does nothing.
+func (p *FileProvider) Init(openfeature.EvaluationContext) error {
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	if p.stop != nil {
+		return nil
+	}
+	p.stop, p.done = make(chan struct{}), make(chan struct{})
+	go p.poll(p.stop, p.done)
+	return nil
+}
+
+// Shutdown stops polling and waits for a reload in progress. The flags stay readable.
+// It is safe to call more than once; Init starts polling again.
+func (p *FileProvider) Shutdown() {
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	if p.stop == nil {
+		return
+	}
+	close(p.stop)
+	<-p.done
+	p.stop, p.done = nil, nil
+}
+
+func (p *FileProvider) poll(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	ticker := time.NewTicker(p.interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ticker.C:
+			p.Reload()
+		}
+	}
+}
+
+// EventChannel is where the provider emits PROVIDER_CONFIGURATION_CHANGED.
+func (p *FileProvider) EventChannel() <-chan openfeature.Event { return p.events }
+
+// Metadata names the provider.
+func (p *FileProvider) Metadata() openfeature.Metadata {
+	return openfeature.Metadata{Name: ProviderName}
+}
+
+// Hooks returns none.
+func (p *FileProvider) Hooks() []openfeature.Hook { return nil }
+
+// lookup returns the flag's served value, or the resolution detail of why there is none.
+func (p *FileProvider) lookup(key string) (*flag, openfeature.ProviderResolutionDetail, bool) {
+	f, ok := p.current.Load().flags[key]
+	if !ok {
+		return nil, openfeature.ProviderResolutionDetail{
+			ResolutionError: openfeature.NewFlagNotFoundResolutionError("flag " + key + " is not in the flags file"),
+			Reason:          openfeature.ErrorReason,
+		}, false
+	}
+	if !f.enabled {
+		return nil, openfeature.ProviderResolutionDetail{
+			ResolutionError: openfeature.NewFlagNotFoundResolutionError("flag " + key + " is disabled"),
+			Reason:          openfeature.DisabledReason,
+		}, false
+	}
+	return f, openfeature.ProviderResolutionDetail{
+		Reason:       openfeature.StaticReason,
+		Variant:      f.variant,
+		FlagMetadata: f.metadata,
+	}, true
+}
+
+func typeMismatch(key, want string, got any) openfeature.ProviderResolutionDetail {
+	return openfeature.ProviderResolutionDetail{
+		ResolutionError: openfeature.NewTypeMismatchResolutionError(fmt.Sprintf("flag %s is %s, not %s", key, typeName(got), want)),
+		Reason:          openfeature.ErrorReason,
+	}
+}
+
+// BooleanEvaluation serves a boolean flag.
+func (p *FileProvider) BooleanEvaluation(_ context.Context, key string, def bool, _ openfeature.FlattenedContext) openfeature.BoolResolutionDetail {
+	f, detail, ok := p.lookup(key)
+	if !ok {
+		return openfeature.BoolResolutionDetail{Value: def, ProviderResolutionDetail: detail}
+	}
+	v, ok := f.value.(bool)
+	if !ok {
+		return openfeature.BoolResolutionDetail{Value: def, ProviderResolutionDetail: typeMismatch(key, "a boolean", f.value)}
+	}
+	return openfeature.BoolResolutionDetail{Value: v, ProviderResolutionDetail: detail}
+}
+
+// StringEvaluation serves a string flag.
+func (p *FileProvider) StringEvaluation(_ context.Context, key string, def string, _ openfeature.FlattenedContext) openfeature.StringResolutionDetail {
+	f, detail, ok := p.lookup(key)
+	if !ok {
+		return openfeature.StringResolutionDetail{Value: def, ProviderResolutionDetail: detail}
+	}
+	v, ok := f.value.(string)
+	if !ok {
+		return openfeature.StringResolutionDetail{Value: def, ProviderResolutionDetail: typeMismatch(key, "a string", f.value)}
+	}
+	return openfeature.StringResolutionDetail{Value: v, ProviderResolutionDetail: detail}
+}
+
+// FloatEvaluation serves a number flag.
+func (p *FileProvider) FloatEvaluation(_ context.Context, key string, def float64, _ openfeature.FlattenedContext) openfeature.FloatResolutionDetail {
+	f, detail, ok := p.lookup(key)
+	if !ok {
+		return openfeature.FloatResolutionDetail{Value: def, ProviderResolutionDetail: detail}
+	}
+	v, ok := f.value.(float64)
+	if !ok {
+		return openfeature.FloatResolutionDetail{Value: def, ProviderResolutionDetail: typeMismatch(key, "a number", f.value)}
+	}
+	return openfeature.FloatResolutionDetail{Value: v, ProviderResolutionDetail: detail}
+}
+
+// IntEvaluation serves an integer flag: a JSON number without a fraction that an int64
+// holds exactly.
+func (p *FileProvider) IntEvaluation(_ context.Context, key string, def int64, _ openfeature.FlattenedContext) openfeature.IntResolutionDetail {
+	f, detail, ok := p.lookup(key)
+	if !ok {
+		return openfeature.IntResolutionDetail{Value: def, ProviderResolutionDetail: detail}
+	}
+	v, ok := f.value.(float64)
+	if !ok || v != math.Trunc(v) || v > maxExactFloat || v < -maxExactFloat {
+		return openfeature.IntResolutionDetail{Value: def, ProviderResolutionDetail: typeMismatch(key, "an integer", f.value)}
+	}
+	return openfeature.IntResolutionDetail{Value: int64(v), ProviderResolutionDetail: detail}
+}
+
+// ObjectEvaluation serves an object (or array) flag. The value is shared: do not modify
+// it.
+func (p *FileProvider) ObjectEvaluation(_ context.Context, key string, def any, _ openfeature.FlattenedContext) openfeature.InterfaceResolutionDetail {
+	f, detail, ok := p.lookup(key)
+	if !ok {
+		return openfeature.InterfaceResolutionDetail{Value: def, ProviderResolutionDetail: detail}
+	}
+	switch f.value.(type) {
+	case map[string]any, []any:
+		return openfeature.InterfaceResolutionDetail{Value: f.value, ProviderResolutionDetail: detail}
+	}
+	return openfeature.InterfaceResolutionDetail{Value: def, ProviderResolutionDetail: typeMismatch(key, "an object", f.value)}
+}

@@ -1,0 +1,382 @@
+package flags
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/open-feature/go-sdk/openfeature"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space"
+)
+
+// WarnInterval is how often, at most, the Resolver logs the same warning: a malformed
+// rate entry per key, or an unusable quota flag. A flood of requests must not become a
+// flood of log lines.
+const WarnInterval = time.Minute
+
+// RateSource says where a client's activation rate (or its absence) came from, as
+// GET /v1/limits reports it.
+type RateSource string
+
+const (
+	// SourceEnv: the env client rate (SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_*), or
+	// no client bucket when that is unset. Also every key while admission is disabled.
+	SourceEnv RateSource = "env"
+	// SourceFlag: the key's entry in the quota flag's "rate" object (a rate, or null:
+	// exempt).
+	SourceFlag RateSource = "flag"
+	// SourceMalformedFallback: the key's entry is malformed, so the env rate applies.
+	SourceMalformedFallback RateSource = "flag_malformed_fallback"
+)
+
+// Defaults are the caps of a client when neither its entry in the quota flag nor the
+// flag's "default" sets them. Zero means no cap.
+type Defaults struct {
+	Concurrency   int
+	LiveSandboxes int
+}
+
+// DefaultLimits returns the built-in caps: 10 requests in flight and 50 live sandboxes
+// per client key. They are deliberately modest: an operator raises them for the
+// clients it knows, in the flag, and unknown callers share one key.
+func DefaultLimits() Defaults {
+	return Defaults{Concurrency: 10, LiveSandboxes: 50}
+}
+
+// Env is what the environment configures, below the quota flag.
+type Env struct {
+	// AdmissionEnabled is SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED. Off, the flag's
+	// "rate" object is ignored (nothing is charged anyway).
+	AdmissionEnabled bool
+	// Cluster is the shared cluster activation rate.
+	Cluster space.Rate
+	// ClientRate is the rate of every client key unless the flag says otherwise; nil
+	// means no client bucket (config.Admission.Client).
+	ClientRate *space.Rate
+	// Defaults are the caps below the flag. The zero value means DefaultLimits(); to
+	// have no caps by default, say so in the flag's "default" (0 = no cap).
+	Defaults Defaults
+}
+
+// Limits is what applies to one request: who the caller is and every limit enforced on
+// it. It is what GET /v1/limits reports, so what is reported is what is enforced.
+type Limits struct {
+	// Client is the bounded key: an allowlisted client id, or space.Unknown.
+	Client space.ClientKey
+	// Allowlisted is true when Client is a key of the flag's "clients" (never for
+	// space.Unknown).
+	Allowlisted bool
+	// Concurrency caps the client's in-flight requests; 0 = no cap.
+	Concurrency int
+	// LiveSandboxes caps the client's live sandboxes; 0 = no cap.
+	LiveSandboxes int
+	// AdmissionEnabled is SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED.
+	AdmissionEnabled bool
+	// Cluster is the shared cluster activation rate.
+	Cluster space.Rate
+	// ClientRate is the rate Admit must enforce for this client: pass it as Admit's
+	// clientRate. Nil means no client bucket (only the cluster bucket is charged). It is
+	// the caller's own copy.
+	ClientRate *space.Rate
+	// ClientExempt is true when ClientRate is nil because the flag's entry for the key
+	// is null, as opposed to there being no env client rate at all.
+	ClientExempt bool
+	// RateSource is where ClientRate (or its absence) came from.
+	RateSource RateSource
+}
+
+// ResolverOptions configures NewResolver.
+type ResolverOptions struct {
+	// Client evaluates the flags; nil means no flags at all: the env defaults apply to
+	// everyone and nobody is allowlisted.
+	Client *openfeature.Client
+	// Env is the configuration below the flag.
+	Env Env
+	// Logger receives the rate-limited warnings; default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock of the once-a-WarnInterval warnings; default time.Now.
+	Now func() time.Time
+	// Registerer registers the resolver's fallback counters; nil leaves them
+	// unregistered.
+	Registerer prometheus.Registerer
+}
+
+// Resolver turns a request's claimed client id into its bounded key and its limits, by
+// one evaluation of the quota flag per request: a flag change applies to the next
+// request. It is safe for concurrent use.
+//
+// Parsing is not repeated per request: the parsed value is cached against the identity
+// of the value the provider returned (the map's address, kept alive by the cache so it
+// cannot be reused), and the file provider hands out the same map until the file
+// changes. This relies on providers not modifying a value they have handed out, which
+// concurrent evaluations require anyway. A provider that decodes a fresh value on every
+// evaluation still works, at the cost of a parse per request.
+//
+// When the provider fails, or hands out a value that is not a valid quota flag, the
+// Resolver keeps using the last good value (none before the first: env defaults,
+// nobody allowlisted), logs at most once a WarnInterval and counts
+// space_flags_quota_fallbacks_total. A flag that is not in the provider at all (absent
+// or DISABLED) is not a failure: it means no allowlist and env defaults.
+type Resolver struct {
+	client   *openfeature.Client
+	env      Env
+	log      *slog.Logger
+	warnings warnLimiter
+	metrics  resolverMetrics
+
+	seen atomic.Pointer[parsedQuotas] // the last value the provider returned, parsed
+	good atomic.Pointer[parsedQuotas] // the last good value; never nil
+}
+
+// parsedQuotas is one quota flag value and what parsing it gave. Never modified once
+// built.
+type parsedQuotas struct {
+	src any            // the provider's value, kept so that its address stays unique while cached
+	id  unsafe.Pointer // the identity of src: its map's address; nil when src is not a map
+	q   Quotas
+	err error
+	// maxKeyLen is the longest allowlisted key: a longer claimed id is not looked up.
+	maxKeyLen int
+}
+
+var noQuotas = &parsedQuotas{q: Quotas{Clients: map[space.ClientKey]ClientQuota{}, Rates: map[space.ClientKey]RateEntry{}}}
+
+// NewResolver returns a Resolver. Env.ClientRate is copied: a later change to the
+// caller's value does not reach the Resolver.
+func NewResolver(opts ResolverOptions) *Resolver {
+	r := &Resolver{
+		client:  opts.Client,
+		env:     opts.Env,
+		log:     opts.Logger,
+		metrics: newResolverMetrics(opts.Registerer),
+	}
+	if r.env.ClientRate != nil {
+		rate := *r.env.ClientRate
+		r.env.ClientRate = &rate
+	}
+	if r.env.Defaults == (Defaults{}) {
+		r.env.Defaults = DefaultLimits()
+	}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	r.warnings.now = opts.Now
+	if r.warnings.now == nil {
+		r.warnings.now = time.Now
+	}
+	r.good.Store(noQuotas)
+	return r
+}
+
+// Resolve returns the bounded key and the limits of a request whose caller claims
+// clientID (X-Client-ID, raw). The id is honoured only when it is on the allowlist;
+// anything else, empty or huge included, is space.Unknown. No other string is ever
+// returned. It is the hot path: one flag evaluation, no parse unless the flag changed.
+func (r *Resolver) Resolve(ctx context.Context, clientID string) Limits {
+	p := r.quotas(ctx)
+	key := space.Unknown
+	if clientID != "" && len(clientID) <= p.maxKeyLen {
+		if _, ok := p.q.Clients[space.ClientKey(clientID)]; ok {
+			key = space.ClientKey(clientID)
+		}
+	}
+	return r.limits(p.q, key)
+}
+
+// LimitsFor returns the limits of a key that is already bounded: a sandbox owner for a
+// wake, a queued operation's key. The key is kept even when it has since left the
+// allowlist (its sandboxes are still its own); it then gets the default caps, and its
+// rate entry if it still has one. An empty key is space.Unknown.
+func (r *Resolver) LimitsFor(ctx context.Context, key space.ClientKey) Limits {
+	if key == "" {
+		key = space.Unknown
+	}
+	return r.limits(r.quotas(ctx).q, key)
+}
+
+// PoolTargets returns the warm pool targets of WarmPoolFlag. With no flags, or the flag
+// absent or disabled, there are none (empty, no error). A provider failure or a
+// malformed value is an error, for the pool to keep its current targets.
+func (r *Resolver) PoolTargets(ctx context.Context) ([]PoolTarget, error) {
+	if r.client == nil {
+		return []PoolTarget{}, nil
+	}
+	details, err := r.client.ObjectValueDetails(ctx, WarmPoolFlag, nil, openfeature.EvaluationContext{})
+	if (err != nil && details.ErrorCode == openfeature.FlagNotFoundCode) || (err == nil && details.Value == nil) {
+		return []PoolTarget{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("evaluate flag %s: %w", WarmPoolFlag, err)
+	}
+	targets, err := ParsePoolTargets(details.Value)
+	if err != nil {
+		return nil, fmt.Errorf("flag %s: %w", WarmPoolFlag, err)
+	}
+	return targets, nil
+}
+
+// limits layers the flag over the env for one bounded key.
+func (r *Resolver) limits(q Quotas, key space.ClientKey) Limits {
+	entry, listed := q.Clients[key]
+	l := Limits{
+		Client:           key,
+		Allowlisted:      listed && key != space.Unknown,
+		Concurrency:      r.env.Defaults.Concurrency,
+		LiveSandboxes:    r.env.Defaults.LiveSandboxes,
+		AdmissionEnabled: r.env.AdmissionEnabled,
+		Cluster:          r.env.Cluster,
+		RateSource:       SourceEnv,
+	}
+	overlay(&l, q.Default)
+	if listed {
+		overlay(&l, entry)
+	}
+	envRate := func() {
+		if r.env.ClientRate != nil {
+			rate := *r.env.ClientRate
+			l.ClientRate = &rate
+		}
+	}
+	rate, hasRate := q.Rates[key]
+	switch {
+	case !r.env.AdmissionEnabled || !hasRate:
+		envRate()
+	case rate.Malformed != nil:
+		envRate()
+		l.RateSource = SourceMalformedFallback
+		r.metrics.rateFallback.WithLabelValues(string(key)).Inc()
+		if r.warnings.allow("rate:" + string(key)) {
+			r.log.Warn("quota flag: malformed rate entry, this key stays on the env client rate",
+				"flag", QuotaFlag, "client", string(key), "error", rate.Malformed.Error(),
+				"env_rate", rateString(r.env.ClientRate), "next_warning_in", WarnInterval.String())
+		}
+	case rate.Exempt:
+		l.ClientExempt = true
+		l.RateSource = SourceFlag
+	default:
+		c := *rate.Rate
+		l.ClientRate = &c
+		l.RateSource = SourceFlag
+	}
+	return l
+}
+
+func overlay(l *Limits, cq ClientQuota) {
+	if cq.Concurrency != nil {
+		l.Concurrency = *cq.Concurrency
+	}
+	if cq.LiveSandboxes != nil {
+		l.LiveSandboxes = *cq.LiveSandboxes
+	}
+}
+
+func rateString(r *space.Rate) string {
+	if r == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%g/s burst %d", r.RefillRPS, r.Burst)
+}
+
+// quotas evaluates the quota flag once and returns its parsed value, or the last good
+// one.
+func (r *Resolver) quotas(ctx context.Context) *parsedQuotas {
+	if r.client == nil {
+		return noQuotas
+	}
+	details, err := r.client.ObjectValueDetails(ctx, QuotaFlag, nil, openfeature.EvaluationContext{})
+	if (err != nil && details.ErrorCode == openfeature.FlagNotFoundCode) || (err == nil && details.Value == nil) {
+		// Absent, disabled, or a provider that has no value for it (the no-op provider):
+		// no flag is not a failure.
+		r.keep(noQuotas)
+		return noQuotas
+	}
+	if err != nil {
+		r.metrics.evalError.Inc()
+		if r.warnings.allow("evaluate") {
+			r.log.Warn("quota flag: evaluation failed, using the last good value",
+				"flag", QuotaFlag, "error", err.Error(), "next_warning_in", WarnInterval.String())
+		}
+		return r.good.Load()
+	}
+	p := r.parse(details.Value)
+	if p.err != nil {
+		r.metrics.malformed.Inc()
+		if r.warnings.allow("malformed") {
+			r.log.Warn("quota flag: the provider's value is malformed, using the last good value",
+				"flag", QuotaFlag, "error", p.err.Error(), "next_warning_in", WarnInterval.String())
+		}
+		return r.good.Load()
+	}
+	r.keep(p)
+	return p
+}
+
+// keep makes p the last good value; the store is skipped when it already is, so that
+// the hot path does not write a shared cache line per request.
+func (r *Resolver) keep(p *parsedQuotas) {
+	if r.good.Load() != p {
+		r.good.Store(p)
+	}
+}
+
+// parse returns the parsed form of v, from the cache when v is the value parsed last.
+func (r *Resolver) parse(v any) *parsedQuotas {
+	id := identity(v)
+	if id != nil {
+		if s := r.seen.Load(); s != nil && s.id == id {
+			return s
+		}
+	}
+	p := &parsedQuotas{src: v, id: id}
+	p.q, p.err = ParseQuotas(v)
+	for key := range p.q.Clients {
+		p.maxKeyLen = max(p.maxKeyLen, len(key))
+	}
+	if id != nil {
+		r.seen.Store(p)
+	}
+	return p
+}
+
+// identity is the address of v's map, which names the value as long as it is alive; nil
+// for anything else, which is then parsed every time (it is not a valid flag anyway).
+func identity(v any) unsafe.Pointer {
+	if m, ok := v.(map[string]any); ok && m != nil {
+		return reflect.ValueOf(m).UnsafePointer()
+	}
+	return nil
+}
+
+// warnLimiter lets one warning per key through per WarnInterval, however many
+// goroutines ask at once.
+type warnLimiter struct {
+	now  func() time.Time
+	last sync.Map // key -> *atomic.Int64: Unix nanoseconds of the last warning
+}
+
+const never = math.MinInt64
+
+func (w *warnLimiter) allow(key string) bool {
+	v, ok := w.last.Load(key)
+	if !ok {
+		fresh := &atomic.Int64{}
+		fresh.Store(never)
+		v, _ = w.last.LoadOrStore(key, fresh)
+	}
+	last := v.(*atomic.Int64)
+	now := w.now().UnixNano()
+	prev := last.Load()
+	if prev != never && now-prev < int64(WarnInterval) {
+		return false
+	}
+	// One of the goroutines that saw the same prev wins; the others stay quiet.
+	return last.CompareAndSwap(prev, now)
+}
