@@ -126,6 +126,8 @@ func (e *LimitError) Message() string {
 		return "the cluster is at its sandbox activation capacity; retry later"
 	case BucketClientConcurrency:
 		return fmt.Sprintf("client %q has too many requests in flight (cap %d); retry when one finishes", string(e.Client), e.Cap)
+	case BucketAuthFailures:
+		return "too many failed authentications from this address; retry after the Retry-After delay"
 	case BucketLiveSandboxCap:
 		return fmt.Sprintf("client %q has reached its cap of %d live sandboxes; pause or delete one first", string(e.Client), e.Cap)
 	}

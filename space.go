@@ -109,4 +109,6 @@ const (
 	BucketClusterActivation Bucket = "cluster_activation"
 	BucketClientConcurrency Bucket = "client_concurrency"
 	BucketLiveSandboxCap    Bucket = "live_sandbox_cap"
+	// BucketAuthFailures limits failed authentications per source address.
+	BucketAuthFailures Bucket = "auth_failures"
 )

@@ -17,6 +17,7 @@ import (
 
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/apikey"
 	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/pool"
@@ -48,6 +49,7 @@ type Main struct {
 	Pool        *pool.Pool
 	Replenisher *pool.Replenisher
 	Sandboxes   *sandbox.Service
+	Keys        *apikey.Store // api_key mode only
 
 	publicLn, internalLn net.Listener
 	public, internal     *http.Server
@@ -57,6 +59,10 @@ type Main struct {
 	// waits for it to reach zero.
 	inFlight  prometheus.Gauge
 	connState sync.Map // net.Conn -> http.ConnState
+
+	// readHeaderTimeout is how long a client may take to send its headers (5s); tests
+	// shorten it.
+	readHeaderTimeout time.Duration
 
 	closeOnce sync.Once
 	closeErr  error
@@ -73,7 +79,7 @@ func NewMain(cfg config.Config, logger *slog.Logger) *Main {
 		Help: "Connections with a request in flight, both listeners.",
 	})
 	reg.MustRegister(inFlight)
-	return &Main{Config: cfg, Logger: logger, Registry: reg, RedisPrefix: "space", inFlight: inFlight, serveErr: make(chan error, 2)}
+	return &Main{Config: cfg, Logger: logger, Registry: reg, RedisPrefix: "space", inFlight: inFlight, readHeaderTimeout: 5 * time.Second, serveErr: make(chan error, 2)}
 }
 
 // Run opens the dependencies, refuses an unmigrated database, starts the listeners and
@@ -131,8 +137,8 @@ func (m *Main) listen() error {
 		m.publicLn.Close()
 		return fmt.Errorf("listen SPACE_INTERNAL_HTTP_ADDR %s: %w", m.Config.InternalHTTPAddr, err)
 	}
-	m.public = newHTTPServer(m.API.Public(), m.Logger)
-	m.internal = newHTTPServer(m.API.Internal(), m.Logger)
+	m.public = newHTTPServer(m.API.Public(), m.Logger, m.readHeaderTimeout)
+	m.internal = newHTTPServer(m.API.Internal(), m.Logger, m.readHeaderTimeout)
 	m.public.ConnState, m.internal.ConnState = m.trackConn, m.trackConn
 	for _, s := range []struct {
 		srv *http.Server
@@ -151,10 +157,10 @@ func (m *Main) listen() error {
 // newHTTPServer sets the timeouts that keep a slow or malicious client from holding a
 // connection forever (slowloris): headers within 5s, a whole request within 30s.
 // WriteTimeout is generous because a synchronous create waits for a cold start.
-func newHTTPServer(h http.Handler, logger *slog.Logger) *http.Server {
+func newHTTPServer(h http.Handler, logger *slog.Logger, readHeaderTimeout time.Duration) *http.Server {
 	return &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
+		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      2 * time.Minute,
 		IdleTimeout:       2 * time.Minute,

@@ -2,6 +2,7 @@
 //
 //	space-api [serve]   serve the public and internal listeners (default)
 //	space-api migrate   apply database migrations (ours and River's)
+//	space-api keys      create, list and revoke API keys
 //	space-api version   print the version
 //
 // Configuration comes from SPACE_* environment variables; see README.md.
@@ -47,7 +48,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
-	case "serve", "migrate":
+	case "serve", "migrate", "keys":
 	default:
 		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
 	}
@@ -59,6 +60,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	logger := NewLogger(stderr, cfg.LogLevel)
 
 	switch cmd {
+	case "keys":
+		return keys(ctx, cfg, args, stdout, logger)
 	case "migrate":
 		pool, err := store.Open(ctx, cfg.DatabaseURL)
 		if err != nil {
@@ -87,6 +90,7 @@ const usage = `usage: space-api [command]
 commands:
   serve     serve the public and internal listeners (default)
   migrate   apply database migrations
+  keys      create, list and revoke API keys (keys create --client acme --name ci)
   version   print the version
 
 Configuration is read from SPACE_* environment variables (see README.md).

@@ -13,6 +13,7 @@ import (
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/apikey"
 	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/pool"
@@ -97,18 +98,44 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Logger:     m.Logger,
 	})
 
-	untrusted := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "space_auth_untrusted_client_id_total",
-		Help: "Requests that sent X-Client-ID from a peer outside SPACE_TRUSTED_PROXY_CIDRS; the header was ignored.",
-	})
-	m.Registry.MustRegister(untrusted)
-	opts.Auth = &api.TrustedHeader{Trusted: cfg.Auth.TrustedProxyCIDRs, Untrusted: untrusted}
+	if opts.Auth, err = m.authenticator(); err != nil {
+		return opts, err
+	}
 	opts.Resolver = m.Resolver
 	opts.Concurrency = concurrency
 	opts.Admitter = m.Admitter
 	opts.Sandboxes = m.Sandboxes
 	opts.Checks = append(opts.Checks, api.Check{Name: "substrate", Check: sub.Check, Detail: sub.Describe()})
 	return opts, nil
+}
+
+// authenticator returns the identity of SPACE_AUTH_MODE.
+func (m *Main) authenticator() (api.Authenticator, error) {
+	cfg := m.Config.Auth
+	if cfg.Mode == config.AuthTrustedHeader {
+		untrusted := prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "space_auth_untrusted_client_id_total",
+			Help: "Requests that sent X-Client-ID from a peer outside SPACE_TRUSTED_PROXY_CIDRS; the header was ignored.",
+		})
+		m.Registry.MustRegister(untrusted)
+		return &api.TrustedHeader{Trusted: cfg.TrustedProxyCIDRs, Untrusted: untrusted}, nil
+	}
+	failures, err := admission.NewLimiter(admission.LimiterOptions{
+		Redis:   m.Redis,
+		Prefix:  m.RedisPrefix + ":auth_failures",
+		Rate:    cfg.FailureRate,
+		Timeout: m.Config.Redis.Timeout,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("failed-auth limiter: %w", err)
+	}
+	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "space_auth_rejected_total",
+		Help: "Refused authentications by reason: missing, invalid (unknown, malformed or revoked key), throttled (too many failures from the address).",
+	}, []string{"reason"})
+	m.Registry.MustRegister(rejected)
+	m.Keys = apikey.NewStore(m.DB, m.Logger)
+	return &api.APIKey{Keys: m.Keys, Failures: failures, TrustedProxies: cfg.TrustedProxyCIDRs, Rejected: rejected}, nil
 }
 
 // flags sets up the OpenFeature provider of SPACE_FLAGS_FILE under a domain of this

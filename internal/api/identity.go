@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"net/netip"
 
@@ -78,21 +77,8 @@ func (h *TrustedHeader) Authenticate(r *http.Request) (string, error) {
 }
 
 func (h *TrustedHeader) trusted(remoteAddr string) bool {
-	host, _, err := net.SplitHostPort(remoteAddr)
-	if err != nil {
-		host = remoteAddr
-	}
-	addr, err := netip.ParseAddr(host)
-	if err != nil {
-		return false
-	}
-	addr = addr.Unmap()
-	for _, p := range h.Trusted {
-		if p.Contains(addr) {
-			return true
-		}
-	}
-	return false
+	addr := peerAddr(remoteAddr)
+	return addr.IsValid() && inPrefixes(addr, h.Trusted)
 }
 
 // identify resolves the caller's bounded client key and every limit on it, once per

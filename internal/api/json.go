@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/space-sandbox/space"
@@ -56,10 +57,23 @@ func jsonError(err error) error {
 		}
 		return space.FieldError(space.EINVALID, field, "must be %s, got %s", jsonKind(typ.Type.Kind().String()), typ.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		name := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		if unquoted, qerr := strconv.Unquote(name); qerr == nil {
+			name = unquoted
+		}
+		if name == "" || len(name) > 64 {
+			return space.FieldError(space.EINVALID, "body", "has an unknown field %s", quoteField(name))
+		}
 		return space.FieldError(space.EINVALID, name, "is not a known field")
 	}
 	return space.FieldError(space.EINVALID, "body", "cannot be decoded: %s", err.Error())
+}
+
+func quoteField(name string) string {
+	if len(name) > 64 {
+		name = name[:64] + "..."
+	}
+	return strconv.Quote(name)
 }
 
 func jsonKind(goKind string) string {

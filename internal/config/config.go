@@ -51,6 +51,10 @@ type Auth struct {
 	// TrustedProxyCIDRs are the peers whose X-Client-ID is believed in trusted_header
 	// mode (SPACE_TRUSTED_PROXY_CIDRS, comma separated; required in that mode).
 	TrustedProxyCIDRs []netip.Prefix
+	// FailureRate limits failed authentications per source address
+	// (SPACE_AUTH_FAILURE_REFILL_RPS, default 0.2, and SPACE_AUTH_FAILURE_BURST, default
+	// 20): twenty wrong keys, then one every five seconds.
+	FailureRate space.Rate
 }
 
 // AuthMode is the value of SPACE_AUTH_MODE.
@@ -149,7 +153,7 @@ func Default() Config {
 		InternalHTTPAddr: ":8081",
 		LogLevel:         "info",
 		ShutdownTimeout:  25 * time.Second,
-		Auth:             Auth{Mode: AuthAPIKey},
+		Auth:             Auth{Mode: AuthAPIKey, FailureRate: space.Rate{RefillRPS: 0.2, Burst: 20}},
 		Redis:            Redis{Timeout: 100 * time.Millisecond},
 		Admission: Admission{
 			Enabled:     true,
@@ -189,6 +193,9 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.Auth.Mode == AuthTrustedHeader && len(c.Auth.TrustedProxyCIDRs) == 0 {
 		r.fail("SPACE_TRUSTED_PROXY_CIDRS", "", "one or more CIDRs (e.g. 10.0.0.0/8); required when SPACE_AUTH_MODE=trusted_header")
 	}
+
+	r.rate("SPACE_AUTH_FAILURE_REFILL_RPS", &c.Auth.FailureRate.RefillRPS)
+	r.burst("SPACE_AUTH_FAILURE_BURST", &c.Auth.FailureRate.Burst)
 
 	r.addrs("SPACE_REDIS_ADDRS", &c.Redis.Addrs)
 	if len(c.Redis.Addrs) == 0 {

@@ -1,0 +1,131 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/apikey"
+	"github.com/space-sandbox/space/internal/sandbox"
+	"github.com/space-sandbox/space/internal/substrate"
+)
+
+func TestParseBearer(t *testing.T) {
+	t.Parallel()
+	for header, want := range map[string]string{
+		"Bearer spk_abc":     "spk_abc",
+		"bearer spk_abc":     "spk_abc",
+		"BEARER   spk_a-b.c": "spk_a-b.c",
+		"Bearer ":            "",
+		"Bearer":             "",
+		"Basic spk_abc":      "",
+		"Bearer spk abc":     "",
+		"Bearer spk\x00abc":  "",
+		"":                   "",
+	} {
+		got, err := ParseBearer(header)
+		if got != want || (want == "") != (err != nil) {
+			t.Errorf("ParseBearer(%q) = %q, %v; want %q", header, got, err, want)
+		}
+	}
+}
+
+func TestSourceKey(t *testing.T) {
+	t.Parallel()
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	for _, tc := range []struct {
+		name, remote, xff, want string
+	}{
+		{"a direct peer is itself", "192.0.2.7:5000", "", "192.0.2.7"},
+		{"an untrusted peer's X-Forwarded-For is ignored", "192.0.2.7:5000", "198.51.100.1", "192.0.2.7"},
+		{"a trusted proxy speaks for the address it forwarded", "10.1.2.3:5000", "198.51.100.1", "198.51.100.1"},
+		{"the nearest untrusted hop is taken, not a spoofed first one", "10.1.2.3:5000", "203.0.113.9, 198.51.100.1, 10.9.9.9", "198.51.100.1"},
+		{"an IPv6 source is its /64", "[2001:db8:1:2:3:4:5:6]:443", "", "2001:db8:1:2::/64"},
+		{"an IPv4-mapped IPv6 peer is its IPv4 address", "[::ffff:192.0.2.7]:80", "", "192.0.2.7"},
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = tc.remote
+		if tc.xff != "" {
+			r.Header.Set("X-Forwarded-For", tc.xff)
+		}
+		if got := sourceKey(r, trusted); got != tc.want {
+			t.Errorf("%s: sourceKey = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// noKeys finds no key: every well-formed secret is unknown.
+type noKeys struct{}
+
+func (noKeys) Lookup(context.Context, string) (apikey.Key, error) {
+	return apikey.Key{}, apikey.ErrInvalid
+}
+
+// FuzzAuthorization feeds any Authorization header to the API key authenticator: it
+// never panics, and it either refuses with a 401 or (never, here) accepts.
+func FuzzAuthorization(f *testing.F) {
+	for _, seed := range []string{"", "Bearer spk_x", "bearer  " + strings.Repeat("A", 600), "Basic Zm9vOmJhcg==", "Bearer \xff\xfe", "Bearer a b", "Bearer=", "Bearer spk_" + strings.Repeat("A", 43)} {
+		f.Add(seed)
+	}
+	auth := &APIKey{Keys: noKeys{}}
+	f.Fuzz(func(t *testing.T, header string) {
+		r := httptest.NewRequest("GET", "/v1/sandboxes", nil)
+		r.Header["Authorization"] = []string{header}
+		id, err := auth.Authenticate(r)
+		if err == nil || id != "" {
+			t.Fatalf("header %q authenticated as %q", header, id)
+		}
+		if Status(err) != http.StatusUnauthorized {
+			t.Fatalf("header %q: status %d (%v), want 401", header, Status(err), err)
+		}
+	})
+}
+
+// FuzzCreateBody feeds any body to the create path's decoding, validation and shape
+// resolution, the steps that run before anything is charged: it never panics and
+// every refusal is a 400 or a 422.
+func FuzzCreateBody(f *testing.F) {
+	for _, seed := range []string{
+		`{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10}`,
+		`{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10,"metadata":{"a":"b"}}`,
+		`{"template":"x","cpu_millis":-1}`, `{"template":1}`, `[]`, `null`, `{"cpu_millis":1e400}`,
+		`{"template":"python-3.12","cpu_millis":99999999999999999999}`, `{}{}`, `{"metadata":{"":""}}`, "\xff",
+	} {
+		f.Add(seed)
+	}
+	catalog := sandbox.Catalog{
+		Templates: substrate.Templates{"python-3.12": {Name: "python-3.12", Image: "python", MaxDiskGiB: 50}},
+		Max:       space.Shape{CPUMillis: 16000, MemoryMiB: 65536, DiskGiB: 100},
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		r := httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(body))
+		rec := httptest.NewRecorder()
+		r.Body = http.MaxBytesReader(rec, r.Body, 64<<10)
+		var b createBody
+		err := decodeJSON(r, &b)
+		if err == nil {
+			req := b.request()
+			if err = sandbox.ValidateCreate(req.Shape, req.Metadata); err == nil {
+				_, err = catalog.Resolve(req.Shape)
+			}
+		}
+		if err == nil {
+			return
+		}
+		var de *space.Error
+		if !errors.As(err, &de) {
+			t.Fatalf("body %q: %v is not a domain error", body, err)
+		}
+		if s := Status(err); s != http.StatusBadRequest && s != http.StatusUnprocessableEntity {
+			t.Fatalf("body %q: status %d (%v)", body, s, err)
+		}
+		if de.Field == "" {
+			t.Fatalf("body %q: %v names no field", body, err)
+		}
+	})
+}

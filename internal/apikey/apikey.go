@@ -1,0 +1,191 @@
+// Package apikey issues, looks up and revokes the API keys of SPACE_AUTH_MODE=api_key.
+//
+// A key is 256 bits from crypto/rand, shown once when it is created and stored only as
+// its SHA-256. A plain, unsalted, fast hash is enough here, unlike for passwords: a
+// password is low-entropy, so a stolen hash can be brute-forced and must be slowed
+// with bcrypt or argon2; a random 256-bit key has nothing to brute-force, so its hash
+// is as good as irreversible, and a fast hash keeps the per-request lookup cheap.
+//
+// Keys are not cached: every request looks its key up by hash (an index probe), so a
+// revoked key is refused by the very next request on every replica.
+package apikey
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/store"
+)
+
+// Prefix starts every key, so that a leaked key is recognisable by secret scanners.
+const Prefix = "spk_"
+
+// keyBytes is the entropy of a key: 256 bits (the issue asks for at least 128).
+const keyBytes = 32
+
+// encodedLen is the length of a key: the prefix and 43 base64url characters.
+var encodedLen = len(Prefix) + base64.RawURLEncoding.EncodedLen(keyBytes)
+
+// Key is a stored API key; the key itself is never stored.
+type Key struct {
+	ID         string     `json:"id"`
+	Client     string     `json:"client"`
+	Name       string     `json:"name"`
+	CreatedAt  time.Time  `json:"created_at"`
+	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
+	RevokedAt  *time.Time `json:"revoked_at,omitempty"`
+}
+
+// ErrInvalid means the presented key is unknown, malformed or revoked. The three are
+// not told apart, to the caller or in the error.
+var ErrInvalid = errors.New("invalid API key")
+
+// Store keeps keys in Postgres.
+type Store struct {
+	db     *pgxpool.Pool
+	logger *slog.Logger
+
+	// touched remembers when last_used_at was last written per key, so that a key used
+	// a thousand times a second costs one write a minute, not a thousand.
+	touched sync.Map // key id -> time.Time
+}
+
+// TouchInterval is how stale last_used_at may be.
+const TouchInterval = time.Minute
+
+// NewStore returns a Store on db.
+func NewStore(db *pgxpool.Pool, logger *slog.Logger) *Store {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Store{db: db, logger: logger}
+}
+
+// Create issues a key for client, named name (what it is for, e.g. "ci"), and returns
+// it with the key itself: the only time the key is ever seen.
+func (s *Store) Create(ctx context.Context, client, name string) (Key, string, error) {
+	client, name = strings.TrimSpace(client), strings.TrimSpace(name)
+	if client == "" {
+		return Key{}, "", space.FieldError(space.EINVALID, "client", "is required")
+	}
+	if name == "" {
+		return Key{}, "", space.FieldError(space.EINVALID, "name", "is required")
+	}
+	var raw [keyBytes]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return Key{}, "", fmt.Errorf("generate key: %w", err)
+	}
+	secret := Prefix + base64.RawURLEncoding.EncodeToString(raw[:])
+	sum := sha256.Sum256([]byte(secret))
+	k := Key{ID: uuid.NewString(), Client: client, Name: name}
+	err := s.db.QueryRow(ctx, `INSERT INTO api_keys (id, client, name, hash) VALUES ($1, $2, $3, $4) RETURNING created_at`,
+		k.ID, client, name, sum[:]).Scan(&k.CreatedAt)
+	if err != nil {
+		return Key{}, "", fmt.Errorf("store key: %w", err)
+	}
+	return k, secret, nil
+}
+
+// List returns every key, newest first.
+func (s *Store) List(ctx context.Context) ([]Key, error) {
+	rows, err := s.db.Query(ctx, `SELECT id::text, client, name, created_at, last_used_at, revoked_at
+		FROM api_keys ORDER BY created_at DESC`)
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Key, error) {
+		var k Key
+		err := row.Scan(&k.ID, &k.Client, &k.Name, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt)
+		return k, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	return keys, nil
+}
+
+// Revoke revokes key id; revoking a revoked key is not an error.
+func (s *Store) Revoke(ctx context.Context, id string) error {
+	if _, err := uuid.Parse(id); err != nil {
+		return space.FieldError(space.EINVALID, "id", "%q is not a key id", id)
+	}
+	tag, err := s.db.Exec(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1`, id)
+	if err != nil {
+		return fmt.Errorf("revoke key: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return space.Errorf(space.ENOTFOUND, "no key %s", id)
+	}
+	return nil
+}
+
+// WellFormed reports whether secret has the shape of a key this package issues, so
+// that garbage is refused without a database round trip.
+func WellFormed(secret string) bool {
+	if len(secret) != encodedLen || !strings.HasPrefix(secret, Prefix) {
+		return false
+	}
+	_, err := base64.RawURLEncoding.DecodeString(secret[len(Prefix):])
+	return err == nil
+}
+
+// Lookup returns the live key whose secret this is, or ErrInvalid. A Postgres outage is
+// an EUNAVAILABLE error, not ErrInvalid: a caller is not told its key is bad because
+// the database is down.
+func (s *Store) Lookup(ctx context.Context, secret string) (Key, error) {
+	if !WellFormed(secret) {
+		return Key{}, ErrInvalid
+	}
+	sum := sha256.Sum256([]byte(secret))
+	var k Key
+	var stored []byte
+	err := s.db.QueryRow(ctx, `SELECT id::text, client, name, hash, created_at, revoked_at FROM api_keys WHERE hash = $1`,
+		sum[:]).Scan(&k.ID, &k.Client, &k.Name, &stored, &k.CreatedAt, &k.RevokedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Key{}, ErrInvalid
+	}
+	if err != nil {
+		if store.Unreachable(err) {
+			return Key{}, space.Unavailable("postgres", err)
+		}
+		return Key{}, fmt.Errorf("look up key: %w", err)
+	}
+	// The index found the row by hash; compare again in constant time so that no
+	// code path compares key material byte by byte with an early exit.
+	if subtle.ConstantTimeCompare(stored, sum[:]) != 1 || k.RevokedAt != nil {
+		return Key{}, ErrInvalid
+	}
+	s.touch(k.ID)
+	return k, nil
+}
+
+// touch records the key's use, at most once a TouchInterval per key and off the
+// request path.
+func (s *Store) touch(id string) {
+	now := time.Now()
+	if last, ok := s.touched.Load(id); ok && now.Sub(last.(time.Time)) < TouchInterval {
+		return
+	}
+	s.touched.Store(id, now)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := s.db.Exec(ctx, `UPDATE api_keys SET last_used_at = now() WHERE id = $1`, id); err != nil {
+			s.logger.Warn("record key use", "key", id, "err", err)
+		}
+	}()
+}
