@@ -1,0 +1,256 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/admission"
+	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/config"
+	"github.com/space-sandbox/space/internal/flags"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// Every kind of rate entry, for the report-equals-enforcement tests. The env client rate
+// is burst 2.
+const rateKindsQuota = `{
+	"clients": {"acme": {}, "globex": {}, "initech": {}, "hooli": {}},
+	"default": {"concurrency": 100, "live_sandboxes": 1000},
+	"rate": {
+		"acme":     {"refill_rps": 0.000001, "burst": 4},
+		"globex":   null,
+		"initech":  {"refill_rps": "fast", "burst": 3},
+		"umbrella": {"refill_rps": 0.000001, "burst": 7}
+	}}`
+
+func rateKindsServer(t *testing.T, tweak func(*config.Config)) *server {
+	t.Helper()
+	return startServer(t, e2eOptions{quota: rateKindsQuota, config: func(c *config.Config) {
+		c.Admission.Client = &space.Rate{RefillRPS: 0.000001, Burst: 2}
+		if tweak != nil {
+			tweak(c)
+		}
+	}})
+}
+
+// admitted creates until the first 429 (or max) and returns how many were created
+// and the 429's problem.
+func (s *server) admitted(client string, max int) (int, api.Problem) {
+	s.t.Helper()
+	for n := 0; n < max; n++ {
+		r := s.do("POST", "/v1/sandboxes", client, pythonBody)
+		if r.StatusCode == http.StatusTooManyRequests {
+			return n, r.problem(s.t)
+		}
+		if r.StatusCode != http.StatusCreated {
+			s.t.Fatalf("create %d for %q = %d %s", n, client, r.StatusCode, r.body)
+		}
+	}
+	return max, api.Problem{}
+}
+
+func (s *server) limits(client string) api.LimitsBody {
+	s.t.Helper()
+	var l api.LimitsBody
+	r := s.do("GET", "/v1/limits", client, "")
+	if r.StatusCode != 200 {
+		s.t.Fatalf("limits = %d %s", r.StatusCode, r.body)
+	}
+	r.json(s.t, &l)
+	return l
+}
+
+func (s *server) hasClientBucket(client space.ClientKey) bool {
+	s.t.Helper()
+	n, err := s.m.Redis.Exists(testenv.Context(s.t), admission.ClientKey(s.m.RedisPrefix, client)).Result()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return n == 1
+}
+
+func TestLimitsReportWhatIsEnforced(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name, client string
+		key          space.ClientKey
+		status       string
+		source       flags.RateSource
+		burst        int64 // 0: no client bucket
+	}{
+		{"a rate entry replaces the env rate", "acme", "acme", "enforced", flags.SourceFlag, 4},
+		{"a null entry exempts the key and writes no client bucket", "globex", "globex", "exempt", flags.SourceFlag, 0},
+		{"a malformed entry leaves its key on the env rate", "initech", "initech", "enforced", flags.SourceMalformedFallback, 2},
+		{"an allowlisted key without an entry is on the env rate", "hooli", "hooli", "enforced", flags.SourceEnv, 2},
+		{"a rate entry does not allowlist its key", "umbrella", space.Unknown, "enforced", flags.SourceEnv, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := rateKindsServer(t, nil)
+			l := s.limits(tc.client)
+			if l.Client != tc.key || l.ClientRate.Status != tc.status || l.ClientRate.Source != tc.source {
+				t.Fatalf("reported %+v (client bucket %+v), want %s %s from %s", l, l.ClientRate, tc.key, tc.status, tc.source)
+			}
+			if tc.burst == 0 {
+				if l.ClientRate.BucketBody != nil {
+					t.Fatalf("an exempt key reports a bucket: %+v", l.ClientRate.BucketBody)
+				}
+				n, p := s.admitted(tc.client, 10)
+				if n != 10 || s.hasClientBucket(tc.key) {
+					t.Fatalf("exempt: %d admitted (stopped by %+v), client bucket written %v", n, p, s.hasClientBucket(tc.key))
+				}
+				return
+			}
+			if l.ClientRate.Burst != tc.burst || l.ClientRate.Remaining == nil || !near(*l.ClientRate.Remaining, float64(tc.burst)) {
+				t.Fatalf("reported bucket %+v, want burst %d, full", l.ClientRate.BucketBody, tc.burst)
+			}
+			n, p := s.admitted(tc.client, 20)
+			if int64(n) != tc.burst || p.Bucket != space.BucketClientActivation || p.Client != tc.key {
+				t.Fatalf("enforced: %d admitted then %+v; reported burst %d", n, p, tc.burst)
+			}
+			if after := s.limits(tc.client); after.ClientRate.Remaining == nil || *after.ClientRate.Remaining > 0.01 {
+				t.Fatalf("after draining, reported remaining %v", after.ClientRate.Remaining)
+			}
+		})
+	}
+
+	t.Run("a malformed entry leaves the other keys on their entries", func(t *testing.T) {
+		t.Parallel()
+		s := rateKindsServer(t, nil)
+		if n, _ := s.admitted("acme", 20); n != 4 {
+			t.Fatalf("acme admitted %d beside a malformed initech entry, want its own 4", n)
+		}
+	})
+
+	t.Run("disabled admission ignores the rate object and charges nothing", func(t *testing.T) {
+		t.Parallel()
+		s := rateKindsServer(t, func(c *config.Config) { c.Admission.Enabled = false })
+		l := s.limits("acme")
+		if l.AdmissionEnabled || l.ClientRate.Source != flags.SourceEnv {
+			t.Fatalf("reported %+v", l)
+		}
+		if n, p := s.admitted("acme", 8); n != 8 {
+			t.Fatalf("admitted %d with admission off (stopped by %+v)", n, p)
+		}
+		if s.hasClientBucket("acme") {
+			t.Fatal("disabled admission wrote a client bucket")
+		}
+		if n, _ := s.m.Redis.Exists(testenv.Context(t), admission.ClusterKey(s.m.RedisPrefix)).Result(); n != 0 {
+			t.Fatal("disabled admission wrote the cluster bucket")
+		}
+	})
+
+	t.Run("a null unknown entry lifts the shared unknown rate", func(t *testing.T) {
+		t.Parallel()
+		s := startServer(t, e2eOptions{quota: `{"default": {"concurrency": 100, "live_sandboxes": 1000}, "rate": {"unknown": null}}`,
+			config: func(c *config.Config) { c.Admission.Client = &space.Rate{RefillRPS: 0.000001, Burst: 2} }})
+		if l := s.limits(""); l.ClientRate.Status != "exempt" {
+			t.Fatalf("unknown reported %+v", l.ClientRate)
+		}
+		if n, p := s.admitted("", 6); n != 6 {
+			t.Fatalf("unknown admitted %d (stopped by %+v), want no client bucket", n, p)
+		}
+	})
+
+	t.Run("a flag change applies to the next request", func(t *testing.T) {
+		t.Parallel()
+		reloaded := make(chan flags.ReloadResult, 10)
+		cfg := testConfig(t)
+		cfg.Admission.Cluster = space.Rate{RefillRPS: 1e-6, Burst: 1000}
+		cfg.Flags.File = testenv.WriteFile(t, "flags.json", quotaFlags(`{"clients": {"acme": {}}, "rate": {"acme": {"refill_rps": 0.000001, "burst": 1}}}`, ""))
+		cfg.Flags.PollInterval = 10 * time.Millisecond
+		m := NewMain(cfg, NewLogger(io.Discard, "error"))
+		m.RedisPrefix = testenv.Prefix(t)
+		m.OnFlagsReload = func(r flags.ReloadResult) { reloaded <- r }
+		if err := m.Run(testenv.Context(t)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		s := &server{t: t, m: m}
+		if n, _ := s.admitted("acme", 5); n != 1 {
+			t.Fatalf("admitted %d on burst 1", n)
+		}
+		// An atomic replace, as an operator's tooling or a ConfigMap update does it.
+		tmp := cfg.Flags.File + ".tmp"
+		if err := os.WriteFile(tmp, []byte(quotaFlags(`{"clients": {"acme": {}}, "rate": {"acme": null}}`, "")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, cfg.Flags.File); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-reloaded; r.Err != nil {
+			t.Fatalf("reload: %v", r.Err)
+		}
+		if n, p := s.admitted("acme", 3); n != 3 {
+			t.Fatalf("after the flag exempted acme: %d admitted, stopped by %+v", n, p)
+		}
+	})
+}
+
+func TestConcurrencyCap(t *testing.T) {
+	t.Parallel()
+
+	t.Run("N+k concurrent slow requests of one client get exactly k 429s and other clients are unaffected", func(t *testing.T) {
+		t.Parallel()
+		const capN, extra = 3, 2
+		s := startServer(t, e2eOptions{
+			quota: `{"clients": {"acme": {"concurrency": 3}, "globex": {"concurrency": 3}}, "default": {"live_sandboxes": 100}}`,
+			config: func(c *config.Config) {
+				c.Sandbox.SimulatedColdStart = 700 * time.Millisecond
+			}})
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var codes []int
+		var problems []api.Problem
+		start := make(chan struct{})
+		for range capN + extra {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				r := s.do("POST", "/v1/sandboxes", "acme", pythonBody)
+				mu.Lock()
+				defer mu.Unlock()
+				codes = append(codes, r.StatusCode)
+				if r.StatusCode == 429 {
+					p := r.problem(t)
+					if r.Header.Get("Retry-After") == "" {
+						t.Error("a concurrency 429 without Retry-After")
+					}
+					problems = append(problems, p)
+				}
+			}()
+		}
+		close(start)
+		// While acme's slow creates hold its places, globex gets through.
+		testenv.Eventually(t, 10*time.Second, "acme's creates to be in flight", func() bool {
+			n, _ := s.m.Redis.ZCard(testenv.Context(t), s.m.RedisPrefix+":client_concurrency:acme").Result()
+			return n == capN
+		})
+		if r := s.do("GET", "/v1/sandboxes", "globex", ""); r.StatusCode != 200 {
+			t.Fatalf("globex during acme's burst = %d", r.StatusCode)
+		}
+		wg.Wait()
+		ok := 0
+		for _, c := range codes {
+			if c == 201 {
+				ok++
+			}
+		}
+		if ok != capN || len(problems) != extra {
+			t.Fatalf("codes %v, want %d created and %d refused", codes, capN, extra)
+		}
+		for _, p := range problems {
+			if p.Bucket != space.BucketClientConcurrency || p.Client != "acme" || !strings.Contains(p.Detail, "in flight") {
+				t.Errorf("refusal %+v", p)
+			}
+		}
+	})
+}
