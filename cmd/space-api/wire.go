@@ -19,6 +19,7 @@ import (
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/substrate"
+	"github.com/space-sandbox/space/internal/substrate/kubernetes"
 )
 
 // domain wires the components of DESIGN.md §2 onto m's Postgres and Redis: flags,
@@ -77,7 +78,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	}
 	m.onClose(func(context.Context) error { concurrency.Close(); return nil })
 
-	sub, err := m.substrate()
+	sub, err := m.substrate(templates)
 	if err != nil {
 		return opts, err
 	}
@@ -97,6 +98,9 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Registerer: m.Registry,
 		Logger:     m.Logger,
 	})
+	if opts.Operations, err = m.dispatcher(ctx); err != nil {
+		return opts, err
+	}
 
 	if opts.Auth, err = m.authenticator(); err != nil {
 		return opts, err
@@ -180,16 +184,21 @@ func (m *Main) poolTargets(ctx context.Context) ([]pool.Target, error) {
 	return out, nil
 }
 
-func (m *Main) substrate() (substrate.Substrate, error) {
+func (m *Main) substrate(templates substrate.Templates) (substrate.Substrate, error) {
 	switch m.Config.Sandbox.Substrate {
-	case "simulated":
+	case "kubernetes":
+		// A template whose pod spec does not decode fails the start, not the first
+		// create of that template.
+		if err := kubernetes.CheckTemplates(templates); err != nil {
+			return nil, fmt.Errorf("SPACE_TEMPLATES_FILE: %w", err)
+		}
+		return kubernetes.NewFromEnv(m.Getenv, nil, m.Logger)
+	default: // "simulated"; config.Load accepts nothing else
 		d := m.Config.Sandbox.SimulatedColdStart
 		return substrate.NewSimulated(substrate.SimulatedOptions{Latency: map[substrate.Op]time.Duration{
 			substrate.OpStartCold: d, substrate.OpWarm: d, substrate.OpRestore: d, substrate.OpSnapshot: d,
 			substrate.OpAdopt: d / 10,
 		}}), nil
-	default:
-		return nil, &config.VarError{Var: "SPACE_SUBSTRATE", Value: m.Config.Sandbox.Substrate, Accepts: "simulated (kubernetes is not wired yet)"}
 	}
 }
 
