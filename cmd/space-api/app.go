@@ -64,6 +64,8 @@ type Main struct {
 	inFlight  prometheus.Gauge
 	connState sync.Map // net.Conn -> http.ConnState
 
+	// noReplenisher leaves the warm pool to the test that drives it round by round.
+	noReplenisher bool
 	// readHeaderTimeout is how long a client may take to send its headers (5s); tests
 	// shorten it.
 	readHeaderTimeout time.Duration
@@ -126,7 +128,9 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := m.listen(); err != nil {
 		return err
 	}
-	m.background(m.Replenisher.Run, nil)
+	if !m.noReplenisher {
+		m.background(m.Replenisher.Run, nil)
+	}
 	m.Logger.Info("space-api serving", "version", Version(),
 		"public", m.publicLn.Addr().String(), "internal", m.internalLn.Addr().String())
 	return nil

@@ -203,7 +203,8 @@ func TestConcurrencyCap(t *testing.T) {
 		s := startServer(t, e2eOptions{
 			quota: `{"clients": {"acme": {"concurrency": 3}, "globex": {"concurrency": 3}}, "default": {"live_sandboxes": 100}}`,
 			config: func(c *config.Config) {
-				c.Sandbox.SimulatedColdStart = 700 * time.Millisecond
+				// Long enough that all five overlap however loaded the machine is.
+				c.Sandbox.SimulatedColdStart = 2500 * time.Millisecond
 			}})
 		var wg sync.WaitGroup
 		var mu sync.Mutex

@@ -26,6 +26,7 @@ func testConfig(t *testing.T) config.Config {
 	cfg.DatabaseURL = testenv.DatabaseURL(t)
 	cfg.Redis.Addrs = []string{testenv.RedisAddr(t)}
 	cfg.ShutdownTimeout = 10 * time.Second
+	cfg.Dispatcher.Workers = 2 // dozens of servers run at once in this package
 	cfg.Sandbox.TemplatesFile = testenv.WriteFile(t, "templates.json", testTemplates)
 	cfg.Auth.Mode = config.AuthTrustedHeader
 	cfg.Auth.TrustedProxyCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}

@@ -169,14 +169,24 @@ func TestSandboxAPI(t *testing.T) {
 
 	t.Run("a warm hit leaves both activation buckets untouched", func(t *testing.T) {
 		t.Parallel()
-		s := startServer(t, e2eOptions{quota: acmeQuota,
-			poolShapes: `[{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10,"target":1}]`})
-		// The server's own replenisher fills the pool from the flag's target.
-		testenv.Eventually(t, 10*time.Second, "the replenisher to warm a slot", func() bool {
-			var n int
-			_ = s.m.DB.QueryRow(testenv.Context(t), "SELECT count(*) FROM pool_slots WHERE state = 'ready'").Scan(&n)
-			return n == 1
-		})
+		// The test warms the pool itself, round by round: a background round refilling
+		// the claimed slot would (rightly) charge the cluster bucket in the middle of
+		// the reading.
+		cfg := testConfig(t)
+		cfg.Admission.Cluster = space.Rate{RefillRPS: 1e-6, Burst: 1000}
+		cfg.Flags.File = testenv.WriteFile(t, "flags.json", quotaFlags(acmeQuota,
+			`[{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10,"target":1}]`))
+		m := NewMain(cfg, NewLogger(io.Discard, "error"))
+		m.RedisPrefix = testenv.Prefix(t)
+		m.noReplenisher = true
+		if err := m.Run(testenv.Context(t)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		s := &server{t: t, m: m}
+		if res, err := m.Replenisher.Round(testenv.Context(t)); err != nil || res.Warmed != 1 {
+			t.Fatalf("warm the pool: %+v %v", res, err)
+		}
 		s.create("acme", `{"template":"node-22","cpu_millis":1,"memory_mib":1,"disk_gib":1}`) // create the client key
 		before := s.rawBuckets("acme")
 		sb := s.create("acme", pythonBody)

@@ -7,6 +7,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/dispatcher"
 	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/sandbox"
 )
@@ -42,6 +43,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	// Validate before anything else: a bad body touches no limit (DESIGN.md §2 step 3).
 	if err := sandbox.ValidateCreate(req.Shape, req.Metadata); err != nil {
 		writeError(w, r, s.logger, err)
+		return
+	}
+	if s.respondAsync(w, r, dispatcher.Request{Kind: space.OperationCreate, Client: limitsFrom(r.Context()).Client, Create: req}, operationsPath) {
 		return
 	}
 	sb, err := s.sandboxes.Create(r.Context(), caller(limitsFrom(r.Context())), req)
@@ -99,6 +103,9 @@ func (s *Server) restoreSandbox(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.logger, err)
 		return
 	}
+	if s.respondAsync(w, r, dispatcher.Request{Kind: space.OperationRestore, Client: limitsFrom(r.Context()).Client, SandboxID: id}, operationsPath) {
+		return
+	}
 	sb, err := s.sandboxes.Restore(r.Context(), caller(limitsFrom(r.Context())), id)
 	if err != nil {
 		writeError(w, r, s.logger, err)
@@ -127,6 +134,9 @@ func (s *Server) wakeSandbox(w http.ResponseWriter, r *http.Request) {
 	limits := s.resolver.LimitsFor(r.Context(), owner)
 	setRequestClient(r.Context(), owner)
 	ctx := space.NewContextWithClient(r.Context(), owner)
+	if s.respondAsync(w, r.WithContext(ctx), dispatcher.Request{Kind: space.OperationWake, Client: owner, SandboxID: id}, internalOperationsPath) {
+		return
+	}
 	sb, err := s.sandboxes.Wake(ctx, caller(limits), id)
 	if err != nil {
 		writeError(w, r, s.logger, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/space-sandbox/space/internal/admission"
+	"github.com/space-sandbox/space/internal/dispatcher"
 	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/sandbox"
 )
@@ -48,6 +49,9 @@ type Options struct {
 	Concurrency *admission.ConcurrencyLimiter
 	Admitter    *admission.Admitter
 	Sandboxes   *sandbox.Service
+	// Operations queues Prefer: respond-async requests and serves /v1/operations; nil
+	// serves every request synchronously.
+	Operations *dispatcher.Dispatcher
 }
 
 // Server holds the handlers of both listeners.
@@ -65,6 +69,7 @@ type Server struct {
 	concurrency *admission.ConcurrencyLimiter
 	admitter    *admission.Admitter
 	sandboxes   *sandbox.Service
+	operations  *dispatcher.Dispatcher
 }
 
 // New returns a Server.
@@ -80,6 +85,7 @@ func New(opts Options) *Server {
 		concurrency:  opts.Concurrency,
 		admitter:     opts.Admitter,
 		sandboxes:    opts.Sandboxes,
+		operations:   opts.Operations,
 	}
 	if s.checkTimeout <= 0 {
 		s.checkTimeout = 2 * time.Second
@@ -113,6 +119,9 @@ func (s *Server) Public() http.Handler {
 			r.Delete("/sandboxes/{id}", s.deleteSandbox)
 			r.Post("/sandboxes/{id}/pause", s.pauseSandbox)
 			r.Post("/sandboxes/{id}/restore", s.restoreSandbox)
+			if s.operations != nil {
+				r.Get("/operations/{id}", s.getOperation)
+			}
 		})
 	}
 	return r
@@ -130,6 +139,9 @@ func (s *Server) Internal() http.Handler {
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
 	if s.sandboxes != nil {
 		r.Post("/internal/v1/sandboxes/{id}/wake", s.wakeSandbox)
+		if s.operations != nil {
+			r.Get("/internal/v1/operations/{id}", s.getOperationInternal)
+		}
 	}
 	return r
 }

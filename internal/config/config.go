@@ -140,6 +140,14 @@ type Dispatcher struct {
 	// AdmissionDeadline is how long an operation may wait for admission before it fails
 	// as admission_timeout (SPACE_DISPATCHER_ADMISSION_DEADLINE, default 10m).
 	AdmissionDeadline time.Duration
+	// MaxSnooze caps how long one admission snooze of a queued operation lasts
+	// (SPACE_DISPATCHER_MAX_SNOOZE, default 1m): snoozes grow while a client stays over
+	// its rate, and the cap bounds how late a refilled bucket (or a raised rate) is
+	// noticed.
+	MaxSnooze time.Duration
+	// MaxAttempts is how many real attempts a queued operation gets before it fails
+	// (SPACE_DISPATCHER_MAX_ATTEMPTS, default 5); admission snoozes are not attempts.
+	MaxAttempts int
 }
 
 // Substrates are the accepted values of SPACE_SUBSTRATE.
@@ -166,7 +174,7 @@ func Default() Config {
 			MaxShape:     space.Shape{CPUMillis: 16000, MemoryMiB: 65536, DiskGiB: 100},
 			MaxBodyBytes: 64 << 10,
 		},
-		Dispatcher: Dispatcher{Workers: 10, AdmissionDeadline: 10 * time.Minute},
+		Dispatcher: Dispatcher{Workers: 10, AdmissionDeadline: 10 * time.Minute, MaxSnooze: time.Minute, MaxAttempts: 5},
 	}
 }
 
@@ -229,6 +237,8 @@ func Load(getenv func(string) string) (Config, error) {
 
 	r.nonNegative("SPACE_DISPATCHER_WORKERS", &c.Dispatcher.Workers)
 	r.duration("SPACE_DISPATCHER_ADMISSION_DEADLINE", &c.Dispatcher.AdmissionDeadline)
+	r.duration("SPACE_DISPATCHER_MAX_SNOOZE", &c.Dispatcher.MaxSnooze)
+	r.positive("SPACE_DISPATCHER_MAX_ATTEMPTS", &c.Dispatcher.MaxAttempts)
 
 	if r.err != nil {
 		return Config{}, r.err

@@ -80,6 +80,8 @@ func TestLoad(t *testing.T) {
 			"SPACE_MAX_DISK_GIB":                                   "20",
 			"SPACE_DISPATCHER_WORKERS":                             "0",
 			"SPACE_DISPATCHER_ADMISSION_DEADLINE":                  "1m",
+			"SPACE_DISPATCHER_MAX_SNOOZE":                          "30s",
+			"SPACE_DISPATCHER_MAX_ATTEMPTS":                        "7",
 		}))
 		if err != nil {
 			t.Fatal(err)
@@ -104,7 +106,7 @@ func TestLoad(t *testing.T) {
 		if c.Sandbox.Substrate != "kubernetes" || c.Sandbox.MaxShape != (space.Shape{CPUMillis: 4000, MemoryMiB: 8192, DiskGiB: 20}) || c.Sandbox.TemplatesFile != "/etc/space/templates.json" {
 			t.Errorf("sandbox = %+v", c.Sandbox)
 		}
-		if c.Dispatcher.Workers != 0 || c.Dispatcher.AdmissionDeadline != time.Minute {
+		if c.Dispatcher.Workers != 0 || c.Dispatcher.AdmissionDeadline != time.Minute || c.Dispatcher.MaxSnooze != 30*time.Second || c.Dispatcher.MaxAttempts != 7 {
 			t.Errorf("dispatcher = %+v", c.Dispatcher)
 		}
 	})
@@ -138,6 +140,7 @@ func TestLoad(t *testing.T) {
 		{"an unknown substrate", "SPACE_SUBSTRATE", "firecracker", "simulated, kubernetes", nil},
 		{"a zero shape cap", "SPACE_MAX_DISK_GIB", "0", ">= 1", nil},
 		{"a negative worker count", "SPACE_DISPATCHER_WORKERS", "-2", ">= 0", nil},
+		{"zero attempts", "SPACE_DISPATCHER_MAX_ATTEMPTS", "0", ">= 1", nil},
 		{"an unknown log level", "SPACE_LOG_LEVEL", "loud", "debug, info", nil},
 	}
 	for _, tc := range bad {

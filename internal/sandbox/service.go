@@ -89,28 +89,72 @@ func New(opts Options) *Service {
 
 // CreateRequest is a create's body, validated.
 type CreateRequest struct {
+	// ID, when set, is the new sandbox's id instead of a random one. The dispatcher
+	// fixes it when it accepts a queued create, so that every attempt of that one
+	// request works on the same sandbox and a retry leaves no trail of failed ones.
+	// With ID set, Create can be repeated (see Create).
+	ID       string
 	Shape    space.Shape
 	Metadata map[string]string
 }
 
 // Create makes a new sandbox for caller: DESIGN.md §2 steps 3 to 8.
+//
+// With req.ID set, a repeat of the same request is safe:
+//   - no sandbox has that id yet: it is created with it;
+//   - it is failed (an earlier attempt's cold start failed): the activation runs again
+//     in that same row, which a refused retry (429, 422, 503) puts back to failed with
+//     its error;
+//   - it is starting: an attempt is in flight or was cut short mid cold start, and
+//     nobody can tell which: ECONFLICT;
+//   - any other state: an earlier attempt made it; it is returned as it is and nothing
+//     is charged.
+//
+// An id of another client's sandbox is ECONFLICT.
 func (s *Service) Create(ctx context.Context, caller Caller, req CreateRequest) (*space.Sandbox, error) {
 	if err := ValidateCreate(req.Shape, req.Metadata); err != nil {
 		return nil, err
 	}
+	id, retry := req.ID, false
+	if id == "" {
+		id = uuid.NewString()
+	} else {
+		cur, err := s.existing(ctx, caller.Client, id)
+		switch {
+		case err != nil:
+			return nil, err
+		case cur != nil && cur.State != space.StateFailed:
+			return cur, nil
+		}
+		retry = cur != nil
+	}
 	sb := &space.Sandbox{
-		ID:       uuid.NewString(),
+		ID:       id,
 		Client:   caller.Client,
 		State:    space.StateStarting,
 		Shape:    req.Shape,
 		Metadata: req.Metadata,
 	}
+	var failedWith string // a retried row's error, restored when the retry is refused
 	return s.activate(ctx, caller, activation{
 		kind: "create",
 		reserve: func(ctx context.Context, tx pgx.Tx) (*space.Sandbox, error) {
-			return sb, insertSandbox(ctx, tx, sb)
+			if retry {
+				var err error
+				failedWith, err = reviveSandbox(ctx, tx, sb)
+				return sb, err
+			}
+			err := insertSandbox(ctx, tx, sb)
+			if req.ID != "" && isUniqueViolation(err) {
+				return nil, space.Errorf(space.ECONFLICT, "sandbox %s is being created by another attempt", id)
+			}
+			return sb, err
 		},
 		undo: func(ctx context.Context, sb *space.Sandbox, _ error) error {
+			if retry {
+				_, err := setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateFailed, LastError: &failedWith})
+				return err
+			}
 			return deleteSandbox(ctx, s.opts.DB, sb.ID)
 		},
 		start: func(ctx context.Context, sb *space.Sandbox, spec substrate.Spec, slot *pool.Slot) (string, error) {
@@ -124,6 +168,35 @@ func (s *Service) Create(ctx context.Context, caller Caller, req CreateRequest) 
 			return setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateFailed, LastError: &msg})
 		},
 	})
+}
+
+// existing returns client's sandbox id when a create with a fixed id finds one to
+// return or to retry into, nil when there is none yet, and ECONFLICT when the id is
+// another client's or the sandbox is starting.
+func (s *Service) existing(ctx context.Context, client space.ClientKey, id string) (*space.Sandbox, error) {
+	if err := CheckID(id); err != nil {
+		return nil, err
+	}
+	cur, err := getSandbox(ctx, s.opts.DB, id, "", false)
+	switch {
+	case space.ErrorCode(err) == space.ENOTFOUND:
+		return nil, nil
+	case err != nil:
+		return nil, classify(err)
+	case cur.Client != client:
+		return nil, space.Errorf(space.ECONFLICT, "sandbox id %s is taken", id)
+	case cur.State == space.StateStarting:
+		return nil, space.Errorf(space.ECONFLICT, "sandbox %s is starting: another attempt of this create is in flight or was cut short", id)
+	}
+	return cur, nil
+}
+
+// CheckShape returns the EUNPROCESSABLE error that a cold start of shape would meet
+// (DESIGN.md §2 step 6), or nil: for the dispatcher to refuse a never-servable create
+// when it is queued rather than when it runs. Nothing is charged or reserved.
+func (s *Service) CheckShape(shape space.Shape) error {
+	_, err := s.opts.Catalog.Resolve(shape)
+	return err
 }
 
 // Restore brings caller's paused sandbox id back: the same steps as Create with the

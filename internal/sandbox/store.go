@@ -71,18 +71,61 @@ func checkLiveCap(ctx context.Context, tx pgx.Tx, client space.ClientKey, cap in
 	return nil
 }
 
-func insertSandbox(ctx context.Context, q querier, sb *space.Sandbox) error {
-	meta, err := json.Marshal(sb.Metadata)
-	if err != nil {
-		return fmt.Errorf("metadata: %w", err)
+// metadataJSON is a sandbox's metadata as stored: an object, never null.
+func metadataJSON(m map[string]string) ([]byte, error) {
+	if m == nil {
+		return []byte("{}"), nil
 	}
-	if sb.Metadata == nil {
-		meta = []byte("{}")
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
+	}
+	return b, nil
+}
+
+func insertSandbox(ctx context.Context, q querier, sb *space.Sandbox) error {
+	meta, err := metadataJSON(sb.Metadata)
+	if err != nil {
+		return err
 	}
 	return q.QueryRow(ctx, `INSERT INTO sandboxes (id, client, state, template, cpu_millis, memory_mib, disk_gib, warm, metadata)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING created_at, updated_at`,
 		sb.ID, string(sb.Client), string(sb.State), sb.Template, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta,
 	).Scan(&sb.CreatedAt, &sb.UpdatedAt)
+}
+
+// reviveSandbox moves sb's failed row back to starting for a retried create, with the
+// request's shape and metadata and the substrate's traces cleared, and returns the
+// error it had failed with. It must run in the transaction that checked the live cap:
+// a failed sandbox holds no live place, a starting one does. ECONFLICT when the row is
+// no longer failed.
+func reviveSandbox(ctx context.Context, tx pgx.Tx, sb *space.Sandbox) (string, error) {
+	cur, err := getSandbox(ctx, tx, sb.ID, sb.Client, true)
+	if err != nil {
+		return "", err
+	}
+	if cur.State != space.StateFailed {
+		return "", conflict(cur, space.StateStarting, []space.SandboxState{space.StateFailed})
+	}
+	meta, err := metadataJSON(sb.Metadata)
+	if err != nil {
+		return "", err
+	}
+	err = tx.QueryRow(ctx, `UPDATE sandboxes SET state = $2, template = $3, cpu_millis = $4, memory_mib = $5,
+			disk_gib = $6, metadata = $7, warm = false, substrate_ref = NULL, last_error = NULL, updated_at = now()
+		WHERE id = $1 RETURNING created_at, updated_at`,
+		sb.ID, string(space.StateStarting), sb.Template, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, meta,
+	).Scan(&sb.CreatedAt, &sb.UpdatedAt)
+	if err != nil {
+		return "", fmt.Errorf("retry sandbox %s: %w", sb.ID, err)
+	}
+	return cur.LastError, nil
+}
+
+// isUniqueViolation reports whether err is Postgres refusing a duplicate key.
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
 // getSandbox reads one sandbox of client; ENOTFOUND when it does not exist or belongs

@@ -1,0 +1,470 @@
+// Package dispatcher runs queued operations (create, restore, wake) on River (DESIGN.md
+// §6). An operation is a row of the operations table inserted in the same transaction
+// as its River job, so that an accepted operation is never lost and is run for one
+// request only. A worker runs the same flow as the synchronous API (internal/sandbox)
+// under the operation's own client key and that key's limits at run time.
+//
+// A limit turning an operation away (an empty activation bucket, a full live-sandbox
+// cap) is backpressure, not failure: the job is snoozed until the bucket refills, longer
+// each time, spending no retry attempt, until the operation's admission deadline.
+// Snoozing returns the worker slot at once, and every client is charged on its own
+// bucket, so one client flooding the queue never holds up another client's work.
+package dispatcher
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/flags"
+	"github.com/space-sandbox/space/internal/sandbox"
+	"github.com/space-sandbox/space/internal/store"
+)
+
+// Defaults of Options.
+const (
+	// DefaultAdmissionDeadline is how long an operation may wait for admission
+	// (SPACE_DISPATCHER_ADMISSION_DEADLINE).
+	DefaultAdmissionDeadline = 10 * time.Minute
+	// DefaultMaxSnooze caps one snooze (SPACE_DISPATCHER_MAX_SNOOZE).
+	DefaultMaxSnooze = time.Minute
+	// DefaultSnoozeGrowth is the factor each further snooze of one operation grows by.
+	DefaultSnoozeGrowth = 1.5
+	// DefaultMaxAttempts is how many real attempts an operation gets
+	// (SPACE_DISPATCHER_MAX_ATTEMPTS). With River's backoff (attempt^4 seconds) five
+	// attempts span about six minutes.
+	DefaultMaxAttempts = 5
+	// DefaultJobTimeout bounds one run; above the sandbox flow's own cold start timeout
+	// (5m), so that River never cancels a run the flow would still finish.
+	DefaultJobTimeout = 10 * time.Minute
+)
+
+// Queue is the River queue of every operation. One queue is enough for fairness: a
+// worker turned away by a client's bucket snoozes the job and takes the next one at
+// once, so the queue never waits on any one client's bucket.
+const Queue = "space_operations"
+
+// IdempotencyKeyHeader is the request header a client's idempotency key arrives in;
+// errors about the key name it.
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// LimitSource gives a bounded key's enforced limits, read when an operation runs so
+// that a flag change applies to queued work too. *flags.Resolver is one.
+type LimitSource interface {
+	LimitsFor(ctx context.Context, key space.ClientKey) flags.Limits
+}
+
+// Options configure a Dispatcher. DB, Sandboxes and Limits are required.
+type Options struct {
+	DB        *pgxpool.Pool
+	Sandboxes *sandbox.Service
+	Limits    LimitSource
+	// Workers is how many operations this process runs at once
+	// (SPACE_DISPATCHER_WORKERS). 0 makes an insert-only dispatcher: it accepts
+	// operations and others run them.
+	Workers int
+	// AdmissionDeadline is how long after acceptance an operation may still be turned
+	// away by a limit before it fails as admission_timeout (default
+	// DefaultAdmissionDeadline).
+	AdmissionDeadline time.Duration
+	// MaxSnooze caps one snooze (default DefaultMaxSnooze); SnoozeGrowth is the factor
+	// each further snooze grows by (default DefaultSnoozeGrowth; at least 1).
+	MaxSnooze    time.Duration
+	SnoozeGrowth float64
+	// MaxAttempts is how many real attempts an operation gets before it fails (default
+	// DefaultMaxAttempts). Snoozes are not attempts.
+	MaxAttempts int
+	// Backoff is the wait after failed attempt n (1 for the first) before the next;
+	// nil is River's default policy (n^4 seconds, jittered by 10%).
+	Backoff func(attempt int) time.Duration
+	// JobTimeout bounds one run (default DefaultJobTimeout).
+	JobTimeout time.Duration
+	// Rand returns a float in [0, 1) for snooze jitter (default math/rand/v2.Float64).
+	Rand       func() float64
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+	// River, when set, adjusts River's configuration before the client is made: tests
+	// shorten fetch intervals with it.
+	River func(*river.Config)
+}
+
+// Dispatcher accepts operations and, with Workers > 0, runs them.
+type Dispatcher struct {
+	opts    Options
+	client  *river.Client[pgx.Tx]
+	metrics *metrics
+	logger  *slog.Logger
+	started bool
+}
+
+// New returns a Dispatcher; Start runs its workers.
+func New(opts Options) (*Dispatcher, error) {
+	switch {
+	case opts.DB == nil:
+		return nil, errors.New("dispatcher: DB is required")
+	case opts.Sandboxes == nil:
+		return nil, errors.New("dispatcher: Sandboxes is required")
+	case opts.Limits == nil:
+		return nil, errors.New("dispatcher: Limits is required")
+	case opts.Workers < 0:
+		return nil, fmt.Errorf("dispatcher: Workers must be >= 0, got %d", opts.Workers)
+	}
+	if opts.AdmissionDeadline <= 0 {
+		opts.AdmissionDeadline = DefaultAdmissionDeadline
+	}
+	if opts.MaxSnooze <= 0 {
+		opts.MaxSnooze = DefaultMaxSnooze
+	}
+	if opts.SnoozeGrowth < 1 {
+		opts.SnoozeGrowth = DefaultSnoozeGrowth
+	}
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = DefaultMaxAttempts
+	}
+	if opts.JobTimeout <= 0 {
+		opts.JobTimeout = DefaultJobTimeout
+	}
+	if opts.Rand == nil {
+		opts.Rand = rand.Float64
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	d := &Dispatcher{opts: opts, metrics: m, logger: opts.Logger}
+
+	workers := river.NewWorkers()
+	for _, err := range []error{
+		river.AddWorkerSafely(workers, &worker[createArgs]{d: d}),
+		river.AddWorkerSafely(workers, &worker[restoreArgs]{d: d}),
+		river.AddWorkerSafely(workers, &worker[wakeArgs]{d: d}),
+	} {
+		if err != nil {
+			return nil, fmt.Errorf("dispatcher: %w", err)
+		}
+	}
+	cfg := &river.Config{
+		Logger:      opts.Logger,
+		MaxAttempts: opts.MaxAttempts,
+		JobTimeout:  opts.JobTimeout,
+		Workers:     workers,
+	}
+	if opts.Backoff != nil {
+		cfg.RetryPolicy = backoffPolicy(opts.Backoff)
+	}
+	if opts.Workers > 0 {
+		cfg.Queues = map[string]river.QueueConfig{Queue: {MaxWorkers: opts.Workers}}
+	}
+	if opts.River != nil {
+		opts.River(cfg)
+	}
+	d.client, err = river.NewClient(riverpgxv5.New(opts.DB), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher: river client: %w", err)
+	}
+	return d, nil
+}
+
+// backoffPolicy adapts Options.Backoff to River.
+type backoffPolicy func(attempt int) time.Duration
+
+func (f backoffPolicy) NextRetry(job *rivertype.JobRow) time.Time {
+	return time.Now().Add(f(job.Attempt))
+}
+
+// Start runs the workers until Stop; an insert-only Dispatcher (Workers 0) has none and
+// Start does nothing. ctx gives values only: cancelling it does not stop the workers
+// (a SIGTERM must let running operations finish; that is Stop's job).
+func (d *Dispatcher) Start(ctx context.Context) error {
+	if d.opts.Workers == 0 {
+		return nil
+	}
+	if err := d.client.Start(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("dispatcher: start workers: %w", err)
+	}
+	d.started = true
+	return nil
+}
+
+// hardStopTimeout bounds the wait for cancelled runs once a graceful stop ran out of
+// time.
+const hardStopTimeout = 5 * time.Second
+
+// Stop stops fetching operations and waits, until ctx is done, for running ones to
+// finish. If ctx ends first, running operations are cancelled: an operation cut short
+// before its sandbox was reserved goes back to the queue without spending an attempt;
+// one past that point finishes its cold start anyway (the flow detaches from the
+// caller's context), bounded by a short grace.
+func (d *Dispatcher) Stop(ctx context.Context) error {
+	if !d.started {
+		return nil
+	}
+	err := d.client.Stop(ctx)
+	if err == nil {
+		return nil
+	}
+	hardCtx, cancel := context.WithTimeout(context.Background(), hardStopTimeout)
+	defer cancel()
+	return errors.Join(fmt.Errorf("dispatcher: graceful stop: %w", err), d.client.StopAndCancel(hardCtx))
+}
+
+// Request is an operation to accept.
+type Request struct {
+	Kind space.OperationKind
+	// Client is the caller's bounded key. A wake ignores it: it runs as the sandbox's
+	// owner, whoever asks.
+	Client space.ClientKey
+	// SandboxID is the sandbox a restore or a wake acts on. A create's sandbox id is
+	// fixed by the dispatcher and shown on the operation.
+	SandboxID string
+	// Create is a create's request (its ID is ignored).
+	Create sandbox.CreateRequest
+	// IdempotencyKey, when set, makes a repeat of the same request by the same client
+	// return the operation of the first (see Enqueue).
+	IdempotencyKey string
+}
+
+// createPayload is a create's request as stored and hashed.
+type createPayload struct {
+	space.Shape
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// Enqueue accepts an operation and returns it, queued, with created true; or, for a
+// request whose client already used its IdempotencyKey, the operation of that first
+// request (in whatever state it now is) with created false.
+//
+// The request is checked as the synchronous path would check it, before anything is
+// queued: EINVALID for a bad body or id; EUNPROCESSABLE for a create whose shape no
+// cold start could serve; ENOTFOUND for a restore or a wake of a sandbox that is not
+// there (or, for a restore, not the client's); ECONFLICT for a restore of a sandbox
+// that is not paused. A key reused for a different request (another kind, sandbox or
+// body) is ECONFLICT naming the key: a key names one request. Keys are per client and
+// are kept as long as the operation.
+func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation, bool, error) {
+	op := &row{IdempotencyKey: req.IdempotencyKey}
+	op.ID = uuid.NewString()
+	op.Kind = req.Kind
+	op.Client = req.Client
+	if op.Client == "" {
+		op.Client = space.Unknown
+	}
+	if req.IdempotencyKey != "" {
+		if err := CheckIdempotencyKey(req.IdempotencyKey); err != nil {
+			return nil, false, err
+		}
+	}
+	var err error
+	switch req.Kind {
+	case space.OperationCreate:
+		if err := sandbox.ValidateCreate(req.Create.Shape, req.Create.Metadata); err != nil {
+			return nil, false, err
+		}
+		op.SandboxID = uuid.NewString()
+		op.Request, err = json.Marshal(createPayload{Shape: req.Create.Shape, Metadata: req.Create.Metadata})
+		if err != nil {
+			return nil, false, fmt.Errorf("encode create request: %w", err)
+		}
+	case space.OperationRestore, space.OperationWake:
+		if err := sandbox.CheckID(req.SandboxID); err != nil {
+			return nil, false, err
+		}
+		op.SandboxID = strings.ToLower(req.SandboxID)
+		op.Request = []byte("{}")
+		if req.Kind == space.OperationWake {
+			if op.Client, err = d.opts.Sandboxes.Owner(ctx, op.SandboxID); err != nil {
+				return nil, false, err
+			}
+		}
+	default:
+		return nil, false, space.FieldError(space.EINVALID, "kind", "must be create, restore or wake, got %q", req.Kind)
+	}
+	op.RequestHash = requestHash(op)
+
+	if op.IdempotencyKey != "" {
+		if prev, err := d.replay(ctx, op); prev != nil || err != nil {
+			return prev, false, err
+		}
+	}
+	if err := d.precheck(ctx, req, op); err != nil {
+		return nil, false, err
+	}
+
+	created := false
+	err = pgx.BeginFunc(ctx, d.opts.DB, func(tx pgx.Tx) error {
+		var err error
+		if created, err = insertOperation(ctx, tx, op, d.opts.AdmissionDeadline); err != nil || !created {
+			return err
+		}
+		res, err := d.client.InsertTx(ctx, tx, argsFor(op.Kind, op.ID), &river.InsertOpts{Queue: Queue})
+		if err != nil {
+			return fmt.Errorf("insert job of operation %s: %w", op.ID, err)
+		}
+		return setJobID(ctx, tx, op.ID, res.Job.ID)
+	})
+	if err != nil {
+		return nil, false, classify(err)
+	}
+	if !created {
+		// Another request with the same key committed first.
+		prev, err := d.replay(ctx, op)
+		if err == nil && prev == nil {
+			err = fmt.Errorf("operation of idempotency key %q vanished", op.IdempotencyKey)
+		}
+		return prev, false, err
+	}
+	d.metrics.enqueued.WithLabelValues(string(op.Kind)).Inc()
+	op.State = space.OperationQueued
+	return &op.Operation, true, nil
+}
+
+// replay returns the client's operation under op's idempotency key, nil when there is
+// none, or ECONFLICT when it was for a different request.
+func (d *Dispatcher) replay(ctx context.Context, op *row) (*space.Operation, error) {
+	prev, err := getByIdempotencyKey(ctx, d.opts.DB, op.Client, op.IdempotencyKey)
+	if err != nil || prev == nil {
+		return nil, classify(err)
+	}
+	if prev.RequestHash != op.RequestHash {
+		return nil, space.FieldError(space.ECONFLICT, IdempotencyKeyHeader,
+			"was already used for a different request (operation %s); use a new key for a new request", prev.ID)
+	}
+	return d.withSandbox(ctx, prev)
+}
+
+// precheck refuses at once what could never run: the checks the synchronous path
+// makes before it charges anything, against the state of now.
+func (d *Dispatcher) precheck(ctx context.Context, req Request, op *row) error {
+	switch op.Kind {
+	case space.OperationCreate:
+		return d.opts.Sandboxes.CheckShape(req.Create.Shape)
+	case space.OperationRestore:
+		sb, err := d.opts.Sandboxes.Get(ctx, op.Client, op.SandboxID)
+		if err != nil {
+			return err
+		}
+		if sb.State != space.StatePaused {
+			return space.Errorf(space.ECONFLICT, "sandbox %s is %s; a restore needs it paused", sb.ID, sb.State)
+		}
+	}
+	return nil
+}
+
+// requestHash identifies what an operation does, to tell a repeat of a request from a
+// different one under the same idempotency key. A create's sandbox id is not part of
+// it: the dispatcher picks it.
+func requestHash(op *row) string {
+	h := sha256.New()
+	h.Write([]byte(op.Kind))
+	h.Write([]byte{0})
+	if op.Kind != space.OperationCreate {
+		h.Write([]byte(op.SandboxID))
+	}
+	h.Write([]byte{0})
+	h.Write(op.Request)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Get returns client's operation id; another client's is ENOTFOUND. A succeeded
+// operation carries its sandbox as it is now.
+func (d *Dispatcher) Get(ctx context.Context, client space.ClientKey, id string) (*space.Operation, error) {
+	if client == "" {
+		client = space.Unknown
+	}
+	return d.get(ctx, client, id)
+}
+
+// GetAny returns operation id whoever's it is: for the internal listener (a wake's
+// caller is not the client it runs as).
+func (d *Dispatcher) GetAny(ctx context.Context, id string) (*space.Operation, error) {
+	return d.get(ctx, "", id)
+}
+
+func (d *Dispatcher) get(ctx context.Context, client space.ClientKey, id string) (*space.Operation, error) {
+	if err := CheckOperationID(id); err != nil {
+		return nil, err
+	}
+	op, err := getOperation(ctx, d.opts.DB, id, client)
+	if err != nil {
+		return nil, classify(err)
+	}
+	return d.withSandbox(ctx, op)
+}
+
+func (d *Dispatcher) withSandbox(ctx context.Context, op *row) (*space.Operation, error) {
+	out := op.Operation
+	if out.State != space.OperationSucceeded {
+		return &out, nil
+	}
+	sb, err := d.opts.Sandboxes.Get(ctx, out.Client, out.SandboxID)
+	switch {
+	case err == nil:
+		out.Sandbox = sb
+	case space.ErrorCode(err) != space.ENOTFOUND:
+		return nil, err
+	}
+	return &out, nil
+}
+
+// CheckOperationID returns an EINVALID error naming the id parameter when s is not an
+// operation id (a UUID in its canonical form).
+func CheckOperationID(s string) error {
+	if len(s) != 36 {
+		return space.FieldError(space.EINVALID, "id", "%s is not an operation id", quote(s))
+	}
+	if _, err := uuid.Parse(s); err != nil {
+		return space.FieldError(space.EINVALID, "id", "%s is not an operation id", quote(s))
+	}
+	return nil
+}
+
+// CheckIdempotencyKey returns an EINVALID error naming the Idempotency-Key header
+// unless key is 1 to 255 printable ASCII characters (space included).
+func CheckIdempotencyKey(key string) error {
+	bad := len(key) < 1 || len(key) > 255
+	for i := 0; i < len(key) && !bad; i++ {
+		bad = key[i] < 0x20 || key[i] > 0x7e
+	}
+	if bad {
+		return space.FieldError(space.EINVALID, IdempotencyKeyHeader, "must be 1 to 255 printable ASCII characters")
+	}
+	return nil
+}
+
+func quote(s string) string {
+	if len(s) > 40 {
+		s = s[:40] + "..."
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+// classify turns a Postgres outage into EUNAVAILABLE (503) and leaves domain errors as
+// they are.
+func classify(err error) error {
+	if err == nil || space.ErrorCode(err) != space.EINTERNAL {
+		return err
+	}
+	if store.Unreachable(err) {
+		return space.Unavailable("postgres", err)
+	}
+	return err
+}

@@ -1,0 +1,444 @@
+package dispatcher_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/dispatcher"
+	"github.com/space-sandbox/space/internal/sandbox"
+	"github.com/space-sandbox/space/internal/substrate"
+)
+
+func TestBackpressure(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a rejected operation is requeued without spending its retry budget", func(t *testing.T) {
+		t.Parallel()
+		// One real attempt in all: a snooze that spent one would discard the job.
+		b := setup(t, setupOptions{maxAttempts: 1, maxSnooze: 500 * time.Millisecond})
+		rate := space.Rate{RefillRPS: 0.4, Burst: 1} // a token every 2.5s
+		b.limits.set("acme", &rate, 0)
+		b.drain("acme", rate)
+
+		op := b.create("acme", "")
+		mid, j := b.waitIdle(op.ID, "two rejections", func(op *space.Operation) bool {
+			return op.Snoozes >= 2 && op.State == space.OperationQueued
+		})
+		if mid.Attempts != 0 || j.Attempt != 0 || j.Errors != 0 {
+			t.Fatalf("after %d snoozes: operation attempts %d, river attempt %d with %d errors; want none spent",
+				mid.Snoozes, mid.Attempts, j.Attempt, j.Errors)
+		}
+		if mid.State == space.OperationFailed || mid.Bucket != space.BucketClientActivation || !strings.Contains(mid.LastError, `"acme"`) {
+			t.Fatalf("a snoozed operation shows %+v; want it waiting on acme's bucket", mid)
+		}
+
+		done := b.waitDone(op.ID)
+		j = b.job(op.ID)
+		if done.State != space.OperationSucceeded || done.Attempts != 1 || j.Attempt != 1 || j.State != "completed" {
+			t.Fatalf("after the refill: %+v, river %+v; want succeeded on its one attempt", done, j)
+		}
+		if j.Snoozes != done.Snoozes || done.Snoozes < 2 {
+			t.Fatalf("river counted %d snoozes, the operation %d", j.Snoozes, done.Snoozes)
+		}
+		if done.Sandbox == nil || done.Sandbox.ID != op.SandboxID || done.Sandbox.State != space.StateRunning || done.LastError != "" {
+			t.Fatalf("succeeded operation shows sandbox %+v (last error %q), want %s running", done.Sandbox, done.LastError, op.SandboxID)
+		}
+		if n := b.count("SELECT count(*) FROM sandboxes"); n != 1 {
+			t.Fatalf("%d sandboxes; the rejected tries must leave none", n)
+		}
+	})
+
+	t.Run("an operation past its admission deadline fails as admission_timeout", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{deadline: time.Second})
+		rate := space.Rate{RefillRPS: 1e-6, Burst: 1} // never refills within the test
+		b.limits.set("acme", &rate, 0)
+		b.drain("acme", rate)
+
+		start := time.Now()
+		op := b.create("acme", "")
+		if got := op.AdmissionDeadline.Sub(op.CreatedAt); got != time.Second {
+			t.Fatalf("admission deadline %v after creation, want 1s", got)
+		}
+		done := b.waitDone(op.ID)
+		if done.State != space.OperationFailed || done.ErrorCode != space.CodeAdmissionTimeout || done.Attempts != 0 {
+			t.Fatalf("operation %+v, want failed as admission_timeout with no attempt spent", done)
+		}
+		if !strings.Contains(done.LastError, "admission deadline") || !strings.Contains(done.LastError, `"acme"`) {
+			t.Fatalf("last error %q does not say why", done.LastError)
+		}
+		if took := time.Since(start); took < time.Second {
+			t.Fatalf("failed after %v, before its deadline", took)
+		}
+		// The snooze was cut to end at the deadline: one rejection before it, one at it.
+		if done.Snoozes != 1 {
+			t.Fatalf("%d snoozes, want 1 (the wait until the deadline)", done.Snoozes)
+		}
+		// River counts the final, timed-out run in its own attempt (only a snooze gives
+		// the attempt back); the operation's attempts above stay 0, and the job is
+		// cancelled, not retried.
+		if j := b.job(op.ID); j.State != "cancelled" || j.Attempt != 1 {
+			t.Fatalf("river job %+v, want cancelled on its first (timed-out) run", j)
+		}
+	})
+
+	t.Run("a full live-sandbox cap is waited out like an empty bucket", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{maxSnooze: 300 * time.Millisecond})
+		b.limits.set("acme", nil, 1)
+		first := b.waitDone(b.create("acme", "").ID)
+		second := b.create("acme", "")
+		b.wait(second.ID, "the cap to turn it away", func(op *space.Operation) bool { return op.Snoozes >= 1 })
+		if op := b.get(second.ID); op.Bucket != space.BucketLiveSandboxCap || op.Attempts != 0 {
+			t.Fatalf("operation %+v, want snoozed on live_sandbox_cap", op)
+		}
+		if _, err := b.svc.Pause(b.ctx, "acme", first.SandboxID); err != nil {
+			t.Fatal(err)
+		}
+		if done := b.waitDone(second.ID); done.State != space.OperationSucceeded || done.Attempts != 1 {
+			t.Fatalf("after a pause freed a place: %+v", done)
+		}
+	})
+}
+
+func TestRetries(t *testing.T) {
+	t.Parallel()
+
+	coldStartFails := func(b *bundle, times int) {
+		var mu sync.Mutex
+		b.setFail(func(c substrate.Call) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if c.Op == substrate.OpStartCold && times != 0 {
+				times--
+				return errors.New("node out of disk")
+			}
+			return nil
+		})
+	}
+
+	t.Run("a substrate error spends an attempt and is retried with backoff until the last one fails", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{maxAttempts: 3})
+		coldStartFails(b, -1) // always
+		op := b.create("acme", "")
+		done := b.waitDone(op.ID)
+		if done.State != space.OperationFailed || done.Attempts != 3 || done.ErrorCode != space.EUNAVAILABLE || done.Snoozes != 0 {
+			t.Fatalf("operation %+v, want failed (unavailable) after 3 attempts", done)
+		}
+		if !strings.Contains(done.LastError, "substrate failed to start sandbox "+op.SandboxID) {
+			t.Fatalf("last error %q does not name the failure", done.LastError)
+		}
+		j := b.job(op.ID)
+		if j.State != "discarded" || j.Attempt != 3 || j.Errors != 3 {
+			t.Fatalf("river job %+v, want discarded after 3 attempts with 3 errors", j)
+		}
+		for i := 1; i < len(j.ErrorsAt); i++ {
+			if gap := j.ErrorsAt[i].Sub(j.ErrorsAt[i-1]); gap < 100*time.Millisecond {
+				t.Fatalf("attempts %d and %d were %v apart, less than the 100ms backoff", i, i+1, gap)
+			}
+		}
+		// Every attempt worked on the one sandbox the operation named.
+		if n := b.count("SELECT count(*) FROM sandboxes"); n != 1 {
+			t.Fatalf("%d sandboxes after 3 failed attempts, want the one failed sandbox", n)
+		}
+		if n := b.count("SELECT count(*) FROM sandboxes WHERE id = $1 AND state = 'failed'", op.SandboxID); n != 1 {
+			t.Fatal("the operation's sandbox is not the failed one")
+		}
+	})
+
+	t.Run("a create that failed twice succeeds in the same sandbox on its third attempt", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{})
+		coldStartFails(b, 2)
+		op := b.create("acme", "")
+		done := b.waitDone(op.ID)
+		if done.State != space.OperationSucceeded || done.Attempts != 3 || done.Sandbox == nil || done.Sandbox.ID != op.SandboxID {
+			t.Fatalf("operation %+v, want succeeded on attempt 3 with sandbox %s", done, op.SandboxID)
+		}
+		if n := b.count("SELECT count(*) FROM sandboxes"); n != 1 {
+			t.Fatalf("%d sandboxes, want 1: retries reuse the failed row", n)
+		}
+	})
+
+	t.Run("an error a retry cannot fix fails the operation at once", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{workers: -1}) // accept now, run later
+		sb, err := b.svc.Create(b.ctx, sandbox.Caller{Client: "acme"}, sandbox.CreateRequest{Shape: python})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		op, _, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationRestore, Client: "acme", SandboxID: sb.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.svc.Delete(b.ctx, "acme", sb.ID); err != nil { // before a worker gets to it
+			t.Fatal(err)
+		}
+		b.dispatcher(setupOptions{})
+		done := b.waitDone(op.ID)
+		if done.State != space.OperationFailed || done.ErrorCode != space.ECONFLICT || done.Attempts != 1 {
+			t.Fatalf("operation %+v, want failed as conflict after one attempt", done)
+		}
+		if j := b.job(op.ID); j.State != "cancelled" {
+			t.Fatalf("river job %+v, want cancelled", j)
+		}
+	})
+}
+
+func TestFairness(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a client flooding the queue is snoozed on its own bucket while another client's work runs", func(t *testing.T) {
+		t.Parallel()
+		// The worst case for one shared queue: all of the flooder's operations are
+		// queued ahead of the polite client's before any worker runs.
+		b := setup(t, setupOptions{workers: -1})
+		flooder := space.Rate{RefillRPS: 0.5, Burst: 1}
+		b.limits.set("flooder", &flooder, 1000)
+		b.limits.set("polite", &space.Rate{RefillRPS: 1, Burst: 10}, 0)
+
+		const floods = 200
+		start := time.Now()
+		for range floods {
+			b.create("flooder", "")
+		}
+		enqueued := time.Since(start)
+		var polite []*space.Operation
+		for range 5 {
+			polite = append(polite, b.create("polite", ""))
+		}
+
+		workersStart := time.Now()
+		b.dispatcher(setupOptions{workers: 4})
+		for _, op := range polite {
+			if done := b.waitDone(op.ID); done.State != space.OperationSucceeded || done.Snoozes != 0 || done.Attempts != 1 {
+				t.Fatalf("polite operation %+v, want succeeded at once, never snoozed", done)
+			}
+		}
+		politeTook := time.Since(workersStart)
+		finished := b.count("SELECT count(*) FROM operations WHERE client = 'flooder' AND state IN ('succeeded', 'failed')")
+		if finished > 10 {
+			t.Fatalf("%d of the flooder's operations finished before the polite client's 5: they were not held back", finished)
+		}
+		snoozed := b.count("SELECT count(*) FROM operations WHERE client = 'flooder' AND snoozes > 0 AND last_bucket = 'client_activation'")
+		if snoozed == 0 {
+			t.Fatal("no flooder operation was snoozed on the flooder's bucket")
+		}
+		t.Logf("%d flooder creates queued in %v ahead of 5 polite ones; from the workers' start the polite 5 all ran within %v, "+
+			"while %d of the flooder's had finished and %d were snoozed on its own bucket",
+			floods, enqueued.Round(time.Millisecond), politeTook.Round(time.Millisecond), finished, snoozed)
+	})
+}
+
+func TestDurability(t *testing.T) {
+	t.Parallel()
+
+	t.Run("operations accepted while no worker runs complete when new workers start", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{workers: -1})
+		var ids []string
+		for range 3 {
+			ids = append(ids, b.create("acme", "").ID)
+		}
+		for _, id := range ids {
+			if op := b.get(id); op.State != space.OperationQueued {
+				t.Fatalf("operation %+v ran without workers", op)
+			}
+			if j := b.job(id); j.State != "available" {
+				t.Fatalf("river job %+v, want available", j)
+			}
+		}
+		b.dispatcher(setupOptions{workers: 2}) // a new process's River client
+		for _, id := range ids {
+			if done := b.waitDone(id); done.State != space.OperationSucceeded || done.Attempts != 1 {
+				t.Fatalf("operation %+v, want succeeded once", done)
+			}
+		}
+		if n := b.count("SELECT count(*) FROM sandboxes WHERE state = 'running'"); n != 3 {
+			t.Fatalf("%d running sandboxes, want 3", n)
+		}
+	})
+
+	t.Run("stopping the workers lets a running operation finish", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{latency: 300 * time.Millisecond})
+		op := b.create("acme", "")
+		b.wait(op.ID, "the operation to start", func(op *space.Operation) bool { return op.State == space.OperationRunning })
+		ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+		defer cancel()
+		if err := b.d.Stop(ctx); err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+		if got := b.get(op.ID); got.State != space.OperationSucceeded {
+			t.Fatalf("after a graceful stop the operation is %+v, want succeeded", got)
+		}
+	})
+
+	t.Run("the same Idempotency-Key gives one operation, also from ten concurrent requests", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{workers: -1})
+		first := b.create("acme", "order-1")
+		again := b.create("acme", "order-1")
+		if again.ID != first.ID || again.SandboxID != first.SandboxID {
+			t.Fatalf("a repeat got operation %s, want %s", again.ID, first.ID)
+		}
+		other := b.create("globex", "order-1") // keys are per client
+		if other.ID == first.ID {
+			t.Fatal("another client's key returned acme's operation")
+		}
+
+		var wg sync.WaitGroup
+		ids := make(chan string, 10)
+		created := make(chan bool, 10)
+		for range 10 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				op, c, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: "acme",
+					Create: sandbox.CreateRequest{Shape: python}, IdempotencyKey: "order-2"})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				ids <- op.ID
+				created <- c
+			}()
+		}
+		wg.Wait()
+		close(ids)
+		close(created)
+		seen := map[string]bool{}
+		for id := range ids {
+			seen[id] = true
+		}
+		nCreated := 0
+		for c := range created {
+			if c {
+				nCreated++
+			}
+		}
+		if len(seen) != 1 || nCreated != 1 {
+			t.Fatalf("10 concurrent requests made operations %v (%d reported created), want one", seen, nCreated)
+		}
+		if n := b.count("SELECT count(*) FROM operations WHERE idempotency_key = 'order-2'"); n != 1 {
+			t.Fatalf("%d operation rows for one key", n)
+		}
+		if n := b.count("SELECT count(*) FROM river_job"); n != 3 {
+			t.Fatalf("%d river jobs, want 3 (order-1 twice, order-2)", n)
+		}
+	})
+
+	t.Run("an Idempotency-Key reused for a different request is a conflict naming the key", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{workers: -1})
+		b.create("acme", "k")
+		bigger := python
+		bigger.DiskGiB = 20
+		_, _, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: "acme",
+			Create: sandbox.CreateRequest{Shape: bigger}, IdempotencyKey: "k"})
+		var de *space.Error
+		if !errors.As(err, &de) || de.Code != space.ECONFLICT || de.Field != dispatcher.IdempotencyKeyHeader {
+			t.Fatalf("err = %v, want a conflict naming %s", err, dispatcher.IdempotencyKeyHeader)
+		}
+	})
+}
+
+func TestWake(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a wake operation charges the sandbox owner's bucket", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{})
+		acme := space.Rate{RefillRPS: 1e-6, Burst: 5}
+		unknown := space.Rate{RefillRPS: 1e-6, Burst: 5}
+		b.limits.set("acme", &acme, 0)
+		b.limits.set(space.Unknown, &unknown, 0)
+		sb, err := b.svc.Create(b.ctx, sandbox.Caller{Client: "acme", Rate: &acme}, sandbox.CreateRequest{Shape: python})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		a0, u0 := b.tokens("acme", acme), b.tokens(space.Unknown, unknown)
+
+		// Ingress asks without a client of its own.
+		op, _, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationWake, Client: space.Unknown, SandboxID: sb.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if op.Client != "acme" {
+			t.Fatalf("wake operation runs as %q, want the owner acme", op.Client)
+		}
+		if done := b.waitDone(op.ID); done.State != space.OperationSucceeded || done.Sandbox.State != space.StateRunning {
+			t.Fatalf("wake %+v", done)
+		}
+		a1, u1 := b.tokens("acme", acme), b.tokens(space.Unknown, unknown)
+		if a0-a1 < 0.99 || a0-a1 > 1.01 || u1 != u0 {
+			t.Fatalf("acme %v -> %v, unknown %v -> %v; want one token from acme alone", a0, a1, u0, u1)
+		}
+	})
+}
+
+func TestEnqueue(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a request that could never run is refused before anything is queued", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{workers: -1})
+		running, err := b.svc.Create(b.ctx, sandbox.Caller{Client: "acme"}, sandbox.CreateRequest{Shape: python})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tooBig := python
+		tooBig.DiskGiB = 51
+		for _, tc := range []struct {
+			name  string
+			req   dispatcher.Request
+			code  string
+			field string
+		}{
+			{"a bad body", dispatcher.Request{Kind: space.OperationCreate, Client: "acme", Create: sandbox.CreateRequest{Shape: space.Shape{Template: "python-3.12"}}}, space.EINVALID, "cpu_millis"},
+			{"a shape no cold start serves", dispatcher.Request{Kind: space.OperationCreate, Client: "acme", Create: sandbox.CreateRequest{Shape: tooBig}}, space.EUNPROCESSABLE, "disk_gib"},
+			{"a bad idempotency key", dispatcher.Request{Kind: space.OperationCreate, Client: "acme", Create: sandbox.CreateRequest{Shape: python}, IdempotencyKey: "caf\u00e9"}, space.EINVALID, dispatcher.IdempotencyKeyHeader},
+			{"a restore of a running sandbox", dispatcher.Request{Kind: space.OperationRestore, Client: "acme", SandboxID: running.ID}, space.ECONFLICT, ""},
+			{"a restore of another client's sandbox", dispatcher.Request{Kind: space.OperationRestore, Client: "globex", SandboxID: running.ID}, space.ENOTFOUND, ""},
+			{"a wake of no sandbox", dispatcher.Request{Kind: space.OperationWake, SandboxID: "00000000-0000-4000-8000-000000000001"}, space.ENOTFOUND, ""},
+			{"a malformed sandbox id", dispatcher.Request{Kind: space.OperationRestore, Client: "acme", SandboxID: "x"}, space.EINVALID, "id"},
+		} {
+			_, _, err := b.d.Enqueue(b.ctx, tc.req)
+			var de *space.Error
+			if !errors.As(err, &de) || de.Code != tc.code || de.Field != tc.field {
+				t.Errorf("%s: err = %v, want %s naming %q", tc.name, err, tc.code, tc.field)
+			}
+		}
+		if n := b.count("SELECT count(*) FROM operations"); n != 0 {
+			t.Fatalf("%d operations queued by refused requests", n)
+		}
+	})
+
+	t.Run("a client sees only its own operations and a malformed id is invalid", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{workers: -1})
+		op := b.create("acme", "")
+		if got, err := b.d.Get(b.ctx, "acme", op.ID); err != nil || got.ID != op.ID || got.State != space.OperationQueued {
+			t.Fatalf("acme reads %+v %v", got, err)
+		}
+		if _, err := b.d.Get(b.ctx, "globex", op.ID); space.ErrorCode(err) != space.ENOTFOUND {
+			t.Fatalf("globex reads acme's operation: err = %v, want not found", err)
+		}
+		var de *space.Error
+		if _, err := b.d.Get(b.ctx, "acme", "42"); !errors.As(err, &de) || de.Code != space.EINVALID || de.Field != "id" {
+			t.Fatalf("a malformed id: err = %v, want invalid naming id", err)
+		}
+	})
+}

@@ -1,0 +1,285 @@
+package dispatcher_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/riverqueue/river"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/admission"
+	"github.com/space-sandbox/space/internal/dispatcher"
+	"github.com/space-sandbox/space/internal/flags"
+	"github.com/space-sandbox/space/internal/pool"
+	"github.com/space-sandbox/space/internal/sandbox"
+	"github.com/space-sandbox/space/internal/substrate"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+var python = space.Shape{Template: "python-3.12", CPUMillis: 1000, MemoryMiB: 2048, DiskGiB: 10}
+
+var templates = substrate.Templates{
+	python.Template: {Name: python.Template, Image: "python:3.12-slim", MaxDiskGiB: 50},
+}
+
+// limits is a LimitSource the tests set per key; a key with no entry has no client
+// bucket and no live cap.
+type limits struct {
+	mu sync.Mutex
+	m  map[space.ClientKey]flags.Limits
+}
+
+func (l *limits) LimitsFor(_ context.Context, key space.ClientKey) flags.Limits {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if got, ok := l.m[key]; ok {
+		return got
+	}
+	return flags.Limits{Client: key}
+}
+
+func (l *limits) set(key space.ClientKey, rate *space.Rate, live int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.m[key] = flags.Limits{Client: key, ClientRate: rate, LiveSandboxes: live}
+}
+
+// charger charges through a real Admitter, as space-api does.
+type charger struct{ a *admission.Admitter }
+
+func (c charger) Charge(ctx context.Context, client space.ClientKey, rate *space.Rate) error {
+	d, err := c.a.Admit(ctx, client, rate)
+	if err != nil {
+		return err
+	}
+	if le := d.LimitError(client); le != nil {
+		return le
+	}
+	return nil
+}
+
+// bundle is one test's world: its own database, its own Redis keys, a real sandbox
+// flow on the simulated substrate, and a dispatcher with real River workers.
+type bundle struct {
+	t        *testing.T
+	ctx      context.Context
+	db       *pgxpool.Pool
+	redis    redis.UniversalClient
+	admitter *admission.Admitter
+	sim      *substrate.Simulated
+	svc      *sandbox.Service
+	limits   *limits
+	d        *dispatcher.Dispatcher
+
+	failMu sync.Mutex
+	fail   func(substrate.Call) error
+}
+
+type setupOptions struct {
+	workers     int // default 4; -1 for an insert-only dispatcher
+	deadline    time.Duration
+	maxSnooze   time.Duration
+	maxAttempts int
+	latency     time.Duration // of every substrate call
+}
+
+func setup(t *testing.T, o setupOptions) *bundle {
+	t.Helper()
+	b := &bundle{t: t, ctx: testenv.Context(t), db: testenv.DB(t), redis: testenv.Redis(t),
+		limits: &limits{m: map[space.ClientKey]flags.Limits{}}}
+	var err error
+	b.admitter, err = admission.New(admission.Options{
+		Redis: b.redis, Prefix: testenv.Prefix(t), Enabled: true,
+		Cluster: space.Rate{RefillRPS: 1000, Burst: 10000},
+		Timeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lat := map[substrate.Op]time.Duration{}
+	for _, op := range []substrate.Op{substrate.OpStartCold, substrate.OpRestore, substrate.OpSnapshot, substrate.OpAdopt} {
+		lat[op] = o.latency
+	}
+	b.sim = substrate.NewSimulated(substrate.SimulatedOptions{Latency: lat, Fail: func(c substrate.Call) error {
+		b.failMu.Lock()
+		defer b.failMu.Unlock()
+		if b.fail != nil {
+			return b.fail(c)
+		}
+		return nil
+	}})
+	b.svc = sandbox.New(sandbox.Options{
+		DB: b.db, Pool: pool.New(pool.Options{DB: b.db, Substrate: b.sim}), Substrate: b.sim,
+		Charger: charger{b.admitter}, Catalog: sandbox.Catalog{Templates: templates},
+	})
+	b.d = b.dispatcher(o)
+	return b
+}
+
+// dispatcher starts another dispatcher (another River client) on b's database,
+// stopped when the test ends.
+func (b *bundle) dispatcher(o setupOptions) *dispatcher.Dispatcher {
+	b.t.Helper()
+	workers := o.workers
+	switch workers {
+	case 0:
+		workers = 4
+	case -1:
+		workers = 0
+	}
+	d, err := dispatcher.New(dispatcher.Options{
+		DB: b.db, Sandboxes: b.svc, Limits: b.limits,
+		Workers:           workers,
+		AdmissionDeadline: o.deadline,
+		MaxSnooze:         o.maxSnooze,
+		MaxAttempts:       o.maxAttempts,
+		Backoff:           func(int) time.Duration { return 100 * time.Millisecond },
+		River: func(c *river.Config) {
+			c.TestOnly = true
+			c.FetchCooldown = 10 * time.Millisecond
+			c.FetchPollInterval = 50 * time.Millisecond
+		},
+	})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if err := d.Start(b.ctx); err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := d.Stop(ctx); err != nil {
+			b.t.Errorf("stop dispatcher: %v", err)
+		}
+	})
+	return d
+}
+
+func (b *bundle) setFail(f func(substrate.Call) error) {
+	b.failMu.Lock()
+	b.fail = f
+	b.failMu.Unlock()
+}
+
+// drain empties client's bucket of rate, so that the next activation is rejected.
+func (b *bundle) drain(client space.ClientKey, rate space.Rate) {
+	b.t.Helper()
+	for i := int64(0); i < rate.Burst; i++ {
+		d, err := b.admitter.Admit(b.ctx, client, &rate)
+		if err != nil || !d.Admitted {
+			b.t.Fatalf("draining %s: %+v %v", client, d, err)
+		}
+	}
+}
+
+// tokens is what client's bucket of rate holds now (a Peek takes none).
+func (b *bundle) tokens(client space.ClientKey, rate space.Rate) float64 {
+	b.t.Helper()
+	d, err := b.admitter.Peek(b.ctx, client, &rate)
+	if err != nil || d.Client == nil {
+		b.t.Fatalf("peek %s: %+v %v", client, d, err)
+	}
+	return d.Client.Remaining
+}
+
+func (b *bundle) create(client space.ClientKey, key string) *space.Operation {
+	b.t.Helper()
+	op, _, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: client,
+		Create: sandbox.CreateRequest{Shape: python}, IdempotencyKey: key})
+	if err != nil {
+		b.t.Fatalf("enqueue create for %s: %v", client, err)
+	}
+	return op
+}
+
+func (b *bundle) get(id string) *space.Operation {
+	b.t.Helper()
+	op, err := b.d.GetAny(b.ctx, id)
+	if err != nil {
+		b.t.Fatalf("get operation %s: %v", id, err)
+	}
+	return op
+}
+
+// wait polls operation id until cond holds.
+func (b *bundle) wait(id string, what string, cond func(*space.Operation) bool) *space.Operation {
+	b.t.Helper()
+	var op *space.Operation
+	testenv.Eventually(b.t, 20*time.Second, what, func() bool {
+		op = b.get(id)
+		return cond(op)
+	})
+	return op
+}
+
+// waitDone waits for operation id to be final, and for River to have recorded its
+// job's outcome too (River writes it after the worker returns).
+func (b *bundle) waitDone(id string) *space.Operation {
+	b.t.Helper()
+	return b.wait(id, "operation "+id+" to finish", func(op *space.Operation) bool {
+		if !op.State.Done() {
+			return false
+		}
+		switch b.job(id).State {
+		case "completed", "discarded", "cancelled":
+			return true
+		}
+		return false
+	})
+}
+
+// waitIdle waits until cond holds for operation id while its job is not running (a
+// running job has had its attempt counted provisionally by River's fetch).
+func (b *bundle) waitIdle(id string, what string, cond func(*space.Operation) bool) (*space.Operation, job) {
+	b.t.Helper()
+	var j job
+	op := b.wait(id, what, func(op *space.Operation) bool {
+		if !cond(op) {
+			return false
+		}
+		j = b.job(id)
+		return j.State != "running"
+	})
+	return op, j
+}
+
+// job is River's row of an operation's job.
+type job struct {
+	State    string
+	Attempt  int
+	Errors   int
+	Snoozes  int
+	ErrorsAt []time.Time
+}
+
+func (b *bundle) job(opID string) job {
+	b.t.Helper()
+	var j job
+	var meta []byte
+	err := b.db.QueryRow(b.ctx, `SELECT j.state::text, j.attempt, coalesce(array_length(j.errors, 1), 0), j.metadata,
+			coalesce(ARRAY(SELECT (e->>'at')::timestamptz FROM unnest(j.errors) e), '{}')
+		FROM river_job j JOIN operations o ON o.job_id = j.id WHERE o.id = $1`, opID).
+		Scan(&j.State, &j.Attempt, &j.Errors, &meta, &j.ErrorsAt)
+	if err != nil {
+		b.t.Fatalf("river job of operation %s: %v", opID, err)
+	}
+	var m struct{ Snoozes int }
+	_ = json.Unmarshal(meta, &m)
+	j.Snoozes = m.Snoozes
+	return j
+}
+
+func (b *bundle) count(sql string, args ...any) int {
+	b.t.Helper()
+	var n int
+	if err := b.db.QueryRow(b.ctx, sql, args...).Scan(&n); err != nil {
+		b.t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}

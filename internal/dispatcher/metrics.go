@@ -1,0 +1,65 @@
+package dispatcher
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space"
+)
+
+// metrics are the dispatcher's series. None has a client label: per-client detail is
+// on the operations themselves.
+type metrics struct {
+	enqueued *prometheus.CounterVec   // {kind}
+	finished *prometheus.CounterVec   // {kind, state}
+	snoozes  *prometheus.CounterVec   // {kind, bucket}
+	retries  *prometheus.CounterVec   // {kind, code}
+	queue    *prometheus.HistogramVec // {kind}
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		enqueued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_dispatcher_enqueued_total",
+			Help: "Operations accepted into the queue, by kind (a repeated Idempotency-Key is not counted again).",
+		}, []string{"kind"}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_dispatcher_operations_total",
+			Help: "Operations that reached a final state, by kind and state (succeeded, failed).",
+		}, []string{"kind", "state"}),
+		snoozes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_dispatcher_snoozes_total",
+			Help: "Operations turned away by a limit and put back in the queue without spending an attempt, by kind and the bucket that turned them away.",
+		}, []string{"kind", "bucket"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_dispatcher_attempt_errors_total",
+			Help: "Attempts that failed and spent a retry (or ended the operation), by kind and error code.",
+		}, []string{"kind", "code"}),
+		queue: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "space_dispatcher_queue_seconds",
+			Help:    "Time from an operation's acceptance to the start of its first run, by kind.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 3, 12), // 10ms to about 30m
+		}, []string{"kind"}),
+	}
+	// Pre-create the series a dashboard or an alert reads, so that a rate over them
+	// exists from the start rather than from the first event.
+	for _, k := range space.OperationKinds {
+		m.enqueued.WithLabelValues(string(k))
+		for _, s := range []space.OperationState{space.OperationSucceeded, space.OperationFailed} {
+			m.finished.WithLabelValues(string(k), string(s))
+		}
+		for _, b := range []space.Bucket{space.BucketClientActivation, space.BucketClusterActivation, space.BucketLiveSandboxCap} {
+			m.snoozes.WithLabelValues(string(k), string(b))
+		}
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.enqueued, m.finished, m.snoozes, m.retries, m.queue} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register dispatcher metrics (one Dispatcher per registry): %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,180 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/space-sandbox/space"
+)
+
+// querier is what the queries need: a pool or a transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+const operationColumns = `id::text, kind, client, sandbox_id::text, state, attempts, snoozes,
+	coalesce(last_bucket, ''), coalesce(last_error, ''), coalesce(error_code, ''),
+	coalesce(idempotency_key, ''), request_hash, request, admission_deadline, created_at, updated_at`
+
+// row is an operation as stored: the domain type plus what only the dispatcher reads.
+type row struct {
+	space.Operation
+	IdempotencyKey string
+	RequestHash    string
+	Request        []byte
+}
+
+func scanOperation(r pgx.Row, extra ...any) (*row, error) {
+	var op row
+	dest := []any{&op.ID, &op.Kind, &op.Client, &op.SandboxID, &op.State, &op.Attempts, &op.Snoozes,
+		&op.Bucket, &op.LastError, &op.ErrorCode, &op.IdempotencyKey, &op.RequestHash, &op.Request,
+		&op.AdmissionDeadline, &op.CreatedAt, &op.UpdatedAt}
+	if err := r.Scan(append(dest, extra...)...); err != nil {
+		return nil, err
+	}
+	return &op, nil
+}
+
+// insertOperation inserts op unless its client already has an operation under its
+// idempotency key; it returns false then, and the caller reads that one instead. The
+// admission deadline is counted from the database's clock, like every other time the
+// deadline is compared with.
+func insertOperation(ctx context.Context, q querier, op *row, deadline time.Duration) (bool, error) {
+	var key *string
+	if op.IdempotencyKey != "" {
+		key = &op.IdempotencyKey
+	}
+	err := q.QueryRow(ctx, `INSERT INTO operations (id, kind, client, sandbox_id, idempotency_key, request_hash, request, admission_deadline)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))
+		ON CONFLICT (client, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+		RETURNING admission_deadline, created_at, updated_at`,
+		op.ID, string(op.Kind), string(op.Client), op.SandboxID, key, op.RequestHash, op.Request, deadline.Seconds(),
+	).Scan(&op.AdmissionDeadline, &op.CreatedAt, &op.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("insert operation: %w", err)
+	}
+	return true, nil
+}
+
+func setJobID(ctx context.Context, q querier, id string, jobID int64) error {
+	if _, err := q.Exec(ctx, "UPDATE operations SET job_id = $2 WHERE id = $1", id, jobID); err != nil {
+		return fmt.Errorf("record job of operation %s: %w", id, err)
+	}
+	return nil
+}
+
+// getOperation reads one operation of client; an empty client reads anyone's (the
+// internal listener and the worker). ENOTFOUND when there is none, or it is another
+// client's.
+func getOperation(ctx context.Context, q querier, id string, client space.ClientKey) (*row, error) {
+	op, err := scanOperation(q.QueryRow(ctx, "SELECT "+operationColumns+" FROM operations WHERE id = $1 AND ($2 = '' OR client = $2)",
+		id, string(client)))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, space.Errorf(space.ENOTFOUND, "no operation %s", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get operation: %w", err)
+	}
+	return op, nil
+}
+
+func getByIdempotencyKey(ctx context.Context, q querier, client space.ClientKey, key string) (*row, error) {
+	op, err := scanOperation(q.QueryRow(ctx, "SELECT "+operationColumns+" FROM operations WHERE client = $1 AND idempotency_key = $2",
+		string(client), key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get operation by idempotency key: %w", err)
+	}
+	return op, nil
+}
+
+// startOperation marks a queued (or, after a crash, still running) operation running
+// and returns it, with the time it waited in the queue when this is its first run
+// (0 otherwise). A final operation is returned unchanged, with done true.
+func startOperation(ctx context.Context, q querier, id string) (op *row, waited time.Duration, done bool, err error) {
+	var first bool
+	var waitedSecs float64
+	op, err = scanOperation(q.QueryRow(ctx, `UPDATE operations SET state = 'running',
+			started_at = coalesce(started_at, now()), updated_at = now()
+		WHERE id = $1 AND state IN ('queued', 'running')
+		RETURNING `+operationColumns+`, started_at = now(), extract(epoch FROM now() - created_at)::float8`, id),
+		&first, &waitedSecs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		op, err = getOperation(ctx, q, id, "")
+		return op, 0, err == nil, err
+	}
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("start operation %s: %w", id, err)
+	}
+	if first {
+		waited = seconds(waitedSecs)
+	}
+	return op, waited, false, nil
+}
+
+// outcome is how one run of an operation ended, as the row records it.
+type outcome struct {
+	State space.OperationState
+	// Attempts is the real attempt count after this run; nil leaves it (a snooze).
+	Attempts  *int
+	LastError string
+	ErrorCode string
+}
+
+func finishOperation(ctx context.Context, q querier, id string, o outcome) error {
+	_, err := q.Exec(ctx, `UPDATE operations SET state = $2, attempts = coalesce($3::integer, attempts),
+			last_error = nullif($4::text, ''), error_code = nullif($5::text, ''), updated_at = now(),
+			finished_at = CASE WHEN $2::text IN ('succeeded', 'failed') THEN now() END
+		WHERE id = $1`, id, string(o.State), o.Attempts, o.LastError, o.ErrorCode)
+	if err != nil {
+		return fmt.Errorf("record operation %s %s: %w", id, o.State, err)
+	}
+	return nil
+}
+
+// snoozeOperation records an admission rejection: back to queued with one more snooze,
+// unless the admission deadline has passed by the database's clock, in which case the
+// operation fails as admission_timeout (timedOut true) and is not counted as snoozed.
+// remaining is the time left before the deadline.
+func snoozeOperation(ctx context.Context, q querier, id string, bucket space.Bucket, snoozeMsg, timeoutMsg string) (timedOut bool, remaining time.Duration, err error) {
+	var state string
+	var secs float64
+	err = q.QueryRow(ctx, `UPDATE operations SET
+			state = CASE WHEN admission_deadline <= now() THEN 'failed' ELSE 'queued' END,
+			snoozes = snoozes + CASE WHEN admission_deadline <= now() THEN 0 ELSE 1 END,
+			error_code = CASE WHEN admission_deadline <= now() THEN $3::text END,
+			last_error = CASE WHEN admission_deadline <= now() THEN $5::text ELSE $4::text END,
+			finished_at = CASE WHEN admission_deadline <= now() THEN now() END,
+			last_bucket = $2::text, updated_at = now()
+		WHERE id = $1
+		RETURNING state, extract(epoch FROM admission_deadline - now())::float8`,
+		id, string(bucket), space.CodeAdmissionTimeout, snoozeMsg, timeoutMsg).Scan(&state, &secs)
+	if err != nil {
+		return false, 0, fmt.Errorf("snooze operation %s: %w", id, err)
+	}
+	return state == string(space.OperationFailed), seconds(secs), nil
+}
+
+// seconds converts a float of seconds from Postgres into a Duration without overflow.
+func seconds(s float64) time.Duration {
+	const maxSecs = float64(math.MaxInt64) / float64(time.Second)
+	switch {
+	case s >= maxSecs:
+		return math.MaxInt64
+	case s <= -maxSecs:
+		return math.MinInt64
+	}
+	return time.Duration(s * float64(time.Second))
+}
