@@ -1,0 +1,455 @@
+// Package admission holds the activation budget of DESIGN.md §3 and the per-client
+// limits beside it, all in Redis so that every replica enforces the same numbers:
+//
+//   - Admitter charges the shared cluster activation bucket and the caller's client
+//     activation bucket in one Lua script (bucket.lua): one token from each, or none.
+//   - ConcurrencyLimiter caps a client's in-flight requests with leases that expire,
+//     so a crashed replica's places come back.
+//   - Limiter is one token bucket per arbitrary key on the same script, e.g. failed
+//     authentications per source address.
+//
+// Time always comes from Redis TIME, never from a replica's clock.
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space"
+)
+
+// DefaultPrefix is the key namespace of production: with it the keys are exactly
+// those of DESIGN.md §3.
+const DefaultPrefix = "space"
+
+// Options configures an Admitter.
+type Options struct {
+	// Redis is required: a standalone client or a cluster client. Build it with
+	// ContextTimeoutEnabled so that a timed-out call also frees its connection at once;
+	// without it the call still returns at the timeout, but go-redis holds the
+	// connection until its own ReadTimeout.
+	Redis redis.UniversalClient
+	// Prefix namespaces the keys, default "space". It must not contain braces: the
+	// client keys use the cluster key as their Redis Cluster hash tag.
+	Prefix string
+	// Enabled false admits everything and charges nothing, without a Redis call.
+	Enabled bool
+	// Cluster is the shared bucket every activation charges.
+	Cluster space.Rate
+	// FailClosed chooses what a Redis error or timeout does: false (the default)
+	// admits ("fail open": an outage of the budget store must not stop activations),
+	// true returns an error wrapping ErrUnavailable (503). Both are counted as
+	// decision="error".
+	FailClosed bool
+	// Shadow decides and records but admits: a would-be rejection is counted as
+	// shadow_rejected and admitted with Decision.Shadow set. A Redis error in shadow
+	// mode admits too, whatever FailClosed says.
+	Shadow bool
+	// Timeout bounds each Redis call, default DefaultTimeout (100ms).
+	Timeout time.Duration
+	// Registerer receives the metrics; nil registers them nowhere.
+	Registerer prometheus.Registerer
+	// Logger receives Redis failures (at most one line per 10 s); nil discards.
+	Logger *slog.Logger
+}
+
+// Admitter decides activations against the cluster bucket and, when the caller has a
+// rate of its own, its client bucket. It is safe for concurrent use; replicas sharing
+// one Redis share its buckets.
+//
+// Each bucket is one Redis string (ClusterKey, ClientKey) holding its tokens and the
+// Redis time they were counted at, as two little-endian doubles (bucket.lua says why
+// binary). A bucket's key expires once the bucket could have refilled completely
+// (burst/refill seconds, at most 10^12 s): a missing key is a full bucket, so idle
+// clients cost no memory.
+type Admitter struct {
+	run        runner
+	enabled    bool
+	failClosed bool
+	shadow     bool
+
+	cluster     space.Rate
+	clusterArgs bucketArgs
+	clusterKey  string
+	// clientPrefix is the client key without the client: "{<cluster key>}:client:".
+	clientPrefix string
+
+	metrics *admissionMetrics
+	errLog  *throttledLog
+}
+
+// BucketState is one bucket's side of a decision.
+type BucketState struct {
+	Rate space.Rate
+	// Remaining is the tokens left after the decision (fractional: the bucket refills
+	// continuously).
+	Remaining float64
+	// Refill is the time until the bucket next holds a whole token, 0 when it holds
+	// one now. A bucket that never refills reports the longest Duration.
+	Refill time.Duration
+}
+
+// Decision is the outcome of one Admit or Peek. A rejection is a Decision with
+// Admitted false, not an error.
+type Decision struct {
+	Admitted bool
+	// Bucket is the bucket that rejected (or would have, in shadow mode):
+	// client_activation when the client bucket was empty, whatever the cluster
+	// bucket held; otherwise cluster_activation. Empty when admitted on its merits.
+	Bucket space.Bucket
+	// Cluster is the cluster bucket after the decision.
+	Cluster BucketState
+	// Client is the client bucket after the decision; nil when no client rate was
+	// given (the decision ran on the cluster key alone).
+	Client *BucketState
+	// RetryAfter, on a rejection, is the refill of whichever empty bucket refills
+	// last: the earliest moment a retry can succeed. Not jittered (see RetryAfter).
+	RetryAfter time.Duration
+	// Shadow is true when the decision rejected and shadow mode admitted anyway.
+	Shadow bool
+	// FailedOpen is true when Redis failed and fail-open mode admitted; the bucket
+	// states are then unknown (zero Remaining).
+	FailedOpen bool
+}
+
+// LimitError describes a rejection for the API (a 429): the rejecting bucket, its
+// rate, what it held, and the retry delay. It returns nil for an admitted decision,
+// including one admitted only by shadow mode, so that a caller may write
+// `if le := d.LimitError(c); le != nil { return le }`.
+func (d Decision) LimitError(client space.ClientKey) *space.LimitError {
+	if d.Admitted || d.Bucket == "" {
+		return nil
+	}
+	state := d.Cluster
+	if d.Bucket == space.BucketClientActivation && d.Client != nil {
+		state = *d.Client
+	}
+	limit := state.Rate
+	return &space.LimitError{
+		Bucket:     d.Bucket,
+		Client:     client,
+		RetryAfter: d.RetryAfter,
+		Limit:      &limit,
+		Remaining:  state.Remaining,
+	}
+}
+
+// New returns an Admitter, or an error naming the option that is wrong.
+func New(opts Options) (*Admitter, error) {
+	if opts.Redis == nil {
+		return nil, errors.New("admission: Redis is required")
+	}
+	prefix, err := checkPrefix(opts.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Enabled {
+		if err := opts.Cluster.Validate(); err != nil {
+			return nil, fmt.Errorf("admission: cluster rate: %w", err)
+		}
+	}
+	metrics, err := newAdmissionMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	clusterKey := ClusterKey(prefix)
+	return &Admitter{
+		run:          newRunner(opts.Redis, opts.Timeout),
+		enabled:      opts.Enabled,
+		failClosed:   opts.FailClosed,
+		shadow:       opts.Shadow,
+		cluster:      opts.Cluster,
+		clusterArgs:  argsOf(opts.Cluster),
+		clusterKey:   clusterKey,
+		clientPrefix: "{" + clusterKey + "}:client:",
+		metrics:      metrics,
+		errLog:       newThrottledLog(opts.Logger, "admission: redis failed"),
+	}, nil
+}
+
+func checkPrefix(prefix string) (string, error) {
+	if prefix == "" {
+		return DefaultPrefix, nil
+	}
+	if strings.ContainsAny(prefix, "{}") {
+		return "", fmt.Errorf("admission: prefix %q must not contain braces: the cluster key is the client keys' hash tag", prefix)
+	}
+	return prefix, nil
+}
+
+// ClusterKey is the cluster bucket's key under prefix:
+// "<prefix>:cluster_admission:sandbox_activation".
+func ClusterKey(prefix string) string {
+	return prefix + ":cluster_admission:sandbox_activation"
+}
+
+// ClientKey is client's bucket key under prefix:
+// "{<prefix>:cluster_admission:sandbox_activation}:client:<client>". The braces make
+// the whole cluster key the Redis Cluster hash tag, so both keys of a decision live in
+// one slot and one script can hold both.
+func ClientKey(prefix string, client space.ClientKey) string {
+	return "{" + ClusterKey(prefix) + "}:client:" + string(client)
+}
+
+// Enabled reports whether activations are charged at all.
+func (a *Admitter) Enabled() bool { return a.enabled }
+
+// ClusterRate is the shared bucket's rate.
+func (a *Admitter) ClusterRate() space.Rate { return a.cluster }
+
+// Admit decides one activation: it takes one token from the cluster bucket and, when
+// clientRate is not nil, one from client's bucket, both or neither. With clientRate
+// nil (an exempt client, or the warm pool's replenisher with client "") only the
+// cluster bucket is charged.
+//
+// It returns an error only for a bad argument or, in fail-closed mode, when Redis
+// fails or does not answer within the timeout (an error wrapping ErrUnavailable).
+func (a *Admitter) Admit(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, error) {
+	if !a.enabled {
+		return a.disabled(clientRate), nil
+	}
+	keys, clientArgs, err := a.keys(client, clientRate)
+	if err != nil {
+		return Decision{}, fmt.Errorf("admit: %w", err)
+	}
+	start := time.Now()
+	admitted, states, err := a.run.decide(ctx, take, keys, a.clusterArgs, clientArgs)
+	a.metrics.script.Observe(time.Since(start).Seconds())
+	if err != nil {
+		return a.failed(client, clientRate, err)
+	}
+	d := a.decision(admitted, states, clientRate)
+	switch {
+	case d.Admitted:
+		a.metrics.admitted(clientRate != nil)
+	case a.shadow:
+		a.metrics.count(decisionShadowRejected, d.Bucket)
+		d.Admitted, d.Shadow = true, true
+	default:
+		a.metrics.count(decisionRejected, d.Bucket)
+	}
+	return d, nil
+}
+
+// Peek reports the buckets as Admit would find them now, without taking a token or
+// writing anything: Admitted says whether an Admit now would succeed. With admission
+// disabled it reports full buckets without asking Redis. A Redis failure is returned
+// as an error wrapping ErrUnavailable, whatever the failure mode; nothing is counted.
+func (a *Admitter) Peek(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, error) {
+	if !a.enabled {
+		return a.disabled(clientRate), nil
+	}
+	keys, clientArgs, err := a.keys(client, clientRate)
+	if err != nil {
+		return Decision{}, fmt.Errorf("peek: %w", err)
+	}
+	admitted, states, err := a.run.decide(ctx, peek, keys, a.clusterArgs, clientArgs)
+	if err != nil {
+		return Decision{}, fmt.Errorf("peek: %w", unavailable(err))
+	}
+	return a.decision(admitted, states, clientRate), nil
+}
+
+func (a *Admitter) keys(client space.ClientKey, clientRate *space.Rate) ([]string, bucketArgs, error) {
+	if clientRate == nil {
+		return []string{a.clusterKey}, "", nil
+	}
+	if client == "" {
+		return nil, "", errors.New("a client rate needs a client key")
+	}
+	if err := clientRate.Validate(); err != nil {
+		return nil, "", fmt.Errorf("client %q rate: %w", client, err)
+	}
+	return []string{a.clusterKey, a.clientPrefix + string(client)}, argsOf(*clientRate), nil
+}
+
+// decision builds a Decision from the script's answer.
+func (a *Admitter) decision(admitted bool, states []BucketState, clientRate *space.Rate) Decision {
+	d := Decision{Admitted: admitted, Cluster: states[0]}
+	d.Cluster.Rate = a.cluster
+	if clientRate != nil {
+		c := states[1]
+		c.Rate = *clientRate
+		d.Client = &c
+	}
+	if admitted {
+		return d
+	}
+	if d.Client != nil && d.Client.Remaining < 1 {
+		d.Bucket = space.BucketClientActivation
+		d.RetryAfter = d.Client.Refill
+	} else {
+		d.Bucket = space.BucketClusterActivation
+	}
+	if d.Cluster.Remaining < 1 {
+		d.RetryAfter = max(d.RetryAfter, d.Cluster.Refill)
+	}
+	return d
+}
+
+// disabled is the decision of a disabled Admitter: admitted, every bucket full.
+func (a *Admitter) disabled(clientRate *space.Rate) Decision {
+	d := Decision{Admitted: true, Cluster: BucketState{Rate: a.cluster, Remaining: float64(a.cluster.Burst)}}
+	if clientRate != nil {
+		d.Client = &BucketState{Rate: *clientRate, Remaining: float64(clientRate.Burst)}
+	}
+	return d
+}
+
+// failed applies the failure mode to a Redis error.
+func (a *Admitter) failed(client space.ClientKey, clientRate *space.Rate, err error) (Decision, error) {
+	a.metrics.errored(clientRate != nil)
+	a.errLog.log(err, "client", string(client), "fail_closed", a.failClosed && !a.shadow)
+	if a.failClosed && !a.shadow {
+		return Decision{}, fmt.Errorf("admit: %w", unavailable(err))
+	}
+	d := Decision{Admitted: true, FailedOpen: true, Cluster: BucketState{Rate: a.cluster}}
+	if clientRate != nil {
+		d.Client = &BucketState{Rate: *clientRate}
+	}
+	return d, nil
+}
+
+// Decision label values of space_sandbox_admission_rate_decisions_total.
+const (
+	decisionAdmitted       = "admitted"
+	decisionRejected       = "rejected"
+	decisionError          = "error"
+	decisionShadowRejected = "shadow_rejected"
+)
+
+// admissionMetrics are the series of DESIGN.md §8.
+//
+// space_sandbox_admission_rate_decisions_total{decision, bucket} counts each Admit
+// (never Peek, never a disabled Admitter) as follows:
+//
+//   - admitted: once for bucket="cluster_activation" and, when the client had a rate,
+//     once more for bucket="client_activation": one count per token taken, so the
+//     cluster_activation series is the number of activations charged.
+//   - rejected: once, for the bucket that rejected (client_activation when both were
+//     empty). Nothing was taken from either bucket.
+//   - shadow_rejected: as rejected, for a decision shadow mode then admitted.
+//   - error: as admitted (cluster, plus client when the client had a rate), for a
+//     call that failed or timed out, in either failure mode.
+//
+// So the decisions made are admitted{cluster_activation} + error{cluster_activation} +
+// rejected and shadow_rejected summed over both buckets. Client keys are never labels.
+//
+// space_sandbox_admission_script_seconds is the time of each Admit's script call as
+// the replica saw it (round trip included, failures and timeouts too).
+type admissionMetrics struct {
+	decisions *prometheus.CounterVec
+	script    prometheus.Histogram
+
+	admittedCluster, admittedClient prometheus.Counter
+	errorCluster, errorClient       prometheus.Counter
+}
+
+func newAdmissionMetrics(reg prometheus.Registerer) (*admissionMetrics, error) {
+	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "space_sandbox_admission_rate_decisions_total",
+		Help: "Activation admission decisions, by decision and bucket (see internal/admission).",
+	}, []string{"decision", "bucket"})
+	script := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "space_sandbox_admission_script_seconds",
+		Help:    "Time of the admission script call, round trip included.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 12), // 100µs to about 200ms
+	})
+	var err error
+	if decisions, err = register(reg, decisions); err != nil {
+		return nil, err
+	}
+	if script, err = register(reg, script); err != nil {
+		return nil, err
+	}
+	m := &admissionMetrics{decisions: decisions, script: script}
+	m.admittedCluster = decisions.WithLabelValues(decisionAdmitted, string(space.BucketClusterActivation))
+	m.admittedClient = decisions.WithLabelValues(decisionAdmitted, string(space.BucketClientActivation))
+	m.errorCluster = decisions.WithLabelValues(decisionError, string(space.BucketClusterActivation))
+	m.errorClient = decisions.WithLabelValues(decisionError, string(space.BucketClientActivation))
+	// The rejections too, so that every series exists (at 0) from the start.
+	for _, d := range []string{decisionRejected, decisionShadowRejected} {
+		for _, b := range []space.Bucket{space.BucketClusterActivation, space.BucketClientActivation} {
+			decisions.WithLabelValues(d, string(b))
+		}
+	}
+	return m, nil
+}
+
+func (m *admissionMetrics) admitted(client bool) {
+	m.admittedCluster.Inc()
+	if client {
+		m.admittedClient.Inc()
+	}
+}
+
+func (m *admissionMetrics) errored(client bool) {
+	m.errorCluster.Inc()
+	if client {
+		m.errorClient.Inc()
+	}
+}
+
+func (m *admissionMetrics) count(decision string, bucket space.Bucket) {
+	m.decisions.WithLabelValues(decision, string(bucket)).Inc()
+}
+
+// register registers c, or returns the collector already registered under its name,
+// so that two components built on one registry (two Admitters in a test, a restart of
+// a component) share the series instead of failing.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if reg == nil {
+		return c, nil
+	}
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return c, fmt.Errorf("admission: register metrics: %w", err)
+	}
+	return c, nil
+}
+
+// throttledLog logs a repeated failure at most once per interval, with the number of
+// failures it did not log, so that an outage under load does not flood the logs.
+type throttledLog struct {
+	logger   *slog.Logger
+	msg      string
+	interval time.Duration
+
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+func newThrottledLog(logger *slog.Logger, msg string) *throttledLog {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &throttledLog{logger: logger, msg: msg, interval: 10 * time.Second}
+}
+
+func (l *throttledLog) log(err error, attrs ...any) {
+	now := time.Now()
+	l.mu.Lock()
+	if !l.last.IsZero() && now.Sub(l.last) < l.interval {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	suppressed := l.suppressed
+	l.last, l.suppressed = now, 0
+	l.mu.Unlock()
+	l.logger.Warn(l.msg, append(attrs, "err", err.Error(), "suppressed", suppressed)...)
+}

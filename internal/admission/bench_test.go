@@ -1,0 +1,174 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// BenchmarkAdmission sets our decision beside the peer library redis_rate (single-key
+// GCRA) on one private Redis, in the same run, so that the two can be compared:
+//
+//	go test -run '^$' -bench Admission -benchtime 2s ./internal/admission/
+//
+// Names are <implementation>/<path>/goroutines=<n>:
+//
+//   - space: Admit with a client rate, the two-bucket atomic decision (two keys);
+//   - space_one_key: Admit without a client rate (the cluster key alone), the same
+//     work as redis_rate's;
+//   - redis_rate: redis_rate.Limiter.Allow on one key.
+//
+// The allow path admits every call (a bucket too large to empty) and writes; the
+// reject path rejects every call (an empty bucket that never refills) and writes
+// nothing. Metrics: decisions/s from Go, and redis-us/op, the Redis CPU per call from
+// INFO commandstats (cmdstat_evalsha usec/calls, the script and the commands it ran),
+// counted from a CONFIG RESETSTAT on the private server, so nothing else pollutes it.
+func BenchmarkAdmission(b *testing.B) {
+	srv := testenv.StartRedis(b)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { rdb.Close() })
+	ctx := testenv.Context(b)
+
+	big := space.Rate{RefillRPS: 1e6, Burst: 1e6}
+	empty := space.Rate{RefillRPS: neverRefills, Burst: 1}
+	newAdmitter := func(cluster space.Rate) *Admitter {
+		a, err := New(Options{Redis: rdb, Prefix: testenv.Prefix(b), Enabled: true, FailClosed: true, Cluster: cluster, Timeout: time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return a
+	}
+	// admitter returns a decide function whose every call takes the given path.
+	admitter := func(withClient, allow bool) func() (bool, error) {
+		r := big
+		if !allow {
+			r = empty
+		}
+		a := newAdmitter(r)
+		var clientRate *space.Rate
+		if withClient {
+			clientRate = &r
+		}
+		if !allow { // empty both buckets
+			if _, err := a.Admit(ctx, "acme", clientRate); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return func() (bool, error) {
+			d, err := a.Admit(ctx, "acme", clientRate)
+			return d.Admitted && !d.FailedOpen, err
+		}
+	}
+	peer := func(allow bool) func() (bool, error) {
+		lim := redis_rate.NewLimiter(rdb)
+		key := testenv.Prefix(b)
+		limit := redis_rate.Limit{Rate: 1e6, Burst: 1e6, Period: time.Second}
+		if !allow {
+			limit = redis_rate.Limit{Rate: 1, Burst: 1, Period: 1000 * time.Hour}
+			if _, err := lim.Allow(ctx, key, limit); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return func() (bool, error) {
+			res, err := lim.Allow(ctx, key, limit)
+			if err != nil {
+				return false, err
+			}
+			return res.Allowed == 1, nil
+		}
+	}
+
+	for _, path := range []string{"allow", "reject"} {
+		allow := path == "allow"
+		for _, goroutines := range []int{1, 32} {
+			for _, impl := range []struct {
+				name   string
+				decide func() (bool, error)
+			}{
+				{"space", admitter(true, allow)},
+				{"space_one_key", admitter(false, allow)},
+				{"redis_rate", peer(allow)},
+			} {
+				b.Run(fmt.Sprintf("%s/%s/goroutines=%d", impl.name, path, goroutines), func(b *testing.B) {
+					benchDecisions(b, ctx, rdb, goroutines, allow, impl.decide)
+				})
+			}
+		}
+	}
+}
+
+// benchDecisions runs decide b.N times on the given number of goroutines, checks that
+// every decision took the expected path, and reports decisions/s and redis-us/op.
+func benchDecisions(b *testing.B, ctx context.Context, rdb *redis.Client, goroutines int, allow bool, decide func() (bool, error)) {
+	check := func(admitted bool, err error) {
+		if err != nil {
+			b.Fatal(err)
+		}
+		if admitted != allow {
+			b.Fatalf("admitted = %v on the %v path", admitted, allow)
+		}
+	}
+	check(decide()) // loads the script, so that the measured calls are all EVALSHA
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	if goroutines == 1 {
+		for b.Loop() {
+			check(decide())
+		}
+	} else {
+		b.SetParallelism((goroutines + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				admitted, err := decide()
+				if err != nil || admitted != allow {
+					b.Errorf("admitted = %v, err = %v on the allow=%v path", admitted, err, allow)
+					return
+				}
+			}
+		})
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	calls, usec := commandStat(b, ctx, rdb, "evalsha")
+	if calls < int64(b.N) {
+		b.Fatalf("EVALSHA ran %d times for %d decisions", calls, b.N)
+	}
+	b.ReportMetric(float64(usec)/float64(calls), "redis-us/op")
+}
+
+// commandStat reads one command's calls and total microseconds from INFO
+// commandstats.
+func commandStat(b *testing.B, ctx context.Context, rdb *redis.Client, command string) (calls, usec int64) {
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+command+":")
+		if !ok {
+			continue
+		}
+		for field := range strings.SplitSeq(rest, ",") {
+			name, value, _ := strings.Cut(field, "=")
+			switch name {
+			case "calls":
+				calls, _ = strconv.ParseInt(value, 10, 64)
+			case "usec":
+				usec, _ = strconv.ParseInt(value, 10, 64)
+			}
+		}
+	}
+	return calls, usec
+}

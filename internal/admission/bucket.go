@@ -1,0 +1,155 @@
+package admission
+
+import (
+	"context"
+	_ "embed"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space"
+)
+
+//go:embed bucket.lua
+var bucketSource string
+
+// bucketScript is the one Lua script behind every token bucket here: the Admitter's
+// two-bucket decision and the Limiter's single bucket. Run sends EVALSHA and falls
+// back to EVAL when the server answers NOSCRIPT (after a restart, a failover or a
+// SCRIPT FLUSH).
+var bucketScript = redis.NewScript(bucketSource)
+
+// DefaultTimeout bounds each Redis call on the request path (SPACE_REDIS_TIMEOUT):
+// an admission decision that cannot be made quickly is better failed open or closed
+// than waited for.
+const DefaultTimeout = 100 * time.Millisecond
+
+// ErrUnavailable is in the chain of the error a fail-closed Admitter, a
+// ConcurrencyLimiter or a Limiter returns when Redis fails or does not answer within
+// the timeout. The same error is an *space.Error with code space.EUNAVAILABLE, which
+// the API answers with 503.
+var ErrUnavailable = errors.New("admission store unavailable")
+
+// unavailable wraps a Redis failure so that both errors.Is(err, ErrUnavailable) and
+// space.ErrorCode(err) == space.EUNAVAILABLE hold, keeping the cause for logs.
+func unavailable(err error) error {
+	return space.Unavailable("redis", fmt.Errorf("%w: %w", ErrUnavailable, err))
+}
+
+// Take and peek are the cost argument of the script.
+const (
+	take = "1"
+	peek = "0"
+)
+
+// runner runs the bucket script with a per-call timeout.
+type runner struct {
+	rdb     redis.UniversalClient
+	timeout time.Duration
+	// direct is true when rdb applies context deadlines to its socket reads
+	// (ContextTimeoutEnabled). Otherwise a call is raced against the deadline in a
+	// goroutine, because go-redis would wait for its own ReadTimeout (seconds) on a
+	// server that accepts and never answers.
+	direct bool
+}
+
+func newRunner(rdb redis.UniversalClient, timeout time.Duration) runner {
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	return runner{rdb: rdb, timeout: timeout, direct: honoursContext(rdb)}
+}
+
+// honoursContext reports whether the client's own socket deadlines follow the
+// caller's context.
+func honoursContext(rdb redis.UniversalClient) bool {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// run calls fn with a context bounded by the timeout and returns no later than the
+// deadline, whatever the client does.
+func (r runner) run(ctx context.Context, fn func(ctx context.Context) (any, error)) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	if r.direct {
+		return fn(ctx)
+	}
+	type result struct {
+		v   any
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := fn(ctx)
+		done <- result{v, err}
+	}()
+	select {
+	case res := <-done:
+		return res.v, res.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// bucketArgs is one bucket's rate as the script reads it: refill in tokens per
+// microsecond and burst, as two little-endian doubles (struct '<dd').
+type bucketArgs string
+
+func argsOf(r space.Rate) bucketArgs {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], math.Float64bits(r.RefillRPS/1e6))
+	binary.LittleEndian.PutUint64(b[8:], math.Float64bits(float64(r.Burst)))
+	return bucketArgs(b[:])
+}
+
+// decide runs the script over one bucket (second == "") or two and returns whether
+// the decision admitted and each bucket's state.
+func (r runner) decide(ctx context.Context, cost string, keys []string, first, second bucketArgs) (bool, []BucketState, error) {
+	rates := string(first + second)
+	v, err := r.run(ctx, func(ctx context.Context) (any, error) {
+		return bucketScript.Run(ctx, r.rdb, keys, cost, rates).Text()
+	})
+	if err != nil {
+		return false, nil, err
+	}
+	return parseReply(v.(string), len(keys))
+}
+
+// parseReply reads the script's reply, struct '<Bdd' or '<Bdddd': admitted, then per
+// bucket the tokens left and the microseconds until a whole token.
+func parseReply(reply string, buckets int) (bool, []BucketState, error) {
+	if len(reply) != 1+16*buckets {
+		return false, nil, fmt.Errorf("bucket script: unexpected reply %q", reply)
+	}
+	double := func(at int) float64 {
+		return math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[at : at+8])))
+	}
+	states := make([]BucketState, buckets)
+	for i := range states {
+		states[i] = BucketState{Remaining: double(1 + 16*i), Refill: micros(double(9 + 16*i))}
+	}
+	return reply[0] == 1, states, nil
+}
+
+// micros converts the script's microseconds to a Duration, rounded up so that a
+// retry is never early, and saturating at the longest Duration (about 292 years) for a
+// bucket that refills slower than that or never.
+func micros(us float64) time.Duration {
+	ns := math.Ceil(us * float64(time.Microsecond))
+	if !(ns < math.MaxInt64) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(ns)
+}

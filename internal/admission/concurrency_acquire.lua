@@ -1,0 +1,24 @@
+-- Take one of a client's in-flight places (DESIGN.md §2 step 2), atomically.
+--
+-- KEYS[1]  the client's lease set: a sorted set of lease ids scored by their expiry
+--          (unix milliseconds of Redis TIME)
+-- ARGV[1]  the cap
+-- ARGV[2]  the lease TTL in milliseconds
+-- ARGV[3]  the new lease's id
+--
+-- Expired leases (those of a crashed replica, which stopped renewing them) are dropped
+-- before counting, so their places come back. The key itself expires with its last
+-- lease. Reply: {1 if acquired else 0, leases held after the call}.
+
+local time = redis.call('TIME')
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local held = redis.call('ZCARD', KEYS[1])
+if held >= tonumber(ARGV[1]) then
+  return { 0, held }
+end
+redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), ARGV[3])
+-- Leases of other replicas may have a longer TTL: the key lives as long as the last.
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], string.format('%d', tonumber(last[2])))
+return { 1, held + 1 }

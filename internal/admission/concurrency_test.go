@@ -1,0 +1,313 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// concurrencyBundle is a ConcurrencyLimiter on a real Redis under a prefix of its own.
+type concurrencyBundle struct {
+	t      *testing.T
+	ctx    context.Context
+	rdb    redis.UniversalClient
+	prefix string
+	reg    *prometheus.Registry
+	lim    *ConcurrencyLimiter
+}
+
+// setupConcurrency builds a limiter on rdb; unset options get a fresh prefix, fail
+// closed and testTimeout. It is closed when the test ends.
+func setupConcurrency(t *testing.T, rdb redis.UniversalClient, opts ConcurrencyOptions) *concurrencyBundle {
+	t.Helper()
+	b := &concurrencyBundle{t: t, ctx: testenv.Context(t), rdb: rdb, prefix: opts.Prefix, reg: prometheus.NewRegistry()}
+	if b.prefix == "" {
+		b.prefix = testenv.Prefix(t)
+	}
+	opts.Redis, opts.Prefix, opts.Registerer = rdb, b.prefix, b.reg
+	if opts.Timeout == 0 {
+		opts.Timeout = testTimeout
+	}
+	lim, err := NewConcurrencyLimiter(opts)
+	if err != nil {
+		t.Fatalf("NewConcurrencyLimiter: %v", err)
+	}
+	t.Cleanup(lim.Close)
+	b.lim = lim
+	return b
+}
+
+// replica is a second limiter on its own connection sharing b's keys.
+func (b *concurrencyBundle) replica(rdb redis.UniversalClient, opts ConcurrencyOptions) *concurrencyBundle {
+	opts.Prefix = b.prefix
+	return setupConcurrency(b.t, rdb, opts)
+}
+
+func (b *concurrencyBundle) inFlight(client space.ClientKey) int {
+	b.t.Helper()
+	n, err := b.lim.InFlight(b.ctx, client)
+	if err != nil {
+		b.t.Fatalf("InFlight(%s): %v", client, err)
+	}
+	return n
+}
+
+// acquire acquires and fails the test on anything but success.
+func (b *concurrencyBundle) acquire(client space.ClientKey, cap int) func() {
+	b.t.Helper()
+	release, err := b.lim.Acquire(b.ctx, client, cap)
+	if err != nil {
+		b.t.Fatalf("Acquire(%s, %d): %v", client, cap, err)
+	}
+	return release
+}
+
+// overCap reports whether err is the client_concurrency rejection of client at cap.
+func overCap(err error, client space.ClientKey, cap int) bool {
+	var le *space.LimitError
+	return errors.As(err, &le) && le.Bucket == space.BucketClientConcurrency && le.Client == client &&
+		le.Cap == cap && le.RetryAfter == time.Second && space.ErrorCode(err) == space.ELIMITED
+}
+
+func TestConcurrencyLimiter(t *testing.T) {
+	t.Parallel()
+
+	t.Run("n+k concurrent acquires of one client with cap n get exactly k rejections", func(t *testing.T) {
+		t.Parallel()
+		for _, topo := range []struct {
+			name string
+			dial func(testing.TB) redis.UniversalClient
+		}{{"standalone", testenv.Redis}, {"cluster", testenv.RedisCluster}} {
+			t.Run(topo.name, func(t *testing.T) {
+				t.Parallel()
+				const n, k = 5, 3
+				one := setupConcurrency(t, topo.dial(t), ConcurrencyOptions{})
+				two := one.replica(topo.dial(t), ConcurrencyOptions{}) // a second replica
+				var (
+					start    = make(chan struct{})
+					finished sync.WaitGroup // every goroutine has tried; none releases yet
+					mu       sync.Mutex
+					rejected int
+					releases []func()
+					errs     []error
+				)
+				for i := range n + k {
+					b := []*concurrencyBundle{one, two}[i%2]
+					finished.Go(func() {
+						<-start
+						release, err := b.lim.Acquire(b.ctx, "acme", n)
+						mu.Lock()
+						switch {
+						case err == nil:
+							releases = append(releases, release)
+						case overCap(err, "acme", n):
+							rejected++
+						default:
+							errs = append(errs, err)
+						}
+						mu.Unlock()
+					})
+				}
+				close(start)
+				finished.Wait()
+				if len(errs) > 0 {
+					t.Fatalf("Acquire: %v", errs)
+				}
+				if rejected != k || len(releases) != n {
+					t.Fatalf("%d acquired, %d rejected; want %d and %d", len(releases), rejected, n, k)
+				}
+				if got := one.inFlight("acme"); got != n {
+					t.Fatalf("InFlight = %d, want %d", got, n)
+				}
+
+				// Other clients are unaffected by acme being at its cap.
+				release := two.acquire("globex", 1)
+				release()
+
+				for _, release := range releases {
+					release()
+				}
+				if got := two.inFlight("acme"); got != 0 {
+					t.Fatalf("InFlight after release = %d, want 0", got)
+				}
+			})
+		}
+	})
+
+	t.Run("release frees the place and is idempotent", func(t *testing.T) {
+		t.Parallel()
+		b := setupConcurrency(t, testenv.Redis(t), ConcurrencyOptions{})
+		first := b.acquire("acme", 1)
+		if _, err := b.lim.Acquire(b.ctx, "acme", 1); !overCap(err, "acme", 1) {
+			t.Fatalf("second Acquire at cap 1 = %v, want client_concurrency", err)
+		}
+		first()
+		second := b.acquire("acme", 1)
+		first() // again: must not free second's place
+		if _, err := b.lim.Acquire(b.ctx, "acme", 1); !overCap(err, "acme", 1) {
+			t.Fatalf("a repeated release freed another lease's place: %v", err)
+		}
+		second()
+		if got := b.inFlight("acme"); got != 0 {
+			t.Fatalf("InFlight = %d, want 0", got)
+		}
+	})
+
+	t.Run("leases of a killed process expire", func(t *testing.T) {
+		t.Parallel()
+		const ttl = 200 * time.Millisecond
+		killed := setupConcurrency(t, testenv.Redis(t), ConcurrencyOptions{LeaseTTL: ttl})
+		survivor := killed.replica(testenv.Redis(t), ConcurrencyOptions{})
+		killed.acquire("acme", 1) // never released
+		acquired := time.Now()
+		killed.lim.Close() // the process dies: its leases are no longer renewed
+
+		if _, err := survivor.lim.Acquire(survivor.ctx, "acme", 1); !overCap(err, "acme", 1) {
+			t.Fatalf("Acquire while the dead lease lives = %v, want client_concurrency", err)
+		}
+		testenv.Eventually(t, time.Second, "the dead replica's lease to expire", func() bool {
+			release, err := survivor.lim.Acquire(survivor.ctx, "acme", 1)
+			if err == nil {
+				release()
+			}
+			return err == nil
+		})
+		if took := time.Since(acquired); took < ttl-20*time.Millisecond {
+			t.Fatalf("the lease was gone after %v, before its TTL %v", took, ttl)
+		}
+	})
+
+	t.Run("renewal keeps a long-held lease alive past its ttl", func(t *testing.T) {
+		t.Parallel()
+		// Renewed every 133ms, the lease survives a renewal late by up to 266ms.
+		const ttl = 400 * time.Millisecond
+		holder := setupConcurrency(t, testenv.Redis(t), ConcurrencyOptions{LeaseTTL: ttl})
+		other := holder.replica(testenv.Redis(t), ConcurrencyOptions{})
+		release := holder.acquire("acme", 1)
+
+		time.Sleep(ttl * 9 / 4) // a long request: more than twice the TTL
+
+		if _, err := other.lim.Acquire(other.ctx, "acme", 1); !overCap(err, "acme", 1) {
+			t.Fatalf("Acquire while the lease is held = %v, want client_concurrency", err)
+		}
+		if got := other.inFlight("acme"); got != 1 {
+			t.Fatalf("InFlight = %d, want 1", got)
+		}
+		if n := metric(t, holder.reg, "space_client_concurrency_lease_renewals_total", "result", "renewed"); n < 2 {
+			t.Fatalf("renewed %v times, want at least 2", n)
+		}
+		release()
+		other.acquire("acme", 1)()
+	})
+
+	t.Run("the lease set expires with its last lease", func(t *testing.T) {
+		t.Parallel()
+		b := setupConcurrency(t, testenv.Redis(t), ConcurrencyOptions{LeaseTTL: 10 * time.Second})
+		short := b.replica(testenv.Redis(t), ConcurrencyOptions{LeaseTTL: time.Second})
+		b.acquire("acme", 2)
+		short.acquire("acme", 2) // a shorter lease must not shorten the key's life
+		ttl, err := b.rdb.PTTL(b.ctx, b.prefix+":client_concurrency:acme").Result()
+		if err != nil || ttl < 9*time.Second || ttl > 10*time.Second {
+			t.Fatalf("lease set PTTL = %v, %v; want the longest lease's 10 s", ttl, err)
+		}
+	})
+
+	t.Run("an unlimited cap makes no redis call", func(t *testing.T) {
+		t.Parallel()
+		rdb := redis.NewClient(&redis.Options{Addr: testenv.Blackhole(t)})
+		t.Cleanup(func() { rdb.Close() })
+		b := setupConcurrency(t, rdb, ConcurrencyOptions{Timeout: time.Second})
+		start := time.Now()
+		release, err := b.lim.Acquire(b.ctx, "acme", 0)
+		if err != nil || time.Since(start) > 500*time.Millisecond {
+			t.Fatalf("Acquire with cap 0 = %v after %v", err, time.Since(start))
+		}
+		release()
+		if n := metric(t, b.reg, "space_client_concurrency_decisions_total", "decision", "admitted"); n != 0 {
+			t.Fatalf("an unlimited acquire was counted: %v", n)
+		}
+	})
+
+	t.Run("a stopped redis fails open with a no-op release and counts an error", func(t *testing.T) {
+		t.Parallel()
+		srv := testenv.StartRedis(t)
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { rdb.Close() })
+		srv.Stop()
+		b := setupConcurrency(t, rdb, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
+		release, err := b.lim.Acquire(b.ctx, "acme", 1)
+		if err != nil || release == nil {
+			t.Fatalf("fail-open Acquire = %v", err)
+		}
+		release()
+		if n := metric(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error"); n != 1 {
+			t.Fatalf("error decisions = %v, want 1", n)
+		}
+	})
+
+	t.Run("a redis that never answers fails closed with ErrUnavailable within the timeout", func(t *testing.T) {
+		t.Parallel()
+		rdb := redis.NewClient(&redis.Options{Addr: testenv.Blackhole(t)})
+		t.Cleanup(func() { rdb.Close() })
+		b := setupConcurrency(t, rdb, ConcurrencyOptions{FailClosed: true, Timeout: 50 * time.Millisecond})
+		start := time.Now()
+		_, err := b.lim.Acquire(b.ctx, "acme", 1)
+		if !errors.Is(err, ErrUnavailable) || space.ErrorCode(err) != space.EUNAVAILABLE {
+			t.Fatalf("fail-closed Acquire = %v, want ErrUnavailable", err)
+		}
+		if took := time.Since(start); took > 750*time.Millisecond {
+			t.Fatalf("Acquire took %v with a 50ms timeout", took)
+		}
+		if _, err := b.lim.InFlight(b.ctx, "acme"); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("InFlight = %v, want ErrUnavailable", err)
+		}
+		if n := metric(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error"); n != 1 {
+			t.Fatalf("error decisions = %v, want 1", n)
+		}
+	})
+
+	t.Run("decisions are counted without a client label", func(t *testing.T) {
+		t.Parallel()
+		b := setupConcurrency(t, testenv.Redis(t), ConcurrencyOptions{})
+		b.acquire("acme", 1)
+		b.lim.Acquire(b.ctx, "acme", 1)
+		for decision, want := range map[string]float64{"admitted": 1, "rejected": 1, "error": 0} {
+			if n := metric(t, b.reg, "space_client_concurrency_decisions_total", "decision", decision); n != want {
+				t.Errorf("%s = %v, want %v", decision, n, want)
+			}
+		}
+		families, _ := b.reg.Gather()
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "client" {
+						t.Errorf("%s has a client label", f.GetName())
+					}
+				}
+			}
+		}
+	})
+
+	t.Run("acquire after close is refused and options are checked", func(t *testing.T) {
+		t.Parallel()
+		b := setupConcurrency(t, testenv.Redis(t), ConcurrencyOptions{})
+		b.lim.Close()
+		if _, err := b.lim.Acquire(b.ctx, "acme", 1); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Acquire after Close = %v, want ErrClosed", err)
+		}
+		if _, err := NewConcurrencyLimiter(ConcurrencyOptions{}); err == nil {
+			t.Fatal("a limiter without Redis was built")
+		}
+		if _, err := NewConcurrencyLimiter(ConcurrencyOptions{Redis: b.rdb, LeaseTTL: time.Millisecond}); err == nil {
+			t.Fatal("a 1ms lease TTL was accepted")
+		}
+	})
+}

@@ -1,0 +1,212 @@
+package admission
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// testTimeout is the per-call timeout of tests that are not about timeouts: generous,
+// because a fail-open admit caused by a slow shared machine would look like a wrong
+// count. Those tests also fail closed, so that a script error surfaces as an error.
+const testTimeout = 5 * time.Second
+
+// neverRefills is a refill rate so small that no token comes back during a test.
+const neverRefills = 1e-9
+
+// bundle is an Admitter on a real Redis with its own key prefix and registry.
+type bundle struct {
+	t      *testing.T
+	ctx    context.Context
+	rdb    redis.UniversalClient
+	prefix string
+	reg    *prometheus.Registry
+	adm    *Admitter
+}
+
+// setup builds an Admitter on rdb. Unset options get test defaults: a fresh prefix,
+// enabled, fail closed, testTimeout, a cluster bucket of 100 that never refills.
+func setup(t *testing.T, rdb redis.UniversalClient, opts Options) *bundle {
+	t.Helper()
+	b := &bundle{t: t, ctx: testenv.Context(t), rdb: rdb, prefix: opts.Prefix, reg: prometheus.NewRegistry()}
+	if b.prefix == "" {
+		b.prefix = testenv.Prefix(t)
+	}
+	opts.Redis, opts.Prefix, opts.Registerer = rdb, b.prefix, b.reg
+	if opts.Cluster == (space.Rate{}) {
+		opts.Cluster = space.Rate{RefillRPS: neverRefills, Burst: 100}
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = testTimeout
+	}
+	adm, err := New(opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	b.adm = adm
+	return b
+}
+
+// enabled is the Options of most tests: admission on, failing closed.
+func enabled(cluster space.Rate) Options {
+	return Options{Enabled: true, FailClosed: true, Cluster: cluster}
+}
+
+func rate(rps float64, burst int64) *space.Rate { return &space.Rate{RefillRPS: rps, Burst: burst} }
+
+// admit admits and fails the test on an error or a fail-open decision.
+func (b *bundle) admit(client space.ClientKey, r *space.Rate) Decision {
+	b.t.Helper()
+	d, err := b.adm.Admit(b.ctx, client, r)
+	if err != nil {
+		b.t.Fatalf("Admit(%q): %v", client, err)
+	}
+	if d.FailedOpen {
+		b.t.Fatalf("Admit(%q) failed open", client)
+	}
+	return d
+}
+
+// drain admits until the first rejection and returns how many were admitted.
+func (b *bundle) drain(client space.ClientKey, r *space.Rate) (int, Decision) {
+	b.t.Helper()
+	for n := 0; n < 10000; n++ {
+		if d := b.admit(client, r); !d.Admitted {
+			return n, d
+		}
+	}
+	b.t.Fatal("the bucket never ran dry")
+	return 0, Decision{}
+}
+
+func (b *bundle) clusterKey() string                      { return ClusterKey(b.prefix) }
+func (b *bundle) clientKey(client space.ClientKey) string { return ClientKey(b.prefix, client) }
+
+// stored is a bucket's state as it is in Redis: its tokens and the Redis time they
+// were counted at; exists is false when there is no key (a full bucket).
+type stored struct {
+	exists bool
+	raw    string
+	tokens float64
+	micros float64
+}
+
+func (b *bundle) stored(key string) stored {
+	b.t.Helper()
+	return readStored(b.t, b.ctx, b.rdb, key)
+}
+
+// readStored decodes the script's state: two little-endian doubles, tokens and Redis
+// time in microseconds.
+func readStored(t *testing.T, ctx context.Context, rdb redis.UniversalClient, key string) stored {
+	t.Helper()
+	raw, err := rdb.Get(ctx, key).Result()
+	if err == redis.Nil {
+		return stored{}
+	}
+	if err != nil {
+		t.Fatalf("GET %s: %v", key, err)
+	}
+	if len(raw) != 16 {
+		t.Fatalf("GET %s = %q, not 16 bytes of state", key, raw)
+	}
+	return stored{
+		exists: true,
+		raw:    raw,
+		tokens: math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[:8]))),
+		micros: math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[8:]))),
+	}
+}
+
+// writeStored sets a bucket's state as the script would have written it.
+func (b *bundle) writeStored(key string, tokens float64, at time.Time) {
+	b.t.Helper()
+	var raw [16]byte
+	binary.LittleEndian.PutUint64(raw[:8], math.Float64bits(tokens))
+	binary.LittleEndian.PutUint64(raw[8:], math.Float64bits(float64(at.UnixMicro())))
+	if err := b.rdb.Set(b.ctx, key, string(raw[:]), time.Hour).Err(); err != nil {
+		b.t.Fatalf("SET %s: %v", key, err)
+	}
+}
+
+// redisTime is the server's clock, the one the script reads.
+func (b *bundle) redisTime() time.Time {
+	b.t.Helper()
+	now, err := b.rdb.Time(b.ctx).Result()
+	if err != nil {
+		b.t.Fatalf("TIME: %v", err)
+	}
+	return now
+}
+
+// pttl is the key's remaining time to live.
+func (b *bundle) pttl(key string) time.Duration {
+	b.t.Helper()
+	d, err := b.rdb.PTTL(b.ctx, key).Result()
+	if err != nil {
+		b.t.Fatalf("PTTL %s: %v", key, err)
+	}
+	return d
+}
+
+// metric reads a counter's value, or a histogram's sample count, from reg by name and
+// labels; 0 when the series does not exist.
+func metric(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	want := map[string]string{}
+	for i := 0; i+1 < len(labels); i += 2 {
+		want[labels[i]] = labels[i+1]
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if !hasLabels(m, want) {
+				continue
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return 0
+}
+
+func hasLabels(m *dto.Metric, want map[string]string) bool {
+	got := map[string]string{}
+	for _, l := range m.GetLabel() {
+		got[l.GetName()] = l.GetValue()
+	}
+	for k, v := range want {
+		if got[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// decisions reads space_sandbox_admission_rate_decisions_total{decision, bucket}.
+func (b *bundle) decisions(decision string, bucket space.Bucket) float64 {
+	b.t.Helper()
+	return metric(b.t, b.reg, "space_sandbox_admission_rate_decisions_total", "decision", decision, "bucket", string(bucket))
+}
+
+// near reports whether a and b differ by less than eps.
+func near(a, b, eps float64) bool { return math.Abs(a-b) < eps }

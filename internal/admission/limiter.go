@@ -1,0 +1,81 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space"
+)
+
+// LimiterOptions configures a Limiter.
+type LimiterOptions struct {
+	// Redis is required.
+	Redis redis.UniversalClient
+	// Prefix is required and names what is limited, e.g. "space:auth_failures": a
+	// key k is the bucket "<prefix>:<k>".
+	Prefix string
+	// Rate is every key's bucket.
+	Rate space.Rate
+	// Timeout bounds each Redis call, default DefaultTimeout (100ms).
+	Timeout time.Duration
+}
+
+// Limiter is one token bucket per key, on the Admitter's script with a single key: the
+// same continuous refill from Redis TIME, a new bucket starting full, and a key that
+// expires once its bucket is full again, so that many distinct keys (say, source
+// addresses guessing API keys) cannot fill Redis. Redis failures are returned as
+// errors wrapping ErrUnavailable: the caller chooses what they mean.
+type Limiter struct {
+	run    runner
+	prefix string
+	rate   space.Rate
+	args   bucketArgs
+}
+
+// NewLimiter returns a Limiter, or an error naming the option that is wrong.
+func NewLimiter(opts LimiterOptions) (*Limiter, error) {
+	if opts.Redis == nil {
+		return nil, errors.New("limiter: Redis is required")
+	}
+	if opts.Prefix == "" {
+		return nil, errors.New("limiter: Prefix is required")
+	}
+	if err := opts.Rate.Validate(); err != nil {
+		return nil, fmt.Errorf("limiter: rate: %w", err)
+	}
+	return &Limiter{run: newRunner(opts.Redis, opts.Timeout), prefix: opts.Prefix + ":", rate: opts.Rate, args: argsOf(opts.Rate)}, nil
+}
+
+// Allow takes one token from key's bucket if it holds one. state is the bucket after
+// the decision; when not allowed, state.Refill is when a token will be there.
+func (l *Limiter) Allow(ctx context.Context, key string) (allowed bool, state BucketState, err error) {
+	allowed, state, err = l.decide(ctx, take, key)
+	if err != nil {
+		return false, state, fmt.Errorf("limiter allow: %w", err)
+	}
+	return allowed, state, nil
+}
+
+// Peek reports whether key's bucket holds a token now, without taking it or writing
+// anything.
+func (l *Limiter) Peek(ctx context.Context, key string) (allowed bool, state BucketState, err error) {
+	allowed, state, err = l.decide(ctx, peek, key)
+	if err != nil {
+		return false, state, fmt.Errorf("limiter peek: %w", err)
+	}
+	return allowed, state, nil
+}
+
+func (l *Limiter) decide(ctx context.Context, cost, key string) (bool, BucketState, error) {
+	allowed, states, err := l.run.decide(ctx, cost, []string{l.prefix + key}, l.args, "")
+	if err != nil {
+		return false, BucketState{Rate: l.rate}, unavailable(err)
+	}
+	state := states[0]
+	state.Rate = l.rate
+	return allowed, state, nil
+}

@@ -1,0 +1,118 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// limiterBundle is a Limiter on a real Redis under a prefix of its own.
+type limiterBundle struct {
+	ctx    context.Context
+	rdb    redis.UniversalClient
+	prefix string
+	lim    *Limiter
+}
+
+func setupLimiter(t *testing.T, rdb redis.UniversalClient, r space.Rate) *limiterBundle {
+	t.Helper()
+	b := &limiterBundle{ctx: testenv.Context(t), rdb: rdb, prefix: testenv.Prefix(t) + ":auth_failures"}
+	lim, err := NewLimiter(LimiterOptions{Redis: rdb, Prefix: b.prefix, Rate: r, Timeout: testTimeout})
+	if err != nil {
+		t.Fatalf("NewLimiter: %v", err)
+	}
+	b.lim = lim
+	return b
+}
+
+func TestLimiter(t *testing.T) {
+	t.Parallel()
+
+	t.Run("allow takes tokens until the burst is spent", func(t *testing.T) {
+		t.Parallel()
+		topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
+			r := space.Rate{RefillRPS: 0.01, Burst: 3}
+			b := setupLimiter(t, rdb, r)
+			for i := range 3 {
+				ok, st, err := b.lim.Allow(b.ctx, "10.0.0.1")
+				if err != nil || !ok || !near(st.Remaining, float64(2-i), 1e-3) || st.Rate != r {
+					t.Fatalf("Allow %d = %v, %+v, %v", i, ok, st, err)
+				}
+			}
+			ok, st, err := b.lim.Allow(b.ctx, "10.0.0.1")
+			if err != nil || ok || st.Refill < 99*time.Second || st.Refill > 100*time.Second {
+				t.Fatalf("Allow past the burst = %v, %+v, %v; want refused, a token in 100 s", ok, st, err)
+			}
+			if ok, _, err := b.lim.Allow(b.ctx, "10.0.0.2"); err != nil || !ok {
+				t.Fatalf("another key: %v, %v; want allowed", ok, err)
+			}
+		})
+	})
+
+	t.Run("peek takes nothing", func(t *testing.T) {
+		t.Parallel()
+		b := setupLimiter(t, testenv.Redis(t), space.Rate{RefillRPS: neverRefills, Burst: 1})
+		for range 3 {
+			if ok, st, err := b.lim.Peek(b.ctx, "k"); err != nil || !ok || st.Remaining != 1 {
+				t.Fatalf("Peek = %v, %+v, %v; want a full bucket", ok, st, err)
+			}
+		}
+		if n, err := b.rdb.Exists(b.ctx, b.prefix+":k").Result(); err != nil || n != 0 {
+			t.Fatalf("Peek wrote the key: %d, %v", n, err)
+		}
+		if ok, _, _ := b.lim.Allow(b.ctx, "k"); !ok {
+			t.Fatal("Allow after Peek refused")
+		}
+		if ok, _, err := b.lim.Peek(b.ctx, "k"); err != nil || ok {
+			t.Fatalf("Peek on an empty bucket = %v, %v; want no token", ok, err)
+		}
+	})
+
+	t.Run("a key expires once its bucket is full again", func(t *testing.T) {
+		t.Parallel()
+		b := setupLimiter(t, testenv.Redis(t), space.Rate{RefillRPS: 0.5, Burst: 10})
+		b.lim.Allow(b.ctx, "k")
+		// A burst of 10 at 0.5 tokens/s refills completely in 20 s: the key is gone by
+		// then, so many distinct keys cannot fill Redis.
+		ttl, err := b.rdb.PTTL(b.ctx, b.prefix+":k").Result()
+		if err != nil || ttl > 20*time.Second || ttl < 19*time.Second {
+			t.Fatalf("PTTL = %v, %v; want 20 s", ttl, err)
+		}
+	})
+
+	t.Run("a redis failure is returned as ErrUnavailable", func(t *testing.T) {
+		t.Parallel()
+		rdb := redis.NewClient(&redis.Options{Addr: testenv.Blackhole(t)})
+		t.Cleanup(func() { rdb.Close() })
+		lim, err := NewLimiter(LimiterOptions{Redis: rdb, Prefix: "p", Rate: space.Rate{RefillRPS: 1, Burst: 1}, Timeout: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, _, err := lim.Allow(testenv.Context(t), "k"); ok || !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Allow = %v, %v; want refused with ErrUnavailable", ok, err)
+		}
+		if _, _, err := lim.Peek(testenv.Context(t), "k"); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Peek = %v, want ErrUnavailable", err)
+		}
+	})
+
+	t.Run("new refuses a missing prefix or a bad rate", func(t *testing.T) {
+		t.Parallel()
+		rdb := testenv.Redis(t)
+		for name, opts := range map[string]LimiterOptions{
+			"no redis":  {Prefix: "p", Rate: space.Rate{RefillRPS: 1, Burst: 1}},
+			"no prefix": {Redis: rdb, Rate: space.Rate{RefillRPS: 1, Burst: 1}},
+			"no burst":  {Redis: rdb, Prefix: "p", Rate: space.Rate{RefillRPS: 1}},
+		} {
+			if _, err := NewLimiter(opts); err == nil {
+				t.Errorf("%s: NewLimiter succeeded", name)
+			}
+		}
+	})
+}
