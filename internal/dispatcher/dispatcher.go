@@ -322,7 +322,7 @@ func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation
 		return setJobID(ctx, tx, op.ID, res.Job.ID)
 	})
 	if err != nil {
-		return nil, false, classify(err)
+		return nil, false, store.Classify(err)
 	}
 	if !created {
 		// Another request with the same key committed first.
@@ -342,7 +342,7 @@ func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation
 func (d *Dispatcher) replay(ctx context.Context, op *row) (*space.Operation, error) {
 	prev, err := getByIdempotencyKey(ctx, d.opts.DB, op.Client, op.IdempotencyKey)
 	if err != nil || prev == nil {
-		return nil, classify(err)
+		return nil, store.Classify(err)
 	}
 	if prev.RequestHash != op.RequestHash {
 		return nil, space.FieldError(space.ECONFLICT, IdempotencyKeyHeader,
@@ -405,7 +405,7 @@ func (d *Dispatcher) get(ctx context.Context, client space.ClientKey, id string)
 	}
 	op, err := getOperation(ctx, d.opts.DB, id, client)
 	if err != nil {
-		return nil, classify(err)
+		return nil, store.Classify(err)
 	}
 	return d.withSandbox(ctx, op)
 }
@@ -455,16 +455,4 @@ func quote(s string) string {
 		s = s[:40] + "..."
 	}
 	return fmt.Sprintf("%q", s)
-}
-
-// classify turns a Postgres outage into EUNAVAILABLE (503) and leaves domain errors as
-// they are.
-func classify(err error) error {
-	if err == nil || space.ErrorCode(err) != space.EINTERNAL {
-		return err
-	}
-	if store.Unreachable(err) {
-		return space.Unavailable("postgres", err)
-	}
-	return err
 }

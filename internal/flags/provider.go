@@ -346,69 +346,60 @@ func typeMismatch(key, want string, got any) openfeature.ProviderResolutionDetai
 	}
 }
 
-// BooleanEvaluation serves a boolean flag.
-func (p *FileProvider) BooleanEvaluation(_ context.Context, key string, def bool, _ openfeature.FlattenedContext) openfeature.BoolResolutionDetail {
+// evaluate serves flag key as a T: the caller's default with the lookup's detail when
+// the flag is absent or disabled, a type mismatch when conv refuses its value.
+func evaluate[T any](p *FileProvider, key string, def T, want string, conv func(any) (T, bool)) openfeature.GenericResolutionDetail[T] {
 	f, detail, ok := p.lookup(key)
 	if !ok {
-		return openfeature.BoolResolutionDetail{Value: def, ProviderResolutionDetail: detail}
+		return openfeature.GenericResolutionDetail[T]{Value: def, ProviderResolutionDetail: detail}
 	}
-	v, ok := f.value.(bool)
+	v, ok := conv(f.value)
 	if !ok {
-		return openfeature.BoolResolutionDetail{Value: def, ProviderResolutionDetail: typeMismatch(key, "a boolean", f.value)}
+		return openfeature.GenericResolutionDetail[T]{Value: def, ProviderResolutionDetail: typeMismatch(key, want, f.value)}
 	}
-	return openfeature.BoolResolutionDetail{Value: v, ProviderResolutionDetail: detail}
+	return openfeature.GenericResolutionDetail[T]{Value: v, ProviderResolutionDetail: detail}
+}
+
+func as[T any](v any) (T, bool) {
+	t, ok := v.(T)
+	return t, ok
+}
+
+// BooleanEvaluation serves a boolean flag.
+func (p *FileProvider) BooleanEvaluation(_ context.Context, key string, def bool, _ openfeature.FlattenedContext) openfeature.BoolResolutionDetail {
+	return evaluate(p, key, def, "a boolean", as[bool])
 }
 
 // StringEvaluation serves a string flag.
 func (p *FileProvider) StringEvaluation(_ context.Context, key string, def string, _ openfeature.FlattenedContext) openfeature.StringResolutionDetail {
-	f, detail, ok := p.lookup(key)
-	if !ok {
-		return openfeature.StringResolutionDetail{Value: def, ProviderResolutionDetail: detail}
-	}
-	v, ok := f.value.(string)
-	if !ok {
-		return openfeature.StringResolutionDetail{Value: def, ProviderResolutionDetail: typeMismatch(key, "a string", f.value)}
-	}
-	return openfeature.StringResolutionDetail{Value: v, ProviderResolutionDetail: detail}
+	return evaluate(p, key, def, "a string", as[string])
 }
 
 // FloatEvaluation serves a number flag.
 func (p *FileProvider) FloatEvaluation(_ context.Context, key string, def float64, _ openfeature.FlattenedContext) openfeature.FloatResolutionDetail {
-	f, detail, ok := p.lookup(key)
-	if !ok {
-		return openfeature.FloatResolutionDetail{Value: def, ProviderResolutionDetail: detail}
-	}
-	v, ok := f.value.(float64)
-	if !ok {
-		return openfeature.FloatResolutionDetail{Value: def, ProviderResolutionDetail: typeMismatch(key, "a number", f.value)}
-	}
-	return openfeature.FloatResolutionDetail{Value: v, ProviderResolutionDetail: detail}
+	return evaluate(p, key, def, "a number", as[float64])
 }
 
 // IntEvaluation serves an integer flag: a JSON number without a fraction that an int64
 // holds exactly.
 func (p *FileProvider) IntEvaluation(_ context.Context, key string, def int64, _ openfeature.FlattenedContext) openfeature.IntResolutionDetail {
-	f, detail, ok := p.lookup(key)
-	if !ok {
-		return openfeature.IntResolutionDetail{Value: def, ProviderResolutionDetail: detail}
-	}
-	v, ok := f.value.(float64)
-	if !ok || v != math.Trunc(v) || v > maxExactFloat || v < -maxExactFloat {
-		return openfeature.IntResolutionDetail{Value: def, ProviderResolutionDetail: typeMismatch(key, "an integer", f.value)}
-	}
-	return openfeature.IntResolutionDetail{Value: int64(v), ProviderResolutionDetail: detail}
+	return evaluate(p, key, def, "an integer", func(v any) (int64, bool) {
+		f, ok := v.(float64)
+		if !ok || f != math.Trunc(f) || f > maxExactFloat || f < -maxExactFloat {
+			return 0, false
+		}
+		return int64(f), true
+	})
 }
 
 // ObjectEvaluation serves an object (or array) flag. The value is shared: do not modify
 // it.
 func (p *FileProvider) ObjectEvaluation(_ context.Context, key string, def any, _ openfeature.FlattenedContext) openfeature.InterfaceResolutionDetail {
-	f, detail, ok := p.lookup(key)
-	if !ok {
-		return openfeature.InterfaceResolutionDetail{Value: def, ProviderResolutionDetail: detail}
-	}
-	switch f.value.(type) {
-	case map[string]any, []any:
-		return openfeature.InterfaceResolutionDetail{Value: f.value, ProviderResolutionDetail: detail}
-	}
-	return openfeature.InterfaceResolutionDetail{Value: def, ProviderResolutionDetail: typeMismatch(key, "an object", f.value)}
+	return evaluate(p, key, def, "an object", func(v any) (any, bool) {
+		switch v.(type) {
+		case map[string]any, []any:
+			return v, true
+		}
+		return nil, false
+	})
 }

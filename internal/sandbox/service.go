@@ -182,7 +182,7 @@ func (s *Service) existing(ctx context.Context, client space.ClientKey, id strin
 	case space.ErrorCode(err) == space.ENOTFOUND:
 		return nil, nil
 	case err != nil:
-		return nil, classify(err)
+		return nil, store.Classify(err)
 	case cur.Client != client:
 		return nil, space.Errorf(space.ECONFLICT, "sandbox id %s is taken", id)
 	case cur.State == space.StateStarting:
@@ -226,7 +226,7 @@ func (s *Service) Owner(ctx context.Context, id string) (space.ClientKey, error)
 	}
 	sb, err := getSandbox(ctx, s.opts.DB, id, "", false)
 	if err != nil {
-		return "", classify(err)
+		return "", store.Classify(err)
 	}
 	return sb.Client, nil
 }
@@ -308,7 +308,7 @@ func (s *Service) activate(ctx context.Context, caller Caller, a activation) (*s
 	})
 	if err != nil {
 		s.count(a.kind, err)
-		return nil, classify(err)
+		return nil, store.Classify(err)
 	}
 
 	// From here the sandbox exists: finish the activation even if the caller hangs up,
@@ -328,7 +328,7 @@ func (s *Service) activate(ctx context.Context, caller Caller, a activation) (*s
 			warm := true
 			sb, err = setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm})
 			s.starts.WithLabelValues(a.kind, "warm").Inc()
-			return sb, classify(err)
+			return sb, store.Classify(err)
 		}
 		// A slot that cannot be adopted is discarded and the activation goes on cold,
 		// as if the pool had missed.
@@ -362,7 +362,7 @@ func (s *Service) activate(ctx context.Context, caller Caller, a activation) (*s
 	warm := false
 	sb, err = setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm})
 	s.starts.WithLabelValues(a.kind, "cold").Inc()
-	return sb, classify(err)
+	return sb, store.Classify(err)
 }
 
 func activateVerb(kind string) string {
@@ -389,7 +389,7 @@ func (s *Service) Pause(ctx context.Context, client space.ClientKey, id string) 
 	}
 	sb, err := transition(ctx, s.opts.DB, id, client, space.StatePausing, space.StateRunning)
 	if err != nil {
-		return nil, classify(err)
+		return nil, store.Classify(err)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StartTimeout)
 	defer cancel()
@@ -405,7 +405,7 @@ func (s *Service) Pause(ctx context.Context, client space.ClientKey, id string) 
 		return nil, &space.Error{Code: space.EUNAVAILABLE, Message: "the substrate failed to snapshot sandbox " + id + "; it is still running", Err: err}
 	}
 	sb, err = setState(ctx, s.opts.DB, id, stateChange{State: space.StatePaused, SnapshotRef: snap, ClearRef: true})
-	return sb, classify(err)
+	return sb, store.Classify(err)
 }
 
 // Delete stops caller's sandbox and marks it terminated. A sandbox mid-transition
@@ -416,14 +416,14 @@ func (s *Service) Delete(ctx context.Context, client space.ClientKey, id string)
 	}
 	sb, err := getSandbox(ctx, s.opts.DB, id, client, false)
 	if err != nil {
-		return classify(err)
+		return store.Classify(err)
 	}
 	if sb.State == space.StateTerminated {
 		return nil
 	}
 	sb, err = transition(ctx, s.opts.DB, id, client, space.StateTerminated, space.StateRunning, space.StatePaused, space.StateFailed)
 	if err != nil {
-		return classify(err)
+		return store.Classify(err)
 	}
 	if sb.SubstrateRef != "" {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StartTimeout)
@@ -443,7 +443,7 @@ func (s *Service) Get(ctx context.Context, client space.ClientKey, id string) (*
 		return nil, err
 	}
 	sb, err := getSandbox(ctx, s.opts.DB, id, client, false)
-	return sb, classify(err)
+	return sb, store.Classify(err)
 }
 
 // Page size bounds for List.
@@ -465,17 +465,5 @@ func (s *Service) List(ctx context.Context, client space.ClientKey, limit int, p
 		return nil, err
 	}
 	page, err := listSandboxes(ctx, s.opts.DB, client, limit, after)
-	return page, classify(err)
-}
-
-// classify turns a Postgres failure into EUNAVAILABLE (503) and leaves domain errors
-// as they are.
-func classify(err error) error {
-	if err == nil || space.ErrorCode(err) != space.EINTERNAL {
-		return err
-	}
-	if store.Unreachable(err) {
-		return space.Unavailable("postgres", err)
-	}
-	return err
+	return page, store.Classify(err)
 }

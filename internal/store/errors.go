@@ -8,7 +8,22 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/space-sandbox/space"
 )
+
+// Classify turns a Postgres outage into EUNAVAILABLE (503) and leaves every other
+// error, domain errors included, as it is: what the request paths return after a
+// query.
+func Classify(err error) error {
+	if err == nil || space.ErrorCode(err) != space.EINTERNAL {
+		return err
+	}
+	if Unreachable(err) {
+		return space.Unavailable("postgres", err)
+	}
+	return err
+}
 
 // Unreachable reports whether err means Postgres could not be reached or went away
 // (a dial failure, a broken connection, a timeout, a server shutting down), as opposed
