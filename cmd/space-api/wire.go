@@ -206,6 +206,15 @@ func (m *Main) substrate(templates substrate.Templates) (substrate.Substrate, er
 // the flow and the replenisher expect.
 type admissionCharger struct{ a *admission.Admitter }
 
+// Refuse implements sandbox.Refuser.
+func (c admissionCharger) Refuse(ctx context.Context, client space.ClientKey, rate *space.Rate) *space.LimitError {
+	d, refused := c.a.Refused(ctx, client, rate)
+	if !refused {
+		return nil
+	}
+	return d.LimitError(client)
+}
+
 func (c admissionCharger) Charge(ctx context.Context, client space.ClientKey, rate *space.Rate) error {
 	d, err := c.a.Admit(ctx, client, rate)
 	if err != nil {

@@ -239,6 +239,36 @@ func (a *Admitter) Admit(ctx context.Context, client space.ClientKey, clientRate
 	return d, nil
 }
 
+// Refused reports whether an Admit now would be rejected, without taking a token or
+// writing anything, for a caller that answers such a rejection at once instead of
+// going on to Admit (the sandbox flow's early refusal of a client it has just seen
+// rejected). A rejection is therefore counted exactly as Admit counts one
+// (decision="rejected" for its bucket, and the script time): it is the same decision,
+// by the same script, on Redis time.
+//
+// It reports false and counts nothing when the decision would admit, in shadow mode
+// (a rejection is admitted there anyway), with admission disabled, for a bad argument
+// and on a Redis error: the caller then takes its usual path, whose Admit decides and
+// applies the failure mode.
+func (a *Admitter) Refused(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, bool) {
+	if !a.enabled || a.shadow {
+		return Decision{}, false
+	}
+	keys, clientArgs, err := a.keys(client, clientRate)
+	if err != nil {
+		return Decision{}, false
+	}
+	start := time.Now()
+	admitted, states, err := a.run.decide(ctx, peek, keys, a.clusterArgs, clientArgs)
+	if err != nil || admitted {
+		return Decision{}, false
+	}
+	a.metrics.script.Observe(time.Since(start).Seconds())
+	d := a.decision(admitted, states, clientRate)
+	a.metrics.count(decisionRejected, d.Bucket)
+	return d, true
+}
+
 // Peek reports the buckets as Admit would find them now, without taking a token or
 // writing anything: Admitted says whether an Admit now would succeed. With admission
 // disabled it reports full buckets without asking Redis. A Redis failure is returned

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,6 +30,17 @@ import (
 // bucket was empty and nothing was charged.
 type Charger interface {
 	Charge(ctx context.Context, client space.ClientKey, rate *space.Rate) error
+}
+
+// Refuser is a Charger that can also tell, without charging anything, that a charge
+// would be refused now (internal/admission's Admitter.Refused). With it the Service
+// answers a create of a client whose charges it has just seen refused without
+// reserving and undoing a sandbox row first (see refuseEarly).
+type Refuser interface {
+	// Refuse returns the *space.LimitError that a Charge now would return, counted as
+	// that Charge would count it; nil when the charge would not be refused or when it
+	// cannot tell (a Redis error, shadow mode): the caller then charges as usual.
+	Refuse(ctx context.Context, client space.ClientKey, rate *space.Rate) *space.LimitError
 }
 
 // Caller is who an activation is for and the limits it runs under, resolved by the
@@ -63,6 +76,14 @@ type Service struct {
 	opts   Options
 	logger *slog.Logger
 	starts *prometheus.CounterVec
+
+	// refused remembers, per client key, until when this replica knows that the
+	// client's charges fail: the refill time its last refused charge reported, counted
+	// from before that charge was sent. It only chooses the path of the next create
+	// (refuseEarly); the decision itself is always Redis's. Keys are bounded client
+	// keys, so the map is bounded by the allowlist.
+	refused sync.Map // space.ClientKey -> *atomic.Int64, nanoseconds since epoch
+	epoch   time.Time
 }
 
 // New returns a Service.
@@ -73,7 +94,7 @@ func New(opts Options) *Service {
 	if opts.OnClaim == nil {
 		opts.OnClaim = func() {}
 	}
-	s := &Service{opts: opts, logger: opts.Logger}
+	s := &Service{opts: opts, logger: opts.Logger, epoch: time.Now()}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
@@ -134,6 +155,14 @@ func (s *Service) Create(ctx context.Context, caller Caller, req CreateRequest) 
 		State:    space.StateStarting,
 		Shape:    req.Shape,
 		Metadata: req.Metadata,
+	}
+	// A retry of a failed row takes the usual path, which also keeps that row's
+	// history (its refused retries) as it always was.
+	if !retry {
+		if err := s.refuseEarly(ctx, caller, req.Shape); err != nil {
+			s.count("create", err)
+			return nil, err
+		}
 	}
 	var failedWith string // a retried row's error, restored when the retry is refused
 	return s.activate(ctx, caller, activation{
@@ -283,7 +312,7 @@ type activation struct {
 // activate runs DESIGN.md §2 steps 4 to 8, in that order:
 //
 //  4. live-sandbox cap, checked atomically with the reservation (one transaction under
-//     a per-client advisory lock);
+//     a per-client advisory lock, taken only when the client has a cap);
 //  5. warm pool: claim a ready slot of exactly this shape in the same transaction and
 //     adopt it — no bucket is charged;
 //  6. resolve the cold shape — 422 and no bucket charged when it cannot be served;
@@ -293,9 +322,6 @@ func (s *Service) activate(ctx context.Context, caller Caller, a activation) (*s
 	var sb *space.Sandbox
 	var slot *pool.Slot
 	err := pgx.BeginFunc(ctx, s.opts.DB, func(tx pgx.Tx) error {
-		if err := lockClient(ctx, tx, caller.Client); err != nil {
-			return err
-		}
 		if err := checkLiveCap(ctx, tx, caller.Client, caller.LiveSandboxes); err != nil {
 			return err
 		}
@@ -338,7 +364,9 @@ func (s *Service) activate(ctx context.Context, caller Caller, a activation) (*s
 
 	tmpl, err := s.opts.Catalog.Resolve(sb.Shape)
 	if err == nil {
+		sent := time.Now()
 		err = s.opts.Charger.Charge(ctx, caller.Client, caller.Rate)
+		s.noteCharge(caller.Client, sent, err)
 	}
 	if err != nil {
 		if uerr := a.undo(ctx, sb, err); uerr != nil {
@@ -363,6 +391,91 @@ func (s *Service) activate(ctx context.Context, caller Caller, a activation) (*s
 	sb, err = setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm})
 	s.starts.WithLabelValues(a.kind, "cold").Inc()
 	return sb, store.Classify(err)
+}
+
+// refuseEarly answers a create with the charge's refusal without reserving a
+// sandbox row, when this replica has just seen the client's charges refused and the
+// create would reach the charge: under a flood of creates from a client over its
+// rate, the usual path reserves a row under the client's lock and deletes it again
+// for every refused create (seven Postgres round trips, serialised per client),
+// where this takes one read and one Redis call.
+//
+// It runs the steps of DESIGN.md §2 in their order, reading instead of reserving:
+// the live cap and the warm pool (one round trip, no lock), the cold shape, then the
+// Refuser's decision on Redis time. Only when each of them would let the create
+// through to the charge and the charge is refused does it answer (the refusal it
+// returns is that of the usual path, counted the same way); in every other case
+// (over the cap, a ready slot, an unknown shape, a charge that would now pass, an
+// error) it returns nil and the usual path decides, under the lock. A refusal
+// answered here leaves nothing behind, as the usual path's undo would.
+func (s *Service) refuseEarly(ctx context.Context, caller Caller, shape space.Shape) error {
+	refuser, ok := s.opts.Charger.(Refuser)
+	if !ok || !s.knownRefused(caller.Client) {
+		return nil
+	}
+	if _, err := s.opts.Catalog.Resolve(shape); err != nil {
+		return nil
+	}
+	if through, err := s.wouldReachCharge(ctx, caller, shape); err != nil || !through {
+		return nil
+	}
+	sent := time.Now()
+	le := refuser.Refuse(ctx, caller.Client, caller.Rate)
+	if le == nil {
+		s.noteCharge(caller.Client, sent, nil)
+		return nil
+	}
+	s.noteCharge(caller.Client, sent, le)
+	s.opts.Pool.CountMiss()
+	return le
+}
+
+// wouldReachCharge reads, in one round trip and without the client's lock, whether a
+// create of shape by caller would pass the live cap and miss the warm pool now.
+func (s *Service) wouldReachCharge(ctx context.Context, caller Caller, shape space.Shape) (bool, error) {
+	var b pgx.Batch
+	var live int
+	if caller.LiveSandboxes > 0 {
+		queueLiveCount(&b, caller.Client, caller.LiveSandboxes, &live)
+	}
+	var ready bool
+	s.opts.Pool.QueueReady(&b, shape, &ready)
+	if err := s.opts.DB.SendBatch(ctx, &b).Close(); err != nil {
+		return false, err
+	}
+	return !ready && (caller.LiveSandboxes <= 0 || live < caller.LiveSandboxes), nil
+}
+
+// maxRefusedFor bounds how long one refusal routes a client's creates to
+// refuseEarly: a bucket that never refills reports a refill centuries away.
+const maxRefusedFor = time.Hour
+
+// noteCharge records a charge's outcome for refuseEarly: a refusal by an activation
+// bucket marks the client refused until its refill time, counted from sent (before
+// the charge was sent, so never later than Redis's own refill); anything else clears
+// the mark.
+func (s *Service) noteCharge(client space.ClientKey, sent time.Time, err error) {
+	var le *space.LimitError
+	refused := errors.As(err, &le) &&
+		(le.Bucket == space.BucketClientActivation || le.Bucket == space.BucketClusterActivation)
+	v, ok := s.refused.Load(client)
+	if !refused {
+		if ok {
+			v.(*atomic.Int64).Store(0)
+		}
+		return
+	}
+	until := int64(sent.Sub(s.epoch) + min(le.RetryAfter, maxRefusedFor))
+	if !ok {
+		v, _ = s.refused.LoadOrStore(client, &atomic.Int64{})
+	}
+	v.(*atomic.Int64).Store(until)
+}
+
+// knownRefused reports whether client's charges are known to fail now.
+func (s *Service) knownRefused(client space.ClientKey) bool {
+	v, ok := s.refused.Load(client)
+	return ok && int64(time.Since(s.epoch)) < v.(*atomic.Int64).Load()
 }
 
 func activateVerb(kind string) string {

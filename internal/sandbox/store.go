@@ -41,34 +41,45 @@ func scanSandbox(row pgx.Row) (*space.Sandbox, error) {
 	return &sb, nil
 }
 
-// lockClient serialises, for the rest of tx, every change to one client's live
-// sandboxes, so that counting them and inserting one is atomic across replicas.
-func lockClient(ctx context.Context, tx pgx.Tx, client space.ClientKey) error {
-	_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('space:live:' || $1, 0))", string(client))
-	if err != nil {
-		return fmt.Errorf("lock client: %w", err)
-	}
-	return nil
-}
-
 // checkLiveCap returns a live_sandbox_cap LimitError when client already holds cap
-// live sandboxes. It must run after lockClient in the same transaction.
+// live sandboxes. It first takes the client's advisory lock for the rest of tx, so
+// that one client's activations run their count and their reservation one at a time,
+// atomically across replicas. The lock and the count go in one round trip: the count
+// is bound and run only once the lock is granted, so it sees every reservation
+// committed before. With no cap (cap <= 0) there is nothing to count and nothing to
+// make atomic: no lock is taken, and one client's creates run side by side.
 func checkLiveCap(ctx context.Context, tx pgx.Tx, client space.ClientKey, cap int) error {
 	if cap <= 0 {
 		return nil
 	}
 	var live int
-	// LIMIT keeps the count cheap for a client far over its cap.
-	err := tx.QueryRow(ctx, `SELECT count(*) FROM (
-			SELECT 1 FROM sandboxes WHERE client = $1 AND state IN ('starting', 'running', 'pausing', 'restoring') LIMIT $2
-		) live`, string(client), cap).Scan(&live)
-	if err != nil {
-		return fmt.Errorf("count live sandboxes: %w", err)
+	b := &pgx.Batch{}
+	b.Queue("SELECT pg_advisory_xact_lock(hashtextextended('space:live:' || $1, 0))", string(client)).Exec(func(pgconn.CommandTag) error { return nil })
+	queueLiveCount(b, client, cap, &live)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("lock client and count live sandboxes: %w", err)
 	}
 	if live >= cap {
 		return &space.LimitError{Bucket: space.BucketLiveSandboxCap, Client: client, Cap: cap, RetryAfter: time.Second}
 	}
 	return nil
+}
+
+// liveCountSQL counts a client's live sandboxes up to a cap: the LIMIT keeps the count
+// cheap for a client far over its cap.
+const liveCountSQL = `SELECT count(*) FROM (
+		SELECT 1 FROM sandboxes WHERE client = $1 AND state IN ('starting', 'running', 'pausing', 'restoring') LIMIT $2
+	) live`
+
+// queueLiveCount queues on b the count of client's live sandboxes up to cap, into
+// *live.
+func queueLiveCount(b *pgx.Batch, client space.ClientKey, cap int, live *int) {
+	b.Queue(liveCountSQL, string(client), cap).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(live); err != nil {
+			return fmt.Errorf("count live sandboxes: %w", err)
+		}
+		return nil
+	})
 }
 
 // metadataJSON is a sandbox's metadata as stored: an object, never null.

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/config"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// BenchmarkCreate is the whole create path of one in-process server, over loopback
+// HTTP, the client in the same process: what cmd/space-bench measures from outside,
+// here so that a CPU profile covers the server's every layer:
+//
+//	go test -run '^$' -bench Create -benchtime 5s -cpuprofile cpu.out ./cmd/space-api/
+//	go tool pprof -top cpu.out
+//
+// rejected: every create is a 429 client_activation (an empty client bucket); cold: a
+// cold admit (simulated substrate, no delay) with admission on; cold_admission_off:
+// the same with SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED=false.
+func BenchmarkCreate(b *testing.B) {
+	const quota = `{"clients": {"bench": {"concurrency": 1000, "live_sandboxes": 1000}, "bulk": {"concurrency": 1000, "live_sandboxes": 0}},
+		"default": {"concurrency": 10, "live_sandboxes": 50},
+		"rate": {"bench": {"refill_rps": 0, "burst": 1}, "bulk": {"refill_rps": 1000000, "burst": 1000000}}}`
+	cases := []struct {
+		name, client string
+		admission    bool
+		want         int
+	}{
+		{"rejected", "bench", true, http.StatusTooManyRequests},
+		{"cold", "bulk", true, http.StatusCreated},
+		{"cold_admission_off", "bulk", false, http.StatusCreated},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			cfg := config.Default()
+			cfg.HTTPAddr, cfg.InternalHTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
+			cfg.DatabaseURL = testenv.DatabaseURL(b)
+			cfg.Redis.Addrs = []string{testenv.RedisAddr(b)}
+			cfg.Sandbox.TemplatesFile = testenv.WriteFile(b, "templates.json", testTemplates)
+			cfg.Auth.Mode = config.AuthTrustedHeader
+			cfg.Auth.TrustedProxyCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+			cfg.Flags.File = testenv.WriteFile(b, "flags.json", quotaFlags(quota, ""))
+			cfg.Admission.Enabled = c.admission
+			cfg.Admission.Cluster = space.Rate{RefillRPS: 1e6, Burst: 1e6}
+			m := NewMain(cfg, NewLogger(io.Discard, "info"))
+			m.RedisPrefix = testenv.Prefix(b)
+			if err := m.Run(testenv.Context(b)); err != nil {
+				m.Close()
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { m.Close() })
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
+			create := func() (int, error) {
+				req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, m.PublicURL()+"/v1/sandboxes", strings.NewReader(`{"template":"python-3.12","cpu_millis":500,"memory_mib":1024,"disk_gib":5}`))
+				if err != nil {
+					return 0, err
+				}
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Client-ID", c.client)
+				resp, err := client.Do(req)
+				if err != nil {
+					return 0, err
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode, nil
+			}
+			if _, err := create(); err != nil { // the rejected client's one token
+				b.Fatal(err)
+			}
+			b.SetParallelism(8)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					code, err := create()
+					if err == nil && code != c.want {
+						err = fmt.Errorf("status %d, want %d", code, c.want)
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "creates/s")
+		})
+	}
+}

@@ -1,0 +1,195 @@
+// Package bench is the driver behind `make bench` (cmd/space-bench): it measures the
+// admission decision and the create path of space-api on this machine and reports
+// medians of several runs, with min and max, leading with ratios (ours against
+// redis_rate, admission on against off) because the machine is shared and noisy.
+//
+// Scenarios:
+//
+//   - script: Redis CPU per decision (INFO commandstats) for bucket.lua's two-bucket
+//     and one-key decisions beside redis_rate v10's Allow, allow and reject paths, on
+//     a private redis-server;
+//   - decisions: decisions/s from Go with 1, 8 and 32 goroutines, on the services'
+//     standalone Redis and Redis Cluster, ours beside redis_rate;
+//   - http: the create path of one space-api process under a load generator: warm
+//     hits, cold admits, 429 rejects, and what admission adds to a create (a server with
+//     admission on and one with it off, interleaved);
+//   - flood: one client at 20× its rate beside a well-behaved one;
+//   - keys: Redis memory per idle client key, decisions/s with 10, 10k and 1M client
+//     keys, and idle keys expiring;
+//   - replicas: three space-api processes sharing Redis and Postgres admit exactly the
+//     cluster burst plus its refill;
+//   - gobench: the hot-path `go test -bench` benchmarks, allocations included.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Env is what the scenarios run against and with.
+type Env struct {
+	// AdminURL is a Postgres URL on the services' server; the bench creates its own
+	// databases beside it and drops them at the end.
+	AdminURL string
+	// RedisAddr is the services' standalone Redis, ClusterAddrs its Redis Cluster (for
+	// the decisions scenario; every other scenario starts a private redis-server).
+	RedisAddr    string
+	ClusterAddrs []string
+	// SpaceAPI is the space-api binary to run.
+	SpaceAPI string
+	// Templates is the SPACE_TEMPLATES_FILE of the servers.
+	Templates string
+	// Module is the repository root, where `go test -bench` runs.
+	Module string
+	// Dir is a scratch directory (flags files, server logs, Redis data).
+	Dir string
+	// Progress receives one line per step; nil discards.
+	Progress io.Writer
+}
+
+func (e *Env) logf(format string, args ...any) {
+	if e.Progress != nil {
+		fmt.Fprintf(e.Progress, "space-bench: "+format+"\n", args...)
+	}
+}
+
+// Scenarios are the scenario names, in the order they run.
+var Scenarios = []string{"script", "decisions", "http", "flood", "keys", "replicas", "gobench"}
+
+// Config is what to run and how much of it.
+type Config struct {
+	// Runs is how many times each figure is measured (its median, min and max are
+	// reported). Default 3.
+	Runs int
+	// Quick shrinks every duration and count to a smoke run: the code paths, not the
+	// figures.
+	Quick bool
+	// Only runs these scenarios (names of Scenarios); empty runs them all.
+	Only []string
+}
+
+func (c Config) wants(name string) bool {
+	return len(c.Only) == 0 || slices.Contains(c.Only, name)
+}
+
+// sizes are the durations and counts of a run.
+type sizes struct {
+	scriptCalls  int           // decisions per script-cost cell
+	decisionsDur time.Duration // per decisions/s cell
+
+	httpDur        time.Duration // per HTTP closed-loop run
+	httpWarmUp     time.Duration // unmeasured load before each kind's runs
+	httpWorkers    int           // connections of a closed loop
+	warmTarget     int           // warm pool target of the warm-hit runs
+	onOffRate      int           // creates/s of the admission on/off comparison
+	onOffDur       time.Duration // per on or off segment
+	onOffRounds    int           // rounds of on+off segments per run
+	floodRate      float64       // the flooding client's refill rate; it sends 20× that
+	goodRate       float64       // the well-behaved client's refill rate; it sends half
+	floodDur       time.Duration
+	keyCounts      []int
+	keysDur        time.Duration
+	memoryKeys     int
+	expiryKeys     int
+	replicaDur     time.Duration
+	replicaBurst   int64
+	replicaRefill  float64
+	replicaWorkers int
+	goBenchTime    string
+	goBenchCount   int
+}
+
+func sizesFor(quick bool) sizes {
+	if quick {
+		return sizes{
+			scriptCalls: 200, decisionsDur: 100 * time.Millisecond,
+			httpDur: 300 * time.Millisecond, httpWarmUp: 100 * time.Millisecond, httpWorkers: 4, warmTarget: 40,
+			onOffRate: 50, onOffDur: 200 * time.Millisecond, onOffRounds: 1,
+			floodRate: 5, goodRate: 4, floodDur: 600 * time.Millisecond,
+			keyCounts: []int{10, 1000}, keysDur: 100 * time.Millisecond, memoryKeys: 500, expiryKeys: 200,
+			replicaDur: 600 * time.Millisecond, replicaBurst: 20, replicaRefill: 5, replicaWorkers: 2,
+			goBenchTime: "1x", goBenchCount: 1,
+		}
+	}
+	return sizes{
+		scriptCalls: 10000, decisionsDur: time.Second,
+		httpDur: 2 * time.Second, httpWarmUp: time.Second, httpWorkers: 16, warmTarget: 2000,
+		onOffRate: 150, onOffDur: time.Second, onOffRounds: 4,
+		floodRate: 50, goodRate: 20, floodDur: 4 * time.Second,
+		keyCounts: []int{10, 10_000, 1_000_000}, keysDur: 1500 * time.Millisecond, memoryKeys: 10_000, expiryKeys: 10_000,
+		replicaDur: 4 * time.Second, replicaBurst: 200, replicaRefill: 50, replicaWorkers: 4,
+		goBenchTime: "1s", goBenchCount: 3,
+	}
+}
+
+// Report is everything a run measured; a scenario that did not run is nil.
+type Report struct {
+	Started time.Time
+	Took    time.Duration
+	Runs    int
+	// CheapRuns is the runs of the script and decisions scenarios.
+	CheapRuns int
+	Quick     bool
+	Machine   Machine
+	Script    *ScriptResult
+	Decision  *DecisionsResult
+	HTTP      *HTTPResult
+	Flood     *FloodResult
+	Keys      *KeysResult
+	Replicas  *ReplicasResult
+	GoBench   *GoBenchResult
+}
+
+// Run runs the scenarios of cfg and returns what they measured. A scenario that fails
+// stops the run: a half-measured report is not written.
+func Run(ctx context.Context, env *Env, cfg Config) (*Report, error) {
+	if cfg.Runs <= 0 {
+		cfg.Runs = 3
+	}
+	for _, name := range cfg.Only {
+		if !slices.Contains(Scenarios, name) {
+			return nil, fmt.Errorf("unknown scenario %q (have %s)", name, strings.Join(Scenarios, ", "))
+		}
+	}
+	if env.Dir == "" {
+		return nil, errors.New("bench: Env.Dir is required")
+	}
+	sz := sizesFor(cfg.Quick)
+	// The Redis-only comparisons with redis_rate take seconds a run and sit close to
+	// their targets: they get at least five runs.
+	cheapRuns := cfg.Runs
+	if !cfg.Quick {
+		cheapRuns = max(cfg.Runs, 5)
+	}
+	rep := &Report{Started: time.Now(), Runs: cfg.Runs, CheapRuns: cheapRuns, Quick: cfg.Quick, Machine: describeMachine(ctx, env)}
+	steps := []struct {
+		name string
+		run  func() error
+	}{
+		{"script", func() (err error) { rep.Script, err = runScript(ctx, env, cheapRuns, sz); return }},
+		{"decisions", func() (err error) { rep.Decision, err = runDecisions(ctx, env, cheapRuns, sz); return }},
+		{"http", func() (err error) { rep.HTTP, err = runHTTP(ctx, env, cfg.Runs, sz); return }},
+		{"flood", func() (err error) { rep.Flood, err = runFlood(ctx, env, cfg.Runs, sz); return }},
+		{"keys", func() (err error) { rep.Keys, err = runKeys(ctx, env, cfg.Runs, sz); return }},
+		{"replicas", func() (err error) { rep.Replicas, err = runReplicas(ctx, env, cfg.Runs, sz); return }},
+		{"gobench", func() (err error) { rep.GoBench, err = runGoBench(ctx, env, sz); return }},
+	}
+	for _, s := range steps {
+		if !cfg.wants(s.name) {
+			continue
+		}
+		start := time.Now()
+		env.logf("%s: start", s.name)
+		if err := s.run(); err != nil {
+			return nil, fmt.Errorf("scenario %s: %w", s.name, err)
+		}
+		env.logf("%s: done in %s", s.name, time.Since(start).Round(100*time.Millisecond))
+	}
+	rep.Took = time.Since(rep.Started)
+	return rep, nil
+}

@@ -1,0 +1,144 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+)
+
+// load is one stream of creates from the load generator (the vegeta library, in this
+// process: it shares the machine's two cores with the servers, Postgres and Redis).
+type load struct {
+	Name   string
+	URL    string // the server's public base URL
+	Client string // X-Client-ID (trusted_header mode)
+	Body   string // the create body
+	// Rate > 0 sends that many requests per second whatever the answers take (open
+	// loop); 0 runs Workers connections back to back (closed loop), which measures
+	// what the server sustains.
+	Rate     int
+	Workers  int
+	Duration time.Duration
+	// MaxRequests > 0 stops the stream after that many requests.
+	MaxRequests int
+}
+
+// loadResult is what one stream saw. Outcomes are "201", "201 warm", "429 <bucket>",
+// other codes as numbers, and "error" for a request that got no answer.
+type loadResult struct {
+	Name      string
+	Requests  int
+	Elapsed   time.Duration // first request sent to last answer received
+	Outcomes  map[string]int
+	latencies map[string][]time.Duration
+	all       []time.Duration
+}
+
+// rps is the rate of answers with the given outcome prefix ("" for all).
+func (r *loadResult) rps(prefix string) float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.count(prefix)) / r.Elapsed.Seconds()
+}
+
+// count is the number of answers whose outcome starts with prefix ("" for all).
+func (r *loadResult) count(prefix string) int {
+	n := 0
+	for k, v := range r.Outcomes {
+		if len(k) >= len(prefix) && k[:len(prefix)] == prefix {
+			n += v
+		}
+	}
+	return n
+}
+
+// latency is the p-th percentile latency of answers whose outcome starts with prefix.
+func (r *loadResult) latency(prefix string, p float64) time.Duration {
+	if prefix == "" {
+		return percentile(r.all, p)
+	}
+	var ls []time.Duration
+	for k, v := range r.latencies {
+		if len(k) >= len(prefix) && k[:len(prefix)] == prefix {
+			ls = append(ls, v...)
+		}
+	}
+	return percentile(ls, p)
+}
+
+// run sends the stream and classifies every answer.
+func (l load) run(ctx context.Context) *loadResult {
+	opts := []func(*vegeta.Attacker){vegeta.Timeout(30 * time.Second), vegeta.KeepAlive(true), vegeta.Redirects(vegeta.NoFollow)}
+	pacer := vegeta.Pacer(vegeta.Rate{Freq: l.Rate, Per: time.Second})
+	if l.Rate <= 0 {
+		w := uint64(max(l.Workers, 1))
+		opts = append(opts, vegeta.Workers(w), vegeta.MaxWorkers(w), vegeta.Connections(int(w)))
+		pacer = vegeta.Rate{Freq: 0}
+	}
+	atk := vegeta.NewAttacker(opts...)
+	header := http.Header{"Content-Type": {"application/json"}, "X-Client-ID": {l.Client}}
+	body := []byte(l.Body)
+	var sent atomic.Int64
+	targeter := func(t *vegeta.Target) error {
+		if l.MaxRequests > 0 && sent.Add(1) > int64(l.MaxRequests) {
+			return vegeta.ErrNoTargets
+		}
+		t.Method, t.URL, t.Body, t.Header = http.MethodPost, l.URL+"/v1/sandboxes", body, header
+		return nil
+	}
+	res := &loadResult{Name: l.Name, Outcomes: map[string]int{}, latencies: map[string][]time.Duration{}}
+	var first, last time.Time
+	stop := context.AfterFunc(ctx, func() { atk.Stop() })
+	defer stop()
+	for r := range atk.Attack(targeter, pacer, l.Duration, l.Name) {
+		if r.Code == 0 && r.Error == vegeta.ErrNoTargets.Error() {
+			continue
+		}
+		outcome := classify(r)
+		res.Requests++
+		res.Outcomes[outcome]++
+		res.latencies[outcome] = append(res.latencies[outcome], r.Latency)
+		res.all = append(res.all, r.Latency)
+		if first.IsZero() || r.Timestamp.Before(first) {
+			first = r.Timestamp
+		}
+		if end := r.End(); end.After(last) {
+			last = end
+		}
+	}
+	res.Elapsed = last.Sub(first)
+	return res
+}
+
+var (
+	warmTrue   = []byte(`"warm":true`)
+	bucketName = []byte(`"bucket":"`)
+)
+
+// classify names a result's outcome from its status and body.
+func classify(r *vegeta.Result) string {
+	switch r.Code {
+	case 0:
+		return "error"
+	case http.StatusCreated:
+		if bytes.Contains(r.Body, warmTrue) {
+			return "201 warm"
+		}
+		return "201"
+	case http.StatusTooManyRequests:
+		if i := bytes.Index(r.Body, bucketName); i >= 0 {
+			rest := r.Body[i+len(bucketName):]
+			if j := bytes.IndexByte(rest, '"'); j >= 0 {
+				return "429 " + string(rest[:j])
+			}
+		}
+		return "429"
+	}
+	return strconv.Itoa(int(r.Code))
+}

@@ -1,0 +1,216 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisServer is a private redis-server started on a free loopback port: INFO
+// commandstats and used_memory then count only what the bench sent, and no other
+// process on the machine (make run's space-api, a test run) shares its keys.
+type redisServer struct {
+	Addr string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startRedis starts redis-server with no persistence and waits until it answers.
+// extra are more redis-server arguments, e.g. "--databases", "4".
+func startRedis(ctx context.Context, dir string, extra ...string) (*redisServer, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server is not on PATH (scripts/services.sh up installs it): %w", err)
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	d, err := os.MkdirTemp(dir, "redis-")
+	if err != nil {
+		return nil, fmt.Errorf("redis dir: %w", err)
+	}
+	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no",
+		"--dir", d, "--logfile", filepath.Join(d, "redis.log")}, extra...)
+	cmd := exec.Command(bin, args...)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start redis-server: %w", err)
+	}
+	s := &redisServer{Addr: addr, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(s.done) }()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		err := rdb.Ping(pctx).Err()
+		cancel()
+		if err == nil {
+			return s, nil
+		}
+		select {
+		case <-s.done:
+			return nil, fmt.Errorf("redis-server on %s exited at start (see %s/redis.log)", addr, d)
+		default:
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			s.Stop()
+			return nil, fmt.Errorf("redis-server on %s did not answer: %w", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop ends the server and waits for it.
+func (s *redisServer) Stop() {
+	if s == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// cmdStat is one line of INFO commandstats.
+type cmdStat struct {
+	Calls int64
+	Usec  int64
+}
+
+// commandStats reads INFO commandstats: command name (lower case) to its counters.
+func commandStats(ctx context.Context, rdb redis.Cmdable) (map[string]cmdStat, error) {
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, fmt.Errorf("INFO commandstats: %w", err)
+	}
+	out := map[string]cmdStat{}
+	for line := range strings.SplitSeq(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_")
+		if !ok {
+			continue
+		}
+		name, fields, ok := strings.Cut(rest, ":")
+		if !ok {
+			continue
+		}
+		var st cmdStat
+		for field := range strings.SplitSeq(fields, ",") {
+			k, v, _ := strings.Cut(field, "=")
+			switch k {
+			case "calls":
+				st.Calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				st.Usec, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		out[name] = st
+	}
+	return out, nil
+}
+
+// infoInt reads one integer field of an INFO section, e.g. memory/used_memory.
+func infoInt(ctx context.Context, rdb redis.Cmdable, section, field string) (int64, error) {
+	info, err := rdb.Info(ctx, section).Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO %s: %w", section, err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("INFO %s %s=%q: %w", section, field, v, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("INFO %s has no %s", section, field)
+}
+
+// processCPU is the Redis main thread's CPU time so far (INFO cpu,
+// used_cpu_user_main_thread + used_cpu_sys_main_thread, from getrusage): unlike
+// commandstats' usec, which is wall time inside a command, it does not grow while
+// another process holds the core.
+func processCPU(ctx context.Context, rdb redis.Cmdable) (time.Duration, error) {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO cpu: %w", err)
+	}
+	var total float64
+	found := 0
+	for line := range strings.SplitSeq(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (k != "used_cpu_user_main_thread" && k != "used_cpu_sys_main_thread") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu %s=%q: %w", k, v, err)
+		}
+		total += f
+		found++
+	}
+	if found != 2 {
+		return 0, fmt.Errorf("INFO cpu lacks the main thread's used_cpu_user/sys")
+	}
+	return time.Duration(total * float64(time.Second)), nil
+}
+
+// redisTime is the server's clock, the one the admission script reads.
+func redisTime(ctx context.Context, rdb redis.Cmdable) (time.Time, error) {
+	t, err := rdb.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("TIME: %w", err)
+	}
+	return t, nil
+}
+
+// scriptCommands are the commands the bench's Lua scripts (ours and redis_rate's)
+// run inside Redis; INFO commandstats counts them beside the EVALSHA that ran them,
+// so they are left out of "calls per request", which counts round trips.
+var scriptCommands = map[string]bool{
+	"time": true, "get": true, "mget": true, "set": true, "setex": true, "psetex": true,
+	"zremrangebyscore": true, "zcard": true, "zadd": true, "zrange": true, "pexpireat": true,
+	"pexpire": true, "expire": true, "zscore": true, "del": true,
+}
+
+// benchCommands are the bench's own commands (reading the counters), not the server's.
+var benchCommands = map[string]bool{"info": true, "config|resetstat": true, "config": true, "ping": true, "time": true}
+
+// topLevelDelta sums the calls and usec of the commands a client sent (not those run
+// inside scripts, not the bench's own) between two INFO commandstats snapshots, and
+// returns them with the per-command call deltas.
+func topLevelDelta(before, after map[string]cmdStat) (calls, usec int64, per map[string]int64) {
+	per = map[string]int64{}
+	for name, a := range after {
+		b := before[name]
+		dc, du := a.Calls-b.Calls, a.Usec-b.Usec
+		if dc == 0 {
+			continue
+		}
+		per[name] = dc
+		if scriptCommands[name] || benchCommands[name] {
+			continue
+		}
+		calls += dc
+		usec += du
+	}
+	return calls, usec, per
+}

@@ -1,0 +1,201 @@
+package bench
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space/internal/admission"
+)
+
+// ReplicasRun is one flood of the three replicas.
+type ReplicasRun struct {
+	Admitted    int     // 201s counted by the load generator, all replicas
+	PerReplica  []int   // 201s per replica
+	Rejected    int     // 429 cluster_activation
+	Other       int     // any other answer (none expected)
+	Requests    int     // creates sent
+	ElapsedLast float64 // s from the first admitted create to the last admission
+	ElapsedEnd  float64 // s of Redis TIME from before the flood to after it
+	// Expected is floor(burst + refill × ElapsedLast): the whole tokens the cluster
+	// bucket could hand out from its first admission to its last.
+	Expected int
+	// Exact is burst + refill × ElapsedLast − tokens left at the last admission. A
+	// bucket's tokens are burst at its first admission, plus what refilled, minus
+	// what was taken: Exact equals Admitted but for the refill of the moments between
+	// the first admitted create's start (its sandbox's created_at, which is earlier
+	// than its charge) and that charge.
+	Exact float64
+	// Window is burst + refill × ElapsedEnd, the brief's "burst + rate × elapsed" over
+	// the whole flood.
+	Window float64
+	// Errors are decision="error" counts on the replicas' metrics (none expected: a
+	// failed decision fails closed here, so it cannot hide an admission).
+	Errors float64
+}
+
+// Diff is Admitted − Expected.
+func (r ReplicasRun) Diff() int { return r.Admitted - r.Expected }
+
+// ReplicasResult is the several-replicas scenario.
+type ReplicasResult struct {
+	Replicas int
+	Burst    int64
+	Refill   float64
+	Duration time.Duration
+	Workers  int // closed-loop connections per replica
+	Runs     []ReplicasRun
+}
+
+// runReplicas floods three space-api processes that share one Postgres database and
+// one Redis, and checks that together they admit exactly the cluster burst plus what
+// refilled, in Redis time: the global budget holds across replicas.
+func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasResult, error) {
+	db, err := env.newDatabase(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer db.drop()
+	rs, err := startRedis(ctx, env.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Stop()
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	defer rdb.Close()
+
+	res := &ReplicasResult{Replicas: 3, Burst: sz.replicaBurst, Refill: sz.replicaRefill, Duration: sz.replicaDur, Workers: sz.replicaWorkers}
+	// The client's own bucket is far larger than the cluster's, so the cluster bucket
+	// is the one that binds, through the two-bucket script.
+	flags, err := flagsFile(map[string]quota{"bench-replicas": {Concurrency: 1000}},
+		map[string]*rateEntry{"bench-replicas": {RefillRPS: 1e6, Burst: 1e6}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	vars := map[string]string{
+		"SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS": strconv.FormatFloat(sz.replicaRefill, 'g', -1, 64),
+		"SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST":      strconv.FormatInt(sz.replicaBurst, 10),
+		// A decision that fails must not be admitted unbudgeted (fail open), or the
+		// count would be off by it; and a generous timeout keeps a slow moment of the
+		// shared machine from failing one at all.
+		"SPACE_CLUSTER_ACTIVATION_ADMISSION_FAILURE_MODE": "closed",
+		"SPACE_REDIS_TIMEOUT":                             "2s",
+	}
+	servers := make([]*apiServer, res.Replicas)
+	for i := range servers {
+		s, err := env.startServer(ctx, serverConfig{Name: fmt.Sprintf("replica-%d", i+1), DB: db, RedisAddr: rs.Addr, Flags: flags, Env: vars})
+		if err != nil {
+			return nil, err
+		}
+		defer s.stop()
+		servers[i] = s
+	}
+
+	// An unmeasured flood first, before the bucket is reset: each replica opens its
+	// Postgres and Redis connections and prepares its statements, so that the first
+	// measured create does not do it between its reservation and its charge, which
+	// would widen the moment the count is compared over.
+	var warm sync.WaitGroup
+	for _, s := range servers {
+		warm.Add(1)
+		go func() {
+			defer warm.Done()
+			load{URL: s.PublicURL, Client: "bench-replicas", Body: coldBody, Workers: sz.replicaWorkers, Duration: sz.httpWarmUp}.run(ctx)
+		}()
+	}
+	warm.Wait()
+	clusterKey := admission.ClusterKey(admission.DefaultPrefix)
+	for range runs {
+		// A fresh, full bucket (a missing key is a full one), and no sandbox yet.
+		if err := rdb.Del(ctx, clusterKey).Err(); err != nil {
+			return nil, fmt.Errorf("DEL %s: %w", clusterKey, err)
+		}
+		if err := db.exec(ctx, "DELETE FROM sandboxes WHERE client = 'bench-replicas'"); err != nil {
+			return nil, err
+		}
+		errorsBefore := 0.0
+		for _, s := range servers {
+			v, err := s.metric(ctx, "space_sandbox_admission_rate_decisions_total", "decision", "error")
+			if err != nil {
+				return nil, err
+			}
+			errorsBefore += v
+		}
+		start, err := redisTime(ctx, rdb)
+		if err != nil {
+			return nil, err
+		}
+		results := make([]*loadResult, len(servers))
+		var wg sync.WaitGroup
+		for i, s := range servers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i] = load{Name: s.Name, URL: s.PublicURL, Client: "bench-replicas", Body: coldBody, Workers: sz.replicaWorkers, Duration: sz.replicaDur}.run(ctx)
+			}()
+		}
+		wg.Wait()
+		end, err := redisTime(ctx, rdb)
+		if err != nil {
+			return nil, err
+		}
+		raw, err := rdb.Get(ctx, clusterKey).Result()
+		if err != nil {
+			return nil, fmt.Errorf("GET %s after the flood: %w", clusterKey, err)
+		}
+		if len(raw) != 16 {
+			return nil, fmt.Errorf("%s holds %d bytes, not bucket.lua's 16", clusterKey, len(raw))
+		}
+		// bucket.lua's state: the tokens left and the Redis time (µs) of the last
+		// decision that wrote, i.e. the last admission.
+		tokens := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[:8])))
+		lastMicros := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[8:])))
+
+		run := ReplicasRun{PerReplica: make([]int, len(servers))}
+		for i, r := range results {
+			run.PerReplica[i] = r.count("201")
+			run.Admitted += r.count("201")
+			run.Rejected += r.count("429 cluster_activation")
+			run.Requests += r.Requests
+		}
+		run.Other = run.Requests - run.Admitted - run.Rejected
+		// The first admission's time: the bucket was full then. Its create's sandbox
+		// row was inserted (created_at, the transaction's start) just before its
+		// charge; rows of refused creates are gone (undone, or never made). Postgres
+		// and Redis read the same clock on this machine.
+		firstMicros, err := db.queryInt(ctx, "SELECT (extract(epoch FROM min(created_at)) * 1000000)::bigint FROM sandboxes WHERE client = 'bench-replicas'")
+		if err != nil {
+			return nil, err
+		}
+		if firstMicros < start.UnixMicro() {
+			return nil, fmt.Errorf("the first sandbox was created %d µs before the flood began", start.UnixMicro()-firstMicros)
+		}
+		run.ElapsedLast = (lastMicros - float64(firstMicros)) / 1e6
+		run.ElapsedEnd = end.Sub(start).Seconds()
+		burst := float64(sz.replicaBurst)
+		run.Expected = int(math.Floor(burst + sz.replicaRefill*run.ElapsedLast))
+		run.Exact = burst + sz.replicaRefill*run.ElapsedLast - tokens
+		run.Window = burst + sz.replicaRefill*run.ElapsedEnd
+		errorsAfter := 0.0
+		for _, s := range servers {
+			if err := s.alive(); err != nil {
+				return nil, err
+			}
+			v, err := s.metric(ctx, "space_sandbox_admission_rate_decisions_total", "decision", "error")
+			if err != nil {
+				return nil, err
+			}
+			errorsAfter += v
+		}
+		run.Errors = errorsAfter - errorsBefore
+		res.Runs = append(res.Runs, run)
+		env.logf("replicas: admitted %d, expected %d (exact %.3f), %d requests", run.Admitted, run.Expected, run.Exact, run.Requests)
+	}
+	return res, nil
+}

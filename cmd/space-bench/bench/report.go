@@ -1,0 +1,362 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Target is one of issue 8's targets, judged on the run's medians.
+type Target struct {
+	Name     string
+	Measured string
+	Met      bool
+}
+
+// Targets judges the run against the targets; a scenario that did not run has none.
+func (r *Report) Targets() []Target {
+	var ts []Target
+	if s := r.Script; s != nil {
+		worst := 0.0
+		var parts []string
+		for _, path := range []string{"allow", "reject"} {
+			st := ratioStats(s.Cell(implSpace, path).Usec, s.Cell(implRedisRate, path).Usec)
+			worst = max(worst, st.Median)
+			cpu := ratioStats(s.Cell(implSpace, path).CPUUsec, s.Cell(implRedisRate, path).CPUUsec)
+			parts = append(parts, path+" "+st.format("%.2f×")+" (process CPU time "+cpu.format("%.2f×")+")")
+		}
+		ts = append(ts, Target{"two-bucket Redis CPU per call ≤ 1.15× redis_rate's", strings.Join(parts, ", "), worst <= 1.15})
+	}
+	if d := r.Decision; d != nil {
+		worst := 1e9
+		var parts []string
+		for _, topo := range []string{"standalone", "cluster"} {
+			for _, g := range []int{1, 8, 32} {
+				st := ratioStats(d.Cell(implSpace, topo, g).PerSec, d.Cell(implRedisRate, topo, g).PerSec)
+				worst = min(worst, st.Median)
+				parts = append(parts, fmt.Sprintf("%s/%d %.2f×", topo, g, st.Median))
+			}
+		}
+		ts = append(ts, Target{"decisions/s from Go ≥ 0.85× redis_rate's", strings.Join(parts, ", "), worst >= 0.85})
+	}
+	if h := r.HTTP; h != nil {
+		st := summarize(h.DeltaP50)
+		ts = append(ts, Target{"admission adds ≤ 0.5 ms at p50 to a create", st.format("%+.2f ms"), st.Median <= 0.5})
+		rej := summarize(h.Reject.RPS)
+		ts = append(ts, Target{"≥ 4,000 rejected creates/s on one replica", rej.format("%.0f/s"), rej.Median >= 4000})
+	}
+	if f := r.Flood; f != nil {
+		st := summarize(f.GoodSuccess)
+		ts = append(ts, Target{"the well-behaved client keeps 100% success during the flood", st.format("%.1f%%"), st.Min >= 100})
+	}
+	return ts
+}
+
+// Summary is the plain-text summary printed on stdout: ratios and targets first,
+// then the absolute figures.
+func (r *Report) Summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "space-bench: medians of %d runs (script and decisions: %d) [min–max]; %d CPUs shared by the servers, Postgres, Redis and the load generator (load average at start %s)\n\n",
+		r.Runs, r.CheapRuns, r.Machine.CPUs, r.Machine.LoadAvg)
+	b.WriteString("Ratios and targets\n")
+	for _, t := range r.Targets() {
+		mark := "MET"
+		if !t.Met {
+			mark = "NOT MET"
+		}
+		fmt.Fprintf(&b, "  %-7s %s: %s\n", mark, t.Name, t.Measured)
+	}
+	if k := r.Keys; k != nil && len(k.Counts) > 1 {
+		lo, hi := k.Counts[0], k.Counts[len(k.Counts)-1]
+		fmt.Fprintf(&b, "  decisions/s with %s client keys vs %s: %s (redis_rate over as many keys: %s)\n", count(hi), count(lo),
+			ratioStats(k.PerSec[hi], k.PerSec[lo]).format("%.2f×"), ratioStats(k.PeerPerSec[hi], k.PeerPerSec[lo]).format("%.2f×"))
+	}
+	if p := r.Replicas; p != nil {
+		var diffs []string
+		for _, run := range p.Runs {
+			diffs = append(diffs, fmt.Sprintf("%+d", run.Diff()))
+		}
+		fmt.Fprintf(&b, "  %d replicas: admitted − (burst + refill × elapsed) = %s per run\n", p.Replicas, strings.Join(diffs, ", "))
+	}
+	b.WriteString("\nFigures\n")
+	if s := r.Script; s != nil {
+		for _, c := range s.Cells {
+			fmt.Fprintf(&b, "  script %-13s %-6s %s Redis µs/call\n", c.Impl, c.Path, summarize(c.Usec).format("%.2f"))
+		}
+	}
+	if d := r.Decision; d != nil {
+		for _, c := range d.Cells {
+			fmt.Fprintf(&b, "  decisions/s %-10s %-2d goroutines %-10s %s\n", c.Topology, c.Goroutines, c.Impl, summarize(c.PerSec).format("%.0f"))
+		}
+	}
+	if h := r.HTTP; h != nil {
+		for _, row := range []*HTTPRow{h.Warm, h.Cold, h.Reject, h.RejectBare} {
+			fmt.Fprintf(&b, "  http %-20s %s req/s, p50 %s ms, p99 %s ms (%d connections)\n", row.Name,
+				summarize(row.RPS).format("%.0f"), summarize(row.P50).format("%.2f"), summarize(row.P99).format("%.2f"), h.Workers)
+		}
+		fmt.Fprintf(&b, "  http cold create p50 at %d/s: admission on %s ms, off %s ms\n", h.OnOffRate,
+			summarize(h.OnP50).format("%.2f"), summarize(h.OffP50).format("%.2f"))
+	}
+	if f := r.Flood; f != nil {
+		fmt.Fprintf(&b, "  flood: good client %s success, p50 %s ms, p99 %s ms; %s Redis commands and %s Redis µs per create\n",
+			summarize(f.GoodSuccess).format("%.1f%%"), summarize(f.GoodP50).format("%.2f"), summarize(f.GoodP99).format("%.2f"),
+			summarize(f.CallsPerRequest).format("%.2f"), summarize(f.RedisUsecPerRequest).format("%.1f"))
+	}
+	if k := r.Keys; k != nil {
+		fmt.Fprintf(&b, "  keys: %.0f bytes per idle client key; %d idle keys gone %s after their last write (TTL %s)\n",
+			k.BytesPerKey, k.ExpiryKeys, k.ExpiryGoneAfter.Round(time.Millisecond), k.ExpiryTTL)
+		for _, n := range k.Counts {
+			fmt.Fprintf(&b, "  keys: %s client keys: %s decisions/s (redis_rate %s)\n", count(n), summarize(k.PerSec[n]).format("%.0f"), summarize(k.PeerPerSec[n]).format("%.0f"))
+		}
+	}
+	if p := r.Replicas; p != nil {
+		for i, run := range p.Runs {
+			fmt.Fprintf(&b, "  replicas run %d: admitted %d (per replica %v), expected %d, exact %.3f, %d requests\n",
+				i+1, run.Admitted, run.PerReplica, run.Expected, run.Exact, run.Requests)
+		}
+	}
+	if g := r.GoBench; g != nil {
+		for _, l := range g.Lines {
+			fmt.Fprintf(&b, "  go bench %s %s\n", l.Name, l.brief())
+		}
+	}
+	fmt.Fprintf(&b, "\ntook %s\n", r.Took.Round(time.Second))
+	return b.String()
+}
+
+func (l *GoBenchLine) brief() string {
+	var parts []string
+	for _, u := range l.Units {
+		st := summarize(l.Metrics[u])
+		// Whole numbers from 100 up (ns/op of a round trip is six digits, all of
+		// them meaningful to compare); three significant digits below.
+		verb := "%.3g"
+		if st.Min >= 100 {
+			verb = "%.0f"
+		}
+		parts = append(parts, st.format(verb)+" "+u)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// count renders a key count as 10, 10k, 1M.
+func count(n int) string {
+	switch {
+	case n >= 1_000_000 && n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n >= 1000 && n%1000 == 0:
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return fmt.Sprint(n)
+}
+
+// Markers around the part of docs/benchmarks.md that `make bench` writes; the rest
+// of the file (issue 3's script study, the profile notes) is kept as it is.
+const (
+	BeginMarker = "<!-- space-bench:begin: written by `make bench` (cmd/space-bench); edit the driver, not this part -->"
+	EndMarker   = "<!-- space-bench:end -->"
+)
+
+// WriteDoc puts section between the markers of the file at path, after its first
+// heading when the markers are not there yet.
+func WriteDoc(path, section string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	block := BeginMarker + "\n" + strings.TrimRight(section, "\n") + "\n" + EndMarker
+	doc := string(old)
+	i, j := strings.Index(doc, BeginMarker), strings.Index(doc, EndMarker)
+	switch {
+	case i >= 0 && j > i:
+		doc = doc[:i] + block + doc[j+len(EndMarker):]
+	case strings.HasPrefix(doc, "# "):
+		nl := strings.IndexByte(doc, '\n')
+		doc = doc[:nl+1] + "\n" + block + "\n" + doc[nl+1:]
+	default:
+		doc = "# Benchmarks\n\n" + block + "\n\n" + doc
+	}
+	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// Markdown renders the report as the generated section of docs/benchmarks.md.
+// command is how the run was started.
+func (r *Report) Markdown(command string) string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("## `make bench`: admission and the create path (issue 8)\n\n")
+	w("Every figure is the **median of %d runs, [min–max]** beside it", r.Runs)
+	if r.CheapRuns != r.Runs {
+		w(" (%d runs for the script cost and decisions/s, which take seconds a run)", r.CheapRuns)
+	}
+	if r.Quick {
+		w(" (**a quick smoke run: the figures mean nothing**)")
+	}
+	w(". The machine has %d cores shared by everything measured *and* by the load generator, and other work may run on it: ", r.Machine.CPUs)
+	w("read the ratios (each taken within one run, so a change of load falls on both sides) before the absolute figures.\n\n")
+
+	w("### Targets\n\n| target | measured | |\n|---|---|---|\n")
+	for _, t := range r.Targets() {
+		mark := "met"
+		if !t.Met {
+			mark = "**not met** (see [where the time goes](#where-the-time-goes))"
+		}
+		w("| %s | %s | %s |\n", t.Name, t.Measured, mark)
+	}
+	w("\n")
+
+	m := r.Machine
+	w("### Machine and command\n\n")
+	w("- %d CPUs (`nproc`), %s; %s; load average at the start %s\n", m.CPUs, m.CPUModel, m.Kernel, m.LoadAvg)
+	w("- `%s`; `%s`\n", m.Go, m.Redis)
+	w("- %s\n", m.Postgres)
+	var mods []string
+	for k, v := range m.Modules {
+		mods = append(mods, k+" "+v)
+	}
+	sort.Strings(mods)
+	w("- %s\n", strings.Join(mods, ", "))
+	w("- run %s, took %s:\n\n```sh\n%s\n```\n\n", r.Started.UTC().Format(time.RFC3339), r.Took.Round(time.Second), command)
+
+	if s := r.Script; s != nil {
+		w("### 1. Script cost: Redis CPU per decision\n\n")
+		w("`usec/calls` of `cmdstat_evalsha` in `INFO commandstats` after `CONFIG RESETSTAT`, %d decisions per cell from one goroutine, the implementations in a rotating order, on a private `redis-server`; ", s.Calls)
+		w("the script's own commands are included. `space`: the two-bucket decision; `space_one_key`: the cluster key alone; `redis_rate`: v10 `Allow` on one key.\n\n")
+		w("| path | space µs | space_one_key µs | redis_rate µs | space / redis_rate |\n|---|---:|---:|---:|---:|\n")
+		for _, path := range []string{"allow", "reject"} {
+			w("| %s | %s | %s | %s | %s |\n", path,
+				summarize(s.Cell(implSpace, path).Usec).format("%.2f"),
+				summarize(s.Cell(implSpaceOneKey, path).Usec).format("%.2f"),
+				summarize(s.Cell(implRedisRate, path).Usec).format("%.2f"),
+				ratioStats(s.Cell(implSpace, path).Usec, s.Cell(implRedisRate, path).Usec).format("%.2f×"))
+		}
+		w("\n`usec` is wall time inside each command, so it also counts the moments another process held Redis's core. The same runs, measured by the Redis main thread's CPU time instead (`INFO cpu`, `used_cpu_user_main_thread` + `used_cpu_sys_main_thread`, from getrusage, per decision; it includes reading each request and writing its reply, the same for every implementation):\n\n")
+		w("| path | space CPU µs | space_one_key CPU µs | redis_rate CPU µs | space / redis_rate |\n|---|---:|---:|---:|---:|\n")
+		for _, path := range []string{"allow", "reject"} {
+			w("| %s | %s | %s | %s | %s |\n", path,
+				summarize(s.Cell(implSpace, path).CPUUsec).format("%.2f"),
+				summarize(s.Cell(implSpaceOneKey, path).CPUUsec).format("%.2f"),
+				summarize(s.Cell(implRedisRate, path).CPUUsec).format("%.2f"),
+				ratioStats(s.Cell(implSpace, path).CPUUsec, s.Cell(implRedisRate, path).CPUUsec).format("%.2f×"))
+		}
+		w("\n")
+	}
+
+	if d := r.Decision; d != nil {
+		w("### 2. Decisions/s from Go\n\n")
+		w("Allow path (every decision admits and writes), %s per cell, ours and redis_rate back to back in each run (which goes first alternates), on the services' Redis (standalone on one port, and the 3-node cluster), one go-redis client per topology built as space-api builds its own.\n\n", d.Duration)
+		w("| topology | goroutines | space decisions/s | redis_rate decisions/s | space / redis_rate |\n|---|---:|---:|---:|---:|\n")
+		for _, topo := range []string{"standalone", "cluster"} {
+			for _, g := range []int{1, 8, 32} {
+				a, p := d.Cell(implSpace, topo, g), d.Cell(implRedisRate, topo, g)
+				w("| %s | %d | %s | %s | %s |\n", topo, g, summarize(a.PerSec).format("%.0f"), summarize(p.PerSec).format("%.0f"), ratioStats(a.PerSec, p.PerSec).format("%.2f×"))
+			}
+		}
+		w("\n")
+	}
+
+	if h := r.HTTP; h != nil {
+		w("### 3. HTTP create path\n\n")
+		w("One `space-api` process (trusted_header identity from 127.0.0.1; simulated substrate with no cold-start delay), its own database and a private Redis. ")
+		w("Load generator: the vegeta library inside the driver, **on the same 2 cores** as the server, Postgres and Redis. ")
+		w("Closed loop, %d connections, %s per run. Warm hits: a pool pre-warmed to %d slots through the `space-api-warm-pool` flag, %d creates per run (the replenisher refills meanwhile, as in production). ", h.Workers, h.Duration, h.WarmTarget, h.WarmTarget*3/4)
+		w("Cold admits: a shape the pool never holds, buckets of 10^6. Rejects: a client whose bucket of 1 never refills, with a concurrency cap and a live cap (the full path: the lease and its release in Redis, the live count and the pool in one Postgres round trip, the decision in Redis), and the same with no caps (one Postgres and one Redis round trip). Each kind runs %s unmeasured first.\n\n", h.WarmUp)
+		w("| creates | answered | req/s | p50 ms | p99 ms | other answers |\n|---|---|---:|---:|---:|---|\n")
+		for _, row := range []*HTTPRow{h.Warm, h.Cold, h.Reject, h.RejectBare} {
+			other := row.unexpected()
+			if other == "" {
+				other = "none"
+			}
+			w("| %s | %s | %s | %s | %s | %s |\n", row.Name, row.Outcome, summarize(row.RPS).format("%.0f"), summarize(row.P50).format("%.2f"), summarize(row.P99).format("%.2f"), other)
+		}
+		w("\nWhat admission adds to a create: cold admits at %d creates/s (open loop), %d rounds of %s on a fresh server with admission on and %s on a twin with `SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED=false` (one database for both, same Redis), the order flipping every round; p50 and p99 per run over all its segments (%d and %d creates in all).\n\n",
+			h.OnOffRate, h.OnOffRounds, h.OnOffSegment, h.OnOffSegment, h.OnRequests, h.OffRequests)
+		w("| | admission on | admission off | on − off |\n|---|---:|---:|---:|\n")
+		w("| p50 ms | %s | %s | %s |\n", summarize(h.OnP50).format("%.2f"), summarize(h.OffP50).format("%.2f"), summarize(h.DeltaP50).format("%+.2f"))
+		var d99 []float64
+		for i := range min(len(h.OnP99), len(h.OffP99)) {
+			d99 = append(d99, h.OnP99[i]-h.OffP99[i])
+		}
+		w("| p99 ms | %s | %s | %s |\n\n", summarize(h.OnP99).format("%.2f"), summarize(h.OffP99).format("%.2f"), summarize(d99).format("%+.2f"))
+		if len(h.OnOffUnexpected) > 0 {
+			w("Answers other than 201 in the on/off runs: %v.\n\n", h.OnOffUnexpected)
+		}
+	}
+
+	if f := r.Flood; f != nil {
+		w("### 4. Flood\n\n")
+		w("`bench-flood` (rate %g/s, burst %g) sends %d creates/s, 20× its rate; `bench-good` (rate %g/s) sends %d/s, within it; cluster bucket %g/s. Open loop, %s per run (after an unmeasured warm-up), one server, private Redis.\n\n",
+			f.FloodRate, f.FloodRate, f.FloodSend, f.GoodRate, f.GoodSend, f.ClusterRate, f.Duration)
+		w("| | median [min–max] |\n|---|---:|\n")
+		w("| well-behaved client: creates answered 201 | %s |\n", summarize(f.GoodSuccess).format("%.1f%%"))
+		w("| well-behaved client: p50 / p99 ms | %s / %s |\n", summarize(f.GoodP50).format("%.2f"), summarize(f.GoodP99).format("%.2f"))
+		w("| flooding client: admitted/s | %s |\n", summarize(f.FloodAdmitted).format("%.1f"))
+		w("| flooding client: 429 p50 ms | %s |\n", summarize(f.FloodRejectP50).format("%.2f"))
+		w("| Redis commands sent per create (INFO commandstats delta / creates) | %s |\n", summarize(f.CallsPerRequest).format("%.2f"))
+		w("| of which EVALSHA | %s |\n", summarize(f.EvalshaPerRequest).format("%.2f"))
+		w("| Redis CPU µs per create | %s |\n", summarize(f.RedisUsecPerRequest).format("%.1f"))
+		w("| failed Redis decisions, let through (failure mode open) | %s |\n\n", summarize(f.RedisErrors).format("%.0f"))
+		w("All answers: well-behaved %s; flooding %s. Commands counted are those a client sends (`EVALSHA` of the concurrency lease and of the admission decision, `ZREM` of the lease), not those the scripts run inside Redis; the well-behaved client's creates, %.1f%% of the total, cost the same three.\n\n",
+			outcomes(f.GoodOutcomes), outcomes(f.FloodOutcomes), 100*float64(f.GoodTotal)/float64(max(f.GoodTotal+f.FloodSent, 1)))
+	}
+
+	if k := r.Keys; k != nil {
+		w("### 5. Scale with keys\n\n")
+		w("- Memory per idle client key: **%.0f bytes** (`used_memory` growth over %s keys made by real decisions); %.0f bytes per key at %s keys of each kind (ours and redis_rate's, written by a Lua loop, ours in the script's state format).\n",
+			k.BytesPerKey, count(k.MemoryKeys), k.BytesPerKeyAtMax, count(k.Counts[len(k.Counts)-1]))
+		w("- Idle keys expire: %s client keys of a bucket that refills fully in %s; `DBSIZE` %d right after the last write, back to %d (the cluster key) **%s** after it.\n",
+			count(k.ExpiryKeys), k.ExpiryTTL, k.ExpiryPeak, k.ExpiryBaseline, k.ExpiryGoneAfter.Round(time.Millisecond))
+		w("- Decisions/s, %d goroutines, %s per run, each decision for a random one of N client keys that all exist (one logical database per N, runs interleaved):\n\n", k.Goroutines, k.Duration)
+		w("| client keys | space decisions/s | vs %s | redis_rate decisions/s | vs %s |\n|---:|---:|---:|---:|---:|\n", count(k.Counts[0]), count(k.Counts[0]))
+		for _, n := range k.Counts {
+			w("| %s | %s | %s | %s | %s |\n", count(n), summarize(k.PerSec[n]).format("%.0f"), ratioStats(k.PerSec[n], k.PerSec[k.Counts[0]]).format("%.2f×"),
+				summarize(k.PeerPerSec[n]).format("%.0f"), ratioStats(k.PeerPerSec[n], k.PeerPerSec[k.Counts[0]]).format("%.2f×"))
+		}
+		w("\nredis_rate's Allow runs over as many keys of its own in the same databases (each database holds both kinds, N of each): what a larger keyspace costs Redis itself (hash table and CPU cache misses) shows in both columns alike.\n")
+		w("\n")
+	}
+
+	if p := r.Replicas; p != nil {
+		w("### 6. Several replicas\n\n")
+		w("%d `space-api` processes, one database, one Redis; cluster bucket burst %d, refill %g/s (fails closed, 2 s Redis timeout, so that no decision is admitted unbudgeted); each replica flooded by %d connections for %s at once. ", p.Replicas, p.Burst, p.Refill, p.Workers, p.Duration)
+		w("Expected = ⌊burst + refill × (t_last − t_first)⌋: t_last is the Redis time of the last admission (bucket.lua stores it in the cluster key with the tokens left), t_first the start of the first admitted create (the earliest `created_at` of the flood's sandboxes; a refused create leaves none; Postgres and Redis read the same clock here). ")
+		w("Exact = burst + refill × (t_last − t_first) − tokens left: it exceeds the count only by the refill of the instant between the first create's start and its charge, under one token. ")
+		w("The column `burst + refill × (t_end − t_start)` is the same over the whole flood (t_start and t_end read with Redis `TIME` before and after): it is higher by what refilled before the first admission and after the last one, while the generator started and stopped.\n\n")
+		w("| run | 201s (per replica) | expected | admitted − expected | exact | burst + refill × (t_end − t_start) | 429s | other | decision errors |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for i, run := range p.Runs {
+			w("| %d | %d %v | %d | %+d | %.3f | %.1f | %d | %d | %.0f |\n", i+1, run.Admitted, run.PerReplica, run.Expected, run.Diff(), run.Exact, run.Window, run.Rejected, run.Other, run.Errors)
+		}
+		w("\n")
+	}
+
+	if g := r.GoBench; g != nil {
+		w("### Go benchmarks of the hot paths\n\n")
+		w("`%s`, median [min–max] over the runs. Each package says what its benchmark measures; those with Postgres or Redis in them use the services.\n\n", g.Command)
+		w("| package | benchmark | figures |\n|---|---|---|\n")
+		for _, l := range g.Lines {
+			w("| `%s` | `%s` | %s |\n", l.Pkg, strings.TrimPrefix(l.Name, "Benchmark"), l.brief())
+		}
+		w("\n")
+	}
+	return b.String()
+}
+
+// outcomes renders answer counts, largest first.
+func outcomes(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int { return m[b] - m[a] })
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%d × %s", m[k], k))
+	}
+	return strings.Join(parts, ", ")
+}

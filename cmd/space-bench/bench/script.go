@@ -1,0 +1,228 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/admission"
+)
+
+// Implementations compared in the script and decisions scenarios.
+const (
+	implSpace       = "space"         // Admit with a client rate: two keys, one script
+	implSpaceOneKey = "space_one_key" // Admit without a client rate: the cluster key alone
+	implRedisRate   = "redis_rate"    // redis_rate v10 Limiter.Allow: one key, GCRA
+)
+
+// decider makes one decision and says whether it admitted.
+type decider func(ctx context.Context) (bool, error)
+
+// bigRate admits every call of a benchmark: a bucket too large to empty.
+var bigRate = space.Rate{RefillRPS: 1e6, Burst: 1e6}
+
+// emptyRate rejects every call after the first: one token that never comes back.
+var emptyRate = space.Rate{RefillRPS: 0, Burst: 1}
+
+// newAdmitter is an Admitter as space-api builds it, failing closed so that an error
+// shows as an error rather than as a fail-open admission.
+func newAdmitter(rdb redis.UniversalClient, prefix string, cluster space.Rate) (*admission.Admitter, error) {
+	return admission.New(admission.Options{Redis: rdb, Prefix: prefix, Enabled: true, FailClosed: true,
+		Cluster: cluster, Timeout: time.Second})
+}
+
+// spaceDecider decides on its own fresh keys; allow false empties them first, so
+// that every later call takes the reject path.
+func spaceDecider(ctx context.Context, rdb redis.UniversalClient, withClient, allow bool) (decider, error) {
+	r := bigRate
+	if !allow {
+		r = emptyRate
+	}
+	a, err := newAdmitter(rdb, "bench"+randomHex(4), r)
+	if err != nil {
+		return nil, err
+	}
+	var clientRate *space.Rate
+	if withClient {
+		clientRate = &r
+	}
+	decide := func(ctx context.Context) (bool, error) {
+		d, err := a.Admit(ctx, "bench-client", clientRate)
+		return d.Admitted && !d.FailedOpen, err
+	}
+	if !allow {
+		if _, err := decide(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return decide, nil
+}
+
+// redisRateDecider is the peer: redis_rate's Allow on one fresh key.
+func redisRateDecider(ctx context.Context, rdb redis.UniversalClient, allow bool) (decider, error) {
+	lim := redis_rate.NewLimiter(rdb)
+	key := "bench" + randomHex(4)
+	limit := redis_rate.Limit{Rate: 1e6, Burst: 1e6, Period: time.Second}
+	if !allow {
+		limit = redis_rate.Limit{Rate: 1, Burst: 1, Period: 1000 * time.Hour}
+	}
+	decide := func(ctx context.Context) (bool, error) {
+		res, err := lim.Allow(ctx, key, limit)
+		if err != nil {
+			return false, err
+		}
+		return res.Allowed == 1, nil
+	}
+	if !allow {
+		if _, err := decide(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return decide, nil
+}
+
+func newDecider(ctx context.Context, rdb redis.UniversalClient, impl string, allow bool) (decider, error) {
+	switch impl {
+	case implSpace:
+		return spaceDecider(ctx, rdb, true, allow)
+	case implSpaceOneKey:
+		return spaceDecider(ctx, rdb, false, allow)
+	default:
+		return redisRateDecider(ctx, rdb, allow)
+	}
+}
+
+// decideN makes n decisions on g goroutines and fails on an error or a decision off
+// the expected path.
+func decideN(ctx context.Context, decide decider, n, g int, allow bool) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, g)
+	per := n / g
+	for i := range g {
+		count := per
+		if i == 0 {
+			count += n - per*g
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range count {
+				ok, err := decide(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if ok != allow {
+					errs <- fmt.Errorf("admitted = %v on the allow=%v path", ok, allow)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// ScriptCell is one implementation on one path: Redis CPU µs per call, per run.
+type ScriptCell struct {
+	Impl, Path string
+	Usec       []float64
+	// CPUUsec is the Redis main thread's CPU time per decision (getrusage, the
+	// network handling of each call included), which preemption does not inflate.
+	CPUUsec []float64
+}
+
+// ScriptResult is the script-cost scenario.
+type ScriptResult struct {
+	Calls int // decisions per cell and run
+	Cells []*ScriptCell
+}
+
+// Cell returns the cell of impl on path.
+func (r *ScriptResult) Cell(impl, path string) *ScriptCell {
+	for _, c := range r.Cells {
+		if c.Impl == impl && c.Path == path {
+			return c
+		}
+	}
+	return &ScriptCell{Impl: impl, Path: path}
+}
+
+// runScript measures Redis CPU per decision: for each run, each path and each
+// implementation in turn, CONFIG RESETSTAT, n decisions, then usec/calls of
+// cmdstat_evalsha (the script and the commands it ran) from INFO commandstats, on a
+// private redis-server that nothing else talks to.
+func runScript(ctx context.Context, env *Env, runs int, sz sizes) (*ScriptResult, error) {
+	srv, err := startRedis(ctx, env.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+
+	res := &ScriptResult{Calls: sz.scriptCalls}
+	for _, path := range []string{"allow", "reject"} {
+		for _, impl := range []string{implSpace, implSpaceOneKey, implRedisRate} {
+			res.Cells = append(res.Cells, &ScriptCell{Impl: impl, Path: path})
+		}
+	}
+	for run := range runs {
+		// Each run takes the implementations in another order, so that none always
+		// follows the same one.
+		for _, c := range rotate(res.Cells, run) {
+			allow := c.Path == "allow"
+			decide, err := newDecider(ctx, rdb, c.Impl, allow)
+			if err != nil {
+				return nil, fmt.Errorf("%s/%s: %w", c.Impl, c.Path, err)
+			}
+			// One call loads the script, so that every measured call is an EVALSHA.
+			if _, err := decide(ctx); err != nil {
+				return nil, err
+			}
+			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+				return nil, fmt.Errorf("CONFIG RESETSTAT: %w", err)
+			}
+			cpuBefore, err := processCPU(ctx, rdb)
+			if err != nil {
+				return nil, err
+			}
+			// One goroutine: Redis is then never preempted by the bench's own callers
+			// in the middle of a call, which usec (wall time in Redis) would count.
+			if err := decideN(ctx, decide, sz.scriptCalls, 1, allow); err != nil {
+				return nil, fmt.Errorf("%s/%s: %w", c.Impl, c.Path, err)
+			}
+			cpuAfter, err := processCPU(ctx, rdb)
+			if err != nil {
+				return nil, err
+			}
+			stats, err := commandStats(ctx, rdb)
+			if err != nil {
+				return nil, err
+			}
+			st := stats["evalsha"]
+			if st.Calls < int64(sz.scriptCalls) {
+				return nil, fmt.Errorf("%s/%s: EVALSHA ran %d times for %d decisions", c.Impl, c.Path, st.Calls, sz.scriptCalls)
+			}
+			c.Usec = append(c.Usec, float64(st.Usec)/float64(st.Calls))
+			c.CPUUsec = append(c.CPUUsec, float64((cpuAfter-cpuBefore).Microseconds())/float64(sz.scriptCalls))
+		}
+		env.logf("script: run %d/%d done", run+1, runs)
+	}
+	return res, nil
+}
+
+// rotate returns s starting at element k mod len(s), wrapping around.
+func rotate[T any](s []T, k int) []T {
+	if len(s) == 0 {
+		return s
+	}
+	k %= len(s)
+	return append(append([]T(nil), s[k:]...), s[:k]...)
+}

@@ -1,0 +1,452 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// database is a Postgres database of the bench's own, on the services' server,
+// migrated by `space-api migrate` and dropped at the end: the bench never touches the
+// database that `make run` serves.
+type database struct {
+	env  *Env
+	name string
+	URL  string
+}
+
+// newDatabase creates and migrates a fresh database.
+func (e *Env) newDatabase(ctx context.Context) (*database, error) {
+	name := fmt.Sprintf("spacebench_%d_%s", time.Now().Unix(), randomHex(4))
+	admin, err := pgx.Connect(ctx, e.AdminURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres %s: %w", redact(e.AdminURL), err)
+	}
+	defer admin.Close(ctx)
+	dropLeftovers(ctx, admin)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create bench database: %w", err)
+	}
+	db := &database{env: e, name: name, URL: withDatabase(e.AdminURL, name)}
+	cmd := exec.CommandContext(ctx, e.SpaceAPI, "migrate")
+	// migrate reads the whole configuration, so Redis must be named even though
+	// migrating does not use it.
+	cmd.Env = spaceEnv(map[string]string{"SPACE_DATABASE_URL": db.URL, "SPACE_REDIS_ADDRS": "127.0.0.1:1", "SPACE_LOG_LEVEL": "warn"})
+	if out, err := cmd.CombinedOutput(); err != nil {
+		db.drop()
+		return nil, fmt.Errorf("space-api migrate: %w\n%s", err, out)
+	}
+	return db, nil
+}
+
+// dropLeftovers drops bench databases more than an hour old: those of a run that was
+// killed before it could drop its own.
+func dropLeftovers(ctx context.Context, admin *pgx.Conn) {
+	rows, err := admin.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE 'spacebench\\_%'")
+	if err != nil {
+		return
+	}
+	names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+	for _, n := range names {
+		sec, err := strconv.ParseInt(strings.SplitN(strings.TrimPrefix(n, "spacebench_"), "_", 2)[0], 10, 64)
+		if err != nil || time.Since(time.Unix(sec, 0)) < time.Hour {
+			continue
+		}
+		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{n}.Sanitize()+" WITH (FORCE)")
+	}
+}
+
+// drop removes the database, closing whatever is still connected to it.
+func (d *database) drop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, d.env.AdminURL)
+	if err != nil {
+		return
+	}
+	defer admin.Close(ctx)
+	_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.name}.Sanitize()+" WITH (FORCE)")
+}
+
+// exec runs one statement on the database, for the bench's own bookkeeping (counting
+// slots, clearing a client's sandboxes between runs).
+func (d *database) queryInt(ctx context.Context, sql string, args ...any) (int64, error) {
+	conn, err := pgx.Connect(ctx, d.URL)
+	if err != nil {
+		return 0, fmt.Errorf("connect to bench database: %w", err)
+	}
+	defer conn.Close(ctx)
+	var n int64
+	if err := conn.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("%s: %w", sql, err)
+	}
+	return n, nil
+}
+
+func (d *database) exec(ctx context.Context, sql string, args ...any) error {
+	conn, err := pgx.Connect(ctx, d.URL)
+	if err != nil {
+		return fmt.Errorf("connect to bench database: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		return fmt.Errorf("%s: %w", sql, err)
+	}
+	return nil
+}
+
+// serverConfig is one space-api process.
+type serverConfig struct {
+	Name      string
+	DB        *database
+	RedisAddr string
+	// Flags is the flags file's content; empty runs without SPACE_FLAGS_FILE.
+	Flags string
+	// Env overrides or adds SPACE_* variables.
+	Env map[string]string
+}
+
+// apiServer is a running space-api process.
+type apiServer struct {
+	Name        string
+	PublicURL   string
+	InternalURL string
+	LogPath     string
+	cmd         *exec.Cmd
+	done        chan struct{}
+	logFile     *os.File
+}
+
+// baseServerEnv is what every bench server runs with: trusted_header identity (see
+// the doc: the gateway has authenticated the caller, so the figures are those of the
+// create path and admission, not of a key lookup), the simulated substrate with no
+// cold-start delay (SPACE_SIMULATED_COLD_START unset: its default is 0, and the
+// variable accepts only positive durations), and the demo templates.
+func (e *Env) baseServerEnv() map[string]string {
+	return map[string]string{
+		"SPACE_AUTH_MODE":           "trusted_header",
+		"SPACE_TRUSTED_PROXY_CIDRS": "127.0.0.1/32",
+		"SPACE_TEMPLATES_FILE":      e.Templates,
+		"SPACE_SHUTDOWN_TIMEOUT":    "5s",
+		"SPACE_FLAGS_POLL_INTERVAL": "1s",
+	}
+}
+
+// startServer starts space-api serve and waits until /readyz answers 200.
+func (e *Env) startServer(ctx context.Context, c serverConfig) (*apiServer, error) {
+	public, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	internal, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	vars := e.baseServerEnv()
+	vars["SPACE_HTTP_ADDR"] = public
+	vars["SPACE_INTERNAL_HTTP_ADDR"] = internal
+	vars["SPACE_DATABASE_URL"] = c.DB.URL
+	vars["SPACE_REDIS_ADDRS"] = c.RedisAddr
+	if c.Flags != "" {
+		p := filepath.Join(e.Dir, c.Name+"-flags.json")
+		if err := os.WriteFile(p, []byte(c.Flags), 0o600); err != nil {
+			return nil, fmt.Errorf("write flags file: %w", err)
+		}
+		vars["SPACE_FLAGS_FILE"] = p
+	}
+	for k, v := range c.Env {
+		vars[k] = v
+	}
+	logPath := filepath.Join(e.Dir, c.Name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("server log: %w", err)
+	}
+	cmd := exec.Command(e.SpaceAPI, "serve")
+	cmd.Env = spaceEnv(vars)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start space-api %s: %w", c.Name, err)
+	}
+	s := &apiServer{Name: c.Name, PublicURL: "http://" + public, InternalURL: "http://" + internal,
+		LogPath: logPath, cmd: cmd, done: make(chan struct{}), logFile: logFile}
+	go func() { _ = cmd.Wait(); close(s.done) }()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case <-s.done:
+			logFile.Close()
+			return nil, fmt.Errorf("space-api %s exited at start:\n%s", c.Name, tail(logPath, 20))
+		default:
+		}
+		if code, err := httpStatus(ctx, s.PublicURL+"/readyz"); err == nil && code == http.StatusOK {
+			return s, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			s.stop()
+			return nil, fmt.Errorf("space-api %s not ready within 60s:\n%s", c.Name, tail(logPath, 20))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop sends SIGTERM (a graceful drain) and kills the process if it has not exited
+// within 15 s.
+func (s *apiServer) stop() {
+	if s == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(15 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+	s.logFile.Close()
+}
+
+// alive returns an error, with the end of the log, when the process has exited.
+func (s *apiServer) alive() error {
+	select {
+	case <-s.done:
+		return fmt.Errorf("space-api %s exited:\n%s", s.Name, tail(s.LogPath, 20))
+	default:
+		return nil
+	}
+}
+
+// metrics returns the sum of every series of the named metric whose labels include
+// labels (name=value pairs), from the internal listener's /metrics.
+func (s *apiServer) metric(ctx context.Context, name string, labels ...string) (float64, error) {
+	body, err := httpGet(ctx, s.InternalURL+"/metrics")
+	if err != nil {
+		return 0, err
+	}
+	return sumMetric(body, name, labels...), nil
+}
+
+// sumMetric sums the samples of the named metric (Prometheus text format) whose
+// labels include every name=value pair in labels.
+func sumMetric(body []byte, name string, labels ...string) float64 {
+	var want []string
+	for i := 0; i+1 < len(labels); i += 2 {
+		want = append(want, labels[i]+"="+strconv.Quote(labels[i+1]))
+	}
+	sum := 0.0
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		series, value := "", rest
+		if rest[0] == '{' {
+			end := strings.LastIndexByte(rest, '}')
+			if end < 0 {
+				continue
+			}
+			series, value = rest[1:end], rest[end+1:]
+		}
+		matched := true
+		for _, w := range want {
+			if !strings.Contains(","+series+",", ","+w+",") {
+				matched = false
+				break
+			}
+		}
+		if !matched {
+			continue
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err == nil {
+			sum += f
+		}
+	}
+	return sum
+}
+
+// spaceEnv is the process environment without any SPACE_* variable of the caller
+// (`make run` exports some), plus vars.
+func spaceEnv(vars map[string]string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SPACE_") {
+			env = append(env, kv)
+		}
+	}
+	for k, v := range vars {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+var plainClient = &http.Client{Timeout: 10 * time.Second}
+
+func httpStatus(ctx context.Context, u string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := plainClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+func httpGet(ctx context.Context, u string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := plainClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", u, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", u, resp.Status)
+	}
+	return body, nil
+}
+
+// createOnce sends one create for client and returns the status code and body.
+func createOnce(ctx context.Context, base, client, body string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/sandboxes", strings.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Client-ID", client)
+	resp, err := plainClient.Do(req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("POST %s/v1/sandboxes: %w", base, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// getLimits sends GET /v1/limits for client.
+func getLimits(ctx context.Context, base, client string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/limits", nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("X-Client-ID", client)
+	resp, err := plainClient.Do(req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("GET %s/v1/limits: %w", base, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// tail returns the last n lines of a file, for error messages.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(no log: " + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func withDatabase(base, name string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		return base
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "the database URL"
+	}
+	return u.Redacted()
+}
+
+// quota is one client's entry in the quota flag.
+type quota struct {
+	Concurrency   int `json:"concurrency"`
+	LiveSandboxes int `json:"live_sandboxes"`
+}
+
+// rateEntry is one key's entry in the quota flag's "rate" object.
+type rateEntry struct {
+	RefillRPS float64 `json:"refill_rps"`
+	Burst     int64   `json:"burst"`
+}
+
+// poolShape is one warm pool target.
+type poolShape struct {
+	Template  string `json:"template"`
+	CPUMillis int    `json:"cpu_millis"`
+	MemoryMiB int    `json:"memory_mib"`
+	DiskGiB   int    `json:"disk_gib"`
+	Target    int    `json:"target"`
+}
+
+// flagsFile renders a flagd flags file with the quota flag (clients, their rates) and
+// the warm pool targets.
+func flagsFile(clients map[string]quota, rates map[string]*rateEntry, pool []poolShape) (string, error) {
+	if pool == nil {
+		pool = []poolShape{}
+	}
+	variant := func(v any) map[string]any {
+		return map[string]any{"state": "ENABLED", "variants": map[string]any{"on": v}, "defaultVariant": "on"}
+	}
+	doc := map[string]any{"flags": map[string]any{
+		"space-api-client-concurrency-quotas": variant(map[string]any{
+			"clients": clients,
+			"default": quota{Concurrency: 10, LiveSandboxes: 50},
+			"rate":    rates,
+		}),
+		"space-api-warm-pool": variant(map[string]any{"shapes": pool}),
+	}}
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return "", fmt.Errorf("flags file: %w", err)
+	}
+	return string(b), nil
+}

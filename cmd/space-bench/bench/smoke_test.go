@@ -1,0 +1,194 @@
+package bench
+
+import (
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// TestSmoke runs every scenario of `make bench` once, with tiny durations, against the
+// real services, so that the driver cannot rot between benchmark runs. It asserts
+// what must hold whatever the machine's speed, never a timing: the replicas admit
+// exactly the cluster burst plus its refill, the well-behaved client of the flood is
+// never refused, each HTTP load gets the answers it is built to get, and so on.
+func TestSmoke(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &Env{
+		AdminURL:     testenv.DatabaseURL(t),
+		RedisAddr:    testenv.RedisAddr(t),
+		ClusterAddrs: testenv.RedisClusterAddrs(t),
+		Templates:    filepath.Join(root, "deploy", "demo", "templates.json"),
+		Module:       root,
+		Dir:          t.TempDir(),
+	}
+	// The space-api binary builds while the scenarios that need no server run.
+	built := make(chan error, 1)
+	go func() {
+		env.SpaceAPI = filepath.Join(env.Dir, "space-api")
+		// Without -race even under `go test -race`: the server is not what this test
+		// checks, and a race build of it links and starts several times slower.
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", env.SpaceAPI, "./cmd/space-api")
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			err = &buildError{err: err, out: string(out)}
+		}
+		built <- err
+	}()
+
+	redisOnly, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"script", "decisions", "keys"}})
+	if berr := <-built; berr != nil {
+		t.Fatalf("go build ./cmd/space-api: %v", berr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"http", "flood", "replicas"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("script cost is measured for every implementation and path", func(t *testing.T) {
+		for _, c := range redisOnly.Script.Cells {
+			if len(c.Usec) != 1 || !(c.Usec[0] > 0) {
+				t.Errorf("%s/%s: Redis µs per call %v", c.Impl, c.Path, c.Usec)
+			}
+		}
+	})
+	t.Run("decisions are made on standalone Redis and on the cluster", func(t *testing.T) {
+		if len(redisOnly.Decision.Cells) != 12 {
+			t.Fatalf("%d cells, want 2 topologies × 3 goroutine counts × 2 implementations", len(redisOnly.Decision.Cells))
+		}
+		for _, c := range redisOnly.Decision.Cells {
+			if len(c.PerSec) != 1 || !(c.PerSec[0] > 0) {
+				t.Errorf("%s %s %d: decisions/s %v", c.Impl, c.Topology, c.Goroutines, c.PerSec)
+			}
+		}
+	})
+	t.Run("idle client keys take memory, are decided on and expire", func(t *testing.T) {
+		k := redisOnly.Keys
+		if !(k.BytesPerKey > 16) || !(k.BytesPerKeyAtMax > 16) {
+			t.Errorf("bytes per key %.1f, at the largest count %.1f: a key holds at least its 16-byte state", k.BytesPerKey, k.BytesPerKeyAtMax)
+		}
+		// The scenario itself fails when the keys are not gone within 30 s.
+		if k.ExpiryPeak <= k.ExpiryBaseline || k.ExpiryGoneAfter <= 0 {
+			t.Errorf("DBSIZE %d after making %d keys over a baseline of %d, gone after %s", k.ExpiryPeak, k.ExpiryKeys, k.ExpiryBaseline, k.ExpiryGoneAfter)
+		}
+		for _, n := range k.Counts {
+			if len(k.PerSec[n]) != 1 || !(k.PerSec[n][0] > 0) || len(k.PeerPerSec[n]) != 1 || !(k.PeerPerSec[n][0] > 0) {
+				t.Errorf("%d keys: decisions/s %v, redis_rate's %v", n, k.PerSec[n], k.PeerPerSec[n])
+			}
+		}
+	})
+	t.Run("each HTTP load gets the answers it is built to get", func(t *testing.T) {
+		h := servers.HTTP
+		for _, row := range []*HTTPRow{h.Warm, h.Cold, h.Reject, h.RejectBare} {
+			if row.Requests == 0 || len(row.Unexpected) > 0 {
+				t.Errorf("%s: %d requests, unexpected answers %v (want only %q)", row.Name, row.Requests, row.Unexpected, row.Outcome)
+			}
+		}
+		if h.OnRequests == 0 || h.OffRequests == 0 || len(h.OnOffUnexpected) > 0 {
+			t.Errorf("admission on/off: %d and %d creates, unexpected answers %v", h.OnRequests, h.OffRequests, h.OnOffUnexpected)
+		}
+	})
+	t.Run("the well-behaved client keeps every create through the flood", func(t *testing.T) {
+		f := servers.Flood
+		if f.GoodTotal == 0 || f.GoodSuccess[0] != 100 {
+			t.Errorf("well-behaved client: %v of %d creates (%v)", f.GoodSuccess, f.GoodTotal, f.GoodOutcomes)
+		}
+		if f.FloodOutcomes["429 client_activation"] == 0 {
+			t.Errorf("the flooding client was never refused: %v", f.FloodOutcomes)
+		}
+		// Three commands per create: the lease, the decision, the lease's release.
+		if c := f.CallsPerRequest[0]; c < 2.5 || c > 3.5 {
+			t.Errorf("%.2f Redis commands per create, want about 3", c)
+		}
+	})
+	t.Run("three replicas admit exactly the cluster burst plus its refill", func(t *testing.T) {
+		p := servers.Replicas
+		for _, run := range p.Runs {
+			// Admitted = burst + refill × (t_last − t_first) − tokens left, exactly,
+			// with t_first the first admission; Exact counts from the start of that
+			// create, a moment earlier, so it may exceed the count by under a token.
+			if gap := run.Exact - float64(run.Admitted); gap < -1e-6 || gap >= 1 {
+				t.Errorf("admitted %d, burst + refill × elapsed − left = %.3f: the replicas spent %.3f tokens the bucket did not have", run.Admitted, run.Exact, -gap)
+			}
+			if int64(run.Admitted) < p.Burst || run.Rejected == 0 || run.Other != 0 || run.Errors != 0 {
+				t.Errorf("run %+v: want at least the burst %d admitted, some refused, nothing else", run, p.Burst)
+			}
+			nonzero := 0
+			for _, n := range run.PerReplica {
+				if n > 0 {
+					nonzero++
+				}
+			}
+			if nonzero < 2 {
+				t.Errorf("admissions per replica %v: the flood did not reach several replicas", run.PerReplica)
+			}
+		}
+	})
+	t.Run("the report renders every scenario and the doc keeps what is outside its markers", func(t *testing.T) {
+		merged := *servers
+		merged.Script, merged.Decision, merged.Keys = redisOnly.Script, redisOnly.Decision, redisOnly.Keys
+		md := merged.Markdown("make bench")
+		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "### 4. Flood", "### 5. Scale", "### 6. Several replicas"} {
+			if !strings.Contains(md, want) {
+				t.Errorf("markdown lacks %q", want)
+			}
+		}
+		if s := merged.Summary(); !strings.HasPrefix(s, "space-bench: medians") || !strings.Contains(s, "Ratios and targets") {
+			t.Errorf("summary does not lead with the ratios:\n%s", s)
+		}
+		path := filepath.Join(t.TempDir(), "benchmarks.md")
+		if err := os.WriteFile(path, []byte("# Benchmarks\n\nintro\n\n## Older study\n\nkept\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // inserted, then replaced in place
+			if err := WriteDoc(path, md); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b, _ := os.ReadFile(path)
+		doc := string(b)
+		if strings.Count(doc, BeginMarker) != 1 || !strings.Contains(doc, "## Older study\n\nkept") || !strings.Contains(doc, "intro") {
+			t.Errorf("doc after two writes:\n%s", doc)
+		}
+	})
+}
+
+type buildError struct {
+	err error
+	out string
+}
+
+func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
+
+func TestParseGoBench(t *testing.T) {
+	t.Parallel()
+	out := `goos: linux
+BenchmarkAdmit/allow-2   	   13418	     87479 ns/op	    1400 B/op	      30 allocs/op
+BenchmarkAdmit/allow-2   	   13000	     90000 ns/op	    1400 B/op	      30 allocs/op
+BenchmarkCreate/rejected-2 	   22972	    299896 ns/op	      3334 creates/s	 1200 B/op	 20 allocs/op
+PASS
+`
+	lines := parseGoBench("./x", []byte(out))
+	if len(lines) != 2 || lines[0].Name != "BenchmarkAdmit/allow" || len(lines[0].Metrics["ns/op"]) != 2 {
+		t.Fatalf("parsed %+v", lines)
+	}
+	if got := summarize(lines[1].Metrics["creates/s"]).Median; got != 3334 {
+		t.Errorf("creates/s = %v", got)
+	}
+	if got := summarize(lines[0].Metrics["ns/op"]); got.Min != 87479 || got.Max != 90000 || math.Abs(got.Median-88739.5) > 1e-9 {
+		t.Errorf("ns/op stat = %+v", got)
+	}
+}

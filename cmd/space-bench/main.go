@@ -1,0 +1,147 @@
+// Command space-bench measures admission and the create path of space-api on this
+// machine and writes the figures into docs/benchmarks.md (`make bench` runs it through
+// scripts/bench.sh, which starts the local services first):
+//
+//	space-bench [-runs 3] [-only http,flood] [-quick] [-space-api bin/space-api] [-doc docs/benchmarks.md]
+//
+// It reads the services from the variables `scripts/services.sh env` prints:
+// SPACE_DATABASE_URL (the Postgres server; the bench creates and drops databases of
+// its own beside the named one), SPACE_REDIS_ADDRS and SPACE_TEST_REDIS_CLUSTER_ADDRS.
+// Everything else (redis-server processes, space-api processes) it starts and stops
+// itself. See package bench for the scenarios.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/space-sandbox/space/cmd/space-bench/bench"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "space-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("space-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	runs := fs.Int("runs", 3, "runs per figure (median, min and max are reported)")
+	only := fs.String("only", "", "comma-separated scenarios to run ("+strings.Join(bench.Scenarios, ", ")+"); default all")
+	quick := fs.Bool("quick", false, "tiny durations and counts: a smoke run of the code paths, not figures")
+	spaceAPI := fs.String("space-api", "", "space-api binary; default: go build one into a scratch directory")
+	doc := fs.String("doc", "docs/benchmarks.md", "file whose space-bench section is rewritten; empty writes none")
+	templates := fs.String("templates", "deploy/demo/templates.json", "SPACE_TEMPLATES_FILE of the servers")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "space-bench-")
+	if err != nil {
+		return fmt.Errorf("scratch directory: %w", err)
+	}
+	defer os.RemoveAll(dir)
+
+	env := &bench.Env{
+		AdminURL:     os.Getenv("SPACE_DATABASE_URL"),
+		RedisAddr:    firstNonEmpty(os.Getenv("SPACE_REDIS_ADDRS"), os.Getenv("SPACE_TEST_REDIS_ADDR")),
+		ClusterAddrs: splitAddrs(os.Getenv("SPACE_TEST_REDIS_CLUSTER_ADDRS")),
+		SpaceAPI:     *spaceAPI,
+		Templates:    absFrom(root, *templates),
+		Module:       root,
+		Dir:          dir,
+		Progress:     stderr,
+	}
+	if env.AdminURL == "" {
+		return errors.New(`SPACE_DATABASE_URL is not set; run: scripts/services.sh up && eval "$(scripts/services.sh env)"`)
+	}
+	if env.SpaceAPI == "" {
+		env.SpaceAPI = filepath.Join(dir, "space-api")
+		build := exec.CommandContext(ctx, "go", "build", "-o", env.SpaceAPI, "./cmd/space-api")
+		build.Dir, build.Stdout, build.Stderr = root, stderr, stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("go build ./cmd/space-api: %w", err)
+		}
+	} else {
+		env.SpaceAPI = absFrom(root, env.SpaceAPI)
+	}
+
+	cfg := bench.Config{Runs: *runs, Quick: *quick}
+	if *only != "" {
+		cfg.Only = strings.Split(*only, ",")
+	}
+	rep, err := bench.Run(ctx, env, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, rep.Summary())
+	if *doc != "" {
+		command := "make bench   # scripts/bench.sh: scripts/services.sh up, then bin/space-bench " + strings.Join(args, " ")
+		if err := bench.WriteDoc(absFrom(root, *doc), rep.Markdown(strings.TrimSpace(command))); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s\n", *doc)
+	}
+	return nil
+}
+
+// moduleRoot is the repository root: the directory of go.mod above the working
+// directory, where `go test -bench` and the default paths are resolved.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("run space-bench inside the repository (no go.mod above the working directory)")
+		}
+		dir = parent
+	}
+}
+
+func absFrom(root, p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(root, p)
+}
+
+func splitAddrs(s string) []string {
+	var out []string
+	for a := range strings.SplitSeq(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func firstNonEmpty(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}

@@ -1,0 +1,74 @@
+package sandbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/pool"
+	"github.com/space-sandbox/space/internal/sandbox"
+	"github.com/space-sandbox/space/internal/substrate"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// benchCharger admits everything, or refuses everything as an empty client bucket
+// would; with refuser set it is also a sandbox.Refuser, so that the Service takes the
+// early refusal.
+type benchCharger struct{ refuse bool }
+
+func (c benchCharger) Charge(_ context.Context, client space.ClientKey, rate *space.Rate) error {
+	if c.refuse {
+		return &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Hour, Limit: rate}
+	}
+	return nil
+}
+
+type benchRefuser struct{ benchCharger }
+
+func (c benchRefuser) Refuse(ctx context.Context, client space.ClientKey, rate *space.Rate) *space.LimitError {
+	return c.Charge(ctx, client, rate).(*space.LimitError)
+}
+
+// BenchmarkCreate is the flow of a create on the services' Postgres, the charge
+// stubbed (no Redis) and the simulated substrate instant, so that ns/op is the
+// flow's own Postgres round trips and allocs/op its own allocations:
+//
+//   - cold: a cold admit of a client with no live cap;
+//   - rejected: a refused charge by the usual path: the row reserved under the
+//     client's lock (live cap 50) and deleted again;
+//   - rejected_early: the same refusal answered by the early refusal (one read,
+//     nothing reserved), which the usual path's first refusal turns on.
+func BenchmarkCreate(b *testing.B) {
+	shape := space.Shape{Template: "python-3.12", CPUMillis: 500, MemoryMiB: 1024, DiskGiB: 5}
+	templates := substrate.Templates{"python-3.12": {Name: "python-3.12", Image: "python:3.12-slim"}}
+	for _, c := range []struct {
+		name    string
+		charger sandbox.Charger
+		caller  sandbox.Caller
+		ok      bool
+	}{
+		{"cold", benchCharger{}, sandbox.Caller{Client: "acme"}, true},
+		{"rejected", benchCharger{refuse: true}, sandbox.Caller{Client: "acme", LiveSandboxes: 50}, false},
+		{"rejected_early", benchRefuser{benchCharger{refuse: true}}, sandbox.Caller{Client: "acme", LiveSandboxes: 50}, false},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			db := testenv.DB(b)
+			sim := substrate.NewSimulated(substrate.SimulatedOptions{})
+			svc := sandbox.New(sandbox.Options{
+				DB: db, Pool: pool.New(pool.Options{DB: db, Substrate: sim}), Substrate: sim, Charger: c.charger,
+				Catalog: sandbox.Catalog{Templates: templates, Max: space.Shape{CPUMillis: 8000, MemoryMiB: 16384, DiskGiB: 100}},
+			})
+			ctx := testenv.Context(b)
+			req := sandbox.CreateRequest{Shape: shape}
+			_, _ = svc.Create(ctx, c.caller, req) // the first refusal turns the early refusal on
+			b.ReportAllocs()
+			for b.Loop() {
+				_, err := svc.Create(ctx, c.caller, req)
+				if (err == nil) != c.ok {
+					b.Fatalf("Create = %v, want ok %v", err, c.ok)
+				}
+			}
+		})
+	}
+}
