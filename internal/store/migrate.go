@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -149,6 +150,25 @@ func riverMigrator(pool *pgxpool.Pool, logger *slog.Logger) (*rivermigrate.Migra
 }
 
 type pgxTx = pgx.Tx
+
+// WithDatabase returns the Postgres URL base pointing at database name instead.
+func WithDatabase(base, name string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		return base
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// Redact returns a Postgres URL with its password hidden, for messages.
+func Redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "the database URL"
+	}
+	return u.Redacted()
+}
 
 // RiverSchemaVersion names the newest River migration this binary carries, so that
 // test templates are rebuilt when River is upgraded.

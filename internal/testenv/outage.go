@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/space-sandbox/space/internal/store"
 )
 
 // RedisServer is a private redis-server process for tests that stop and restart Redis;
@@ -190,7 +191,7 @@ func ProxyDatabaseURL(t testing.TB, dbURL string) (string, *Proxy) {
 	t.Helper()
 	u, err := url.Parse(dbURL)
 	if err != nil || u.Host == "" {
-		t.Fatalf("parse database URL %q: %v", redactURL(dbURL), err)
+		t.Fatalf("parse database URL %q: %v", store.Redact(dbURL), err)
 	}
 	p := StartProxy(t, u.Host)
 	u.Host = p.Addr

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,7 +68,7 @@ func createDatabase(t testing.TB, base, template string) string {
 	name := fmt.Sprintf("%s%d_%s", testDBPrefix, time.Now().Unix(), RandomID(4))
 	admin, err := pgx.Connect(ctx, base)
 	if err != nil {
-		t.Fatalf("connect %s: %v; start the services with\n\t%s", redactURL(base), err, StartCommand)
+		t.Fatalf("connect %s: %v; start the services with\n\t%s", store.Redact(base), err, StartCommand)
 	}
 	defer admin.Close(ctx)
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{template}.Sanitize()); err != nil {
@@ -85,7 +84,7 @@ func createDatabase(t testing.TB, base, template string) string {
 		defer conn.Close(ctx)
 		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 	})
-	return withDatabase(base, name)
+	return store.WithDatabase(base, name)
 }
 
 // DB returns a pool on a fresh, migrated database that only this test uses.
@@ -148,7 +147,7 @@ func sharedDatabase(base string) (*pgxpool.Pool, error) {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{tmpl}.Sanitize()); err != nil {
 		return nil, err
 	}
-	return pgxpool.New(context.Background(), withDatabase(base, name))
+	return pgxpool.New(context.Background(), store.WithDatabase(base, name))
 }
 
 // migratedTemplate returns the name of the template database for the current schema,
@@ -169,7 +168,7 @@ func createTemplate(ctx context.Context, base string) (string, error) {
 	name := templatePrefix + sum
 	admin, err := pgx.Connect(ctx, base)
 	if err != nil {
-		return "", fmt.Errorf("connect %s: %w", redactURL(base), err)
+		return "", fmt.Errorf("connect %s: %w", store.Redact(base), err)
 	}
 	defer admin.Close(ctx)
 	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock($1)", templateLockID); err != nil {
@@ -193,7 +192,7 @@ func createTemplate(ctx context.Context, base string) (string, error) {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", err
 	}
-	pool, err := pgxpool.New(ctx, withDatabase(base, name))
+	pool, err := pgxpool.New(ctx, store.WithDatabase(base, name))
 	if err != nil {
 		return "", err
 	}
@@ -246,21 +245,4 @@ func schemaHash() (string, error) {
 	}
 	fmt.Fprintf(h, "river:%s", store.RiverSchemaVersion())
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
-}
-
-func withDatabase(base, name string) string {
-	u, err := url.Parse(base)
-	if err != nil {
-		return base
-	}
-	u.Path = "/" + name
-	return u.String()
-}
-
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "the database URL"
-	}
-	return u.Redacted()
 }

@@ -86,7 +86,7 @@ func runKeys(ctx context.Context, env *Env, runs int, sz sizes) (*KeysResult, er
 	if err != nil {
 		return nil, err
 	}
-	if err := admitEach(ctx, adm, sz.memoryKeys, 8); err != nil {
+	if err := admitEach(ctx, adm, "c", &keysClientRate, sz.memoryKeys, 8); err != nil {
 		return nil, err
 	}
 	after, err := infoInt(ctx, memDB, "memory", "used_memory")
@@ -165,9 +165,9 @@ func runKeys(ctx context.Context, env *Env, runs int, sz sizes) (*KeysResult, er
 	return res, nil
 }
 
-// admitEach makes one decision for each of n distinct clients ("c0".."c<n-1>") on g
+// admitEach makes one decision for each of n distinct clients (prefix0..prefix<n-1>) on g
 // goroutines.
-func admitEach(ctx context.Context, a *admission.Admitter, n, g int) error {
+func admitEach(ctx context.Context, a *admission.Admitter, prefix string, rate *space.Rate, n, g int) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, g)
@@ -180,7 +180,7 @@ func admitEach(ctx context.Context, a *admission.Admitter, n, g int) error {
 				if i >= int64(n) {
 					return
 				}
-				if _, err := a.Admit(ctx, space.ClientKey("c"+strconv.FormatInt(i, 10)), &keysClientRate); err != nil {
+				if _, err := a.Admit(ctx, space.ClientKey(prefix+strconv.FormatInt(i, 10)), rate); err != nil {
 					errs <- err
 					return
 				}
@@ -253,28 +253,7 @@ func measureExpiry(ctx context.Context, rdb *redis.Client, res *KeysResult, n in
 		return fmt.Errorf("DBSIZE: %w", err)
 	}
 	res.ExpiryBaseline = base
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(n) {
-					return
-				}
-				if _, err := a.Admit(ctx, space.ClientKey("idle"+strconv.FormatInt(i, 10)), &rate); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	if err := admitEach(ctx, a, "idle", &rate, n, 8); err != nil {
 		return err
 	}
 	last := time.Now()

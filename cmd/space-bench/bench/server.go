@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/space-sandbox/space/internal/store"
 )
 
 // database is a Postgres database of the bench's own, on the services' server,
@@ -36,14 +36,14 @@ func (e *Env) newDatabase(ctx context.Context) (*database, error) {
 	name := fmt.Sprintf("spacebench_%d_%s", time.Now().Unix(), randomHex(4))
 	admin, err := pgx.Connect(ctx, e.AdminURL)
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres %s: %w", redact(e.AdminURL), err)
+		return nil, fmt.Errorf("connect to postgres %s: %w", store.Redact(e.AdminURL), err)
 	}
 	defer admin.Close(ctx)
 	dropLeftovers(ctx, admin)
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("create bench database: %w", err)
 	}
-	db := &database{env: e, name: name, URL: withDatabase(e.AdminURL, name)}
+	db := &database{env: e, name: name, URL: store.WithDatabase(e.AdminURL, name)}
 	cmd := exec.CommandContext(ctx, e.SpaceAPI, "migrate")
 	// migrate reads the whole configuration, so Redis must be named even though
 	// migrating does not use it.
@@ -387,23 +387,6 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-func withDatabase(base, name string) string {
-	u, err := url.Parse(base)
-	if err != nil {
-		return base
-	}
-	u.Path = "/" + name
-	return u.String()
-}
-
-func redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "the database URL"
-	}
-	return u.Redacted()
 }
 
 // quota is one client's entry in the quota flag.
