@@ -19,13 +19,20 @@ import (
 // topologies runs test on the standalone Redis and on the 3-node cluster, in parallel.
 func topologies(t *testing.T, test func(t *testing.T, rdb redis.UniversalClient)) {
 	t.Helper()
+	eachTopology(t, func(t *testing.T, dial func(testing.TB) redis.UniversalClient) { test(t, dial(t)) })
+}
+
+// eachTopology is topologies for a test that dials more than one connection (two
+// replicas): it is handed the topology's dialer.
+func eachTopology(t *testing.T, test func(t *testing.T, dial func(testing.TB) redis.UniversalClient)) {
+	t.Helper()
 	for _, topo := range []struct {
 		name string
 		dial func(testing.TB) redis.UniversalClient
 	}{{"standalone", testenv.Redis}, {"cluster", testenv.RedisCluster}} {
 		t.Run(topo.name, func(t *testing.T) {
 			t.Parallel()
-			test(t, topo.dial(t))
+			test(t, topo.dial)
 		})
 	}
 }
@@ -450,25 +457,19 @@ func TestConcurrentConsumers(t *testing.T) {
 
 	t.Run("two replicas on two connections admit exactly the bursts", func(t *testing.T) {
 		t.Parallel()
-		for _, topo := range []struct {
-			name string
-			dial func(testing.TB) redis.UniversalClient
-		}{{"standalone", testenv.Redis}, {"cluster", testenv.RedisCluster}} {
-			t.Run(topo.name, func(t *testing.T) {
-				t.Parallel()
-				one := setup(t, topo.dial(t), enabled(space.Rate{RefillRPS: neverRefills, Burst: 16}))
-				opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 16})
-				opts.Prefix = one.prefix
-				two := setup(t, topo.dial(t), opts)
-				admitted := race(t, []*bundle{one, two})
-				for client, burst := range bursts {
-					if admitted[client] != int(burst) {
-						t.Errorf("%s admitted %d, want its burst %d", client, admitted[client], burst)
-					}
+		eachTopology(t, func(t *testing.T, dial func(testing.TB) redis.UniversalClient) {
+			one := setup(t, dial(t), enabled(space.Rate{RefillRPS: neverRefills, Burst: 16}))
+			opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 16})
+			opts.Prefix = one.prefix
+			two := setup(t, dial(t), opts)
+			admitted := race(t, []*bundle{one, two})
+			for client, burst := range bursts {
+				if admitted[client] != int(burst) {
+					t.Errorf("%s admitted %d, want its burst %d", client, admitted[client], burst)
 				}
-				check(t, one, 16, admitted)
-			})
-		}
+			}
+			check(t, one, 16, admitted)
+		})
 	})
 }
 

@@ -82,64 +82,58 @@ func TestConcurrencyLimiter(t *testing.T) {
 
 	t.Run("n+k concurrent acquires of one client with cap n get exactly k rejections", func(t *testing.T) {
 		t.Parallel()
-		for _, topo := range []struct {
-			name string
-			dial func(testing.TB) redis.UniversalClient
-		}{{"standalone", testenv.Redis}, {"cluster", testenv.RedisCluster}} {
-			t.Run(topo.name, func(t *testing.T) {
-				t.Parallel()
-				const n, k = 5, 3
-				one := setupConcurrency(t, topo.dial(t), ConcurrencyOptions{})
-				two := one.replica(topo.dial(t), ConcurrencyOptions{}) // a second replica
-				var (
-					start    = make(chan struct{})
-					finished sync.WaitGroup // every goroutine has tried; none releases yet
-					mu       sync.Mutex
-					rejected int
-					releases []func()
-					errs     []error
-				)
-				for i := range n + k {
-					b := []*concurrencyBundle{one, two}[i%2]
-					finished.Go(func() {
-						<-start
-						release, err := b.lim.Acquire(b.ctx, "acme", n)
-						mu.Lock()
-						switch {
-						case err == nil:
-							releases = append(releases, release)
-						case overCap(err, "acme", n):
-							rejected++
-						default:
-							errs = append(errs, err)
-						}
-						mu.Unlock()
-					})
-				}
-				close(start)
-				finished.Wait()
-				if len(errs) > 0 {
-					t.Fatalf("Acquire: %v", errs)
-				}
-				if rejected != k || len(releases) != n {
-					t.Fatalf("%d acquired, %d rejected; want %d and %d", len(releases), rejected, n, k)
-				}
-				if got := one.inFlight("acme"); got != n {
-					t.Fatalf("InFlight = %d, want %d", got, n)
-				}
+		eachTopology(t, func(t *testing.T, dial func(testing.TB) redis.UniversalClient) {
+			const n, k = 5, 3
+			one := setupConcurrency(t, dial(t), ConcurrencyOptions{})
+			two := one.replica(dial(t), ConcurrencyOptions{}) // a second replica
+			var (
+				start    = make(chan struct{})
+				finished sync.WaitGroup // every goroutine has tried; none releases yet
+				mu       sync.Mutex
+				rejected int
+				releases []func()
+				errs     []error
+			)
+			for i := range n + k {
+				b := []*concurrencyBundle{one, two}[i%2]
+				finished.Go(func() {
+					<-start
+					release, err := b.lim.Acquire(b.ctx, "acme", n)
+					mu.Lock()
+					switch {
+					case err == nil:
+						releases = append(releases, release)
+					case overCap(err, "acme", n):
+						rejected++
+					default:
+						errs = append(errs, err)
+					}
+					mu.Unlock()
+				})
+			}
+			close(start)
+			finished.Wait()
+			if len(errs) > 0 {
+				t.Fatalf("Acquire: %v", errs)
+			}
+			if rejected != k || len(releases) != n {
+				t.Fatalf("%d acquired, %d rejected; want %d and %d", len(releases), rejected, n, k)
+			}
+			if got := one.inFlight("acme"); got != n {
+				t.Fatalf("InFlight = %d, want %d", got, n)
+			}
 
-				// Other clients are unaffected by acme being at its cap.
-				release := two.acquire("globex", 1)
+			// Other clients are unaffected by acme being at its cap.
+			release := two.acquire("globex", 1)
+			release()
+
+			for _, release := range releases {
 				release()
-
-				for _, release := range releases {
-					release()
-				}
-				if got := two.inFlight("acme"); got != 0 {
-					t.Fatalf("InFlight after release = %d, want 0", got)
-				}
-			})
-		}
+			}
+			if got := two.inFlight("acme"); got != 0 {
+				t.Fatalf("InFlight after release = %d, want 0", got)
+			}
+		})
 	})
 
 	t.Run("release frees the place and is idempotent", func(t *testing.T) {

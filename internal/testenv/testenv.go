@@ -79,15 +79,6 @@ func RedisCluster(t testing.TB) redis.UniversalClient {
 	return dialRedis(t, RedisClusterAddrs(t))
 }
 
-// RedisTopologies returns a standalone and a cluster client, by name, for tests that
-// must pass on both.
-func RedisTopologies(t testing.TB) map[string]redis.UniversalClient {
-	t.Helper()
-	return map[string]redis.UniversalClient{
-		"standalone": Redis(t),
-		"cluster":    RedisCluster(t),
-	}
-}
 
 func dialRedis(t testing.TB, addrs []string) redis.UniversalClient {
 	t.Helper()
