@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // FloodResult is the flood scenario: per run, the well-behaved client's success rate
@@ -35,18 +33,12 @@ type FloodResult struct {
 // one space-api with a private Redis, and counts the Redis commands of the run from
 // INFO commandstats.
 func runFlood(ctx context.Context, env *Env, runs int, sz sizes) (*FloodResult, error) {
-	db, err := env.newDatabase(ctx)
+	st, err := env.newStack(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer db.drop()
-	rs, err := startRedis(ctx, env.Dir)
-	if err != nil {
-		return nil, err
-	}
-	defer rs.Stop()
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
-	defer rdb.Close()
+	defer st.close()
+	db, rs, rdb := st.db, st.redis, st.client
 
 	// The cluster bucket holds more than both clients' rates together, as an operator
 	// would set it: what protects the well-behaved client is the flooder's own bucket.

@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/space-sandbox/space/internal/admission"
 )
 
@@ -57,18 +55,12 @@ type ReplicasResult struct {
 // one Redis, and checks that together they admit exactly the cluster burst plus what
 // refilled, in Redis time: the global budget holds across replicas.
 func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasResult, error) {
-	db, err := env.newDatabase(ctx)
+	st, err := env.newStack(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer db.drop()
-	rs, err := startRedis(ctx, env.Dir)
-	if err != nil {
-		return nil, err
-	}
-	defer rs.Stop()
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
-	defer rdb.Close()
+	defer st.close()
+	db, rs, rdb := st.db, st.redis, st.client
 
 	res := &ReplicasResult{Replicas: 3, Burst: sz.replicaBurst, Refill: sz.replicaRefill, Duration: sz.replicaDur, Workers: sz.replicaWorkers}
 	// The client's own bucket is far larger than the cluster's, so the cluster bucket

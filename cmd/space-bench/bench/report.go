@@ -228,23 +228,19 @@ func (r *Report) Markdown(command string) string {
 		w("### 1. Script cost: Redis CPU per decision\n\n")
 		w("`usec/calls` of `cmdstat_evalsha` in `INFO commandstats` after `CONFIG RESETSTAT`, %d decisions per cell from one goroutine, the implementations in a rotating order, on a private `redis-server`; ", s.Calls)
 		w("the script's own commands are included. `space`: the two-bucket decision; `space_one_key`: the cluster key alone; `redis_rate`: v10 `Allow` on one key.\n\n")
-		w("| path | space µs | space_one_key µs | redis_rate µs | space / redis_rate |\n|---|---:|---:|---:|---:|\n")
-		for _, path := range []string{"allow", "reject"} {
-			w("| %s | %s | %s | %s | %s |\n", path,
-				summarize(s.Cell(implSpace, path).Usec).format("%.2f"),
-				summarize(s.Cell(implSpaceOneKey, path).Usec).format("%.2f"),
-				summarize(s.Cell(implRedisRate, path).Usec).format("%.2f"),
-				ratioStats(s.Cell(implSpace, path).Usec, s.Cell(implRedisRate, path).Usec).format("%.2f×"))
+		table := func(unit string, of func(c *ScriptCell) []float64) {
+			w("| path | space %[1]s | space_one_key %[1]s | redis_rate %[1]s | space / redis_rate |\n|---|---:|---:|---:|---:|\n", unit)
+			for _, path := range []string{"allow", "reject"} {
+				w("| %s | %s | %s | %s | %s |\n", path,
+					summarize(of(s.Cell(implSpace, path))).format("%.2f"),
+					summarize(of(s.Cell(implSpaceOneKey, path))).format("%.2f"),
+					summarize(of(s.Cell(implRedisRate, path))).format("%.2f"),
+					ratioStats(of(s.Cell(implSpace, path)), of(s.Cell(implRedisRate, path))).format("%.2f×"))
+			}
 		}
+		table("µs", func(c *ScriptCell) []float64 { return c.Usec })
 		w("\n`usec` is wall time inside each command, so it also counts the moments another process held Redis's core. The same runs, measured by the Redis main thread's CPU time instead (`INFO cpu`, `used_cpu_user_main_thread` + `used_cpu_sys_main_thread`, from getrusage, per decision; it includes reading each request and writing its reply, the same for every implementation):\n\n")
-		w("| path | space CPU µs | space_one_key CPU µs | redis_rate CPU µs | space / redis_rate |\n|---|---:|---:|---:|---:|\n")
-		for _, path := range []string{"allow", "reject"} {
-			w("| %s | %s | %s | %s | %s |\n", path,
-				summarize(s.Cell(implSpace, path).CPUUsec).format("%.2f"),
-				summarize(s.Cell(implSpaceOneKey, path).CPUUsec).format("%.2f"),
-				summarize(s.Cell(implRedisRate, path).CPUUsec).format("%.2f"),
-				ratioStats(s.Cell(implSpace, path).CPUUsec, s.Cell(implRedisRate, path).CPUUsec).format("%.2f×"))
-		}
+		table("CPU µs", func(c *ScriptCell) []float64 { return c.CPUUsec })
 		w("\n")
 	}
 

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/space-sandbox/space/internal/store"
 )
 
@@ -29,6 +30,34 @@ type database struct {
 	env  *Env
 	name string
 	URL  string
+}
+
+// stack is what a server scenario runs on: a fresh database, a private redis-server
+// and a client of it.
+type stack struct {
+	db     *database
+	redis  *redisServer
+	client *redis.Client
+}
+
+// newStack starts a stack; close tears it down.
+func (e *Env) newStack(ctx context.Context) (*stack, error) {
+	db, err := e.newDatabase(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rs, err := startRedis(ctx, e.Dir)
+	if err != nil {
+		db.drop()
+		return nil, err
+	}
+	return &stack{db: db, redis: rs, client: redis.NewClient(&redis.Options{Addr: rs.Addr})}, nil
+}
+
+func (s *stack) close() {
+	s.client.Close()
+	s.redis.Stop()
+	s.db.drop()
 }
 
 // newDatabase creates and migrates a fresh database.
