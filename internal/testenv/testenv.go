@@ -79,7 +79,6 @@ func RedisCluster(t testing.TB) redis.UniversalClient {
 	return dialRedis(t, RedisClusterAddrs(t))
 }
 
-
 func dialRedis(t testing.TB, addrs []string) redis.UniversalClient {
 	t.Helper()
 	opts := &redis.UniversalOptions{Addrs: addrs}
