@@ -2,18 +2,18 @@ package space
 
 import "context"
 
-type clientContextKey struct{}
+type callerContextKey struct{}
 
-// NewContextWithClient returns ctx carrying the caller's bounded client key.
-func NewContextWithClient(ctx context.Context, key ClientKey) context.Context {
-	return context.WithValue(ctx, clientContextKey{}, key)
+// NewContext returns ctx carrying caller: the one place a request's or a job's
+// resolved identity and limits travel, set once by whoever resolved them (the API's
+// identity middleware, a dispatcher worker, an internal wake).
+func NewContext(ctx context.Context, caller Caller) context.Context {
+	return context.WithValue(ctx, callerContextKey{}, caller)
 }
 
-// ClientFromContext returns the client key carried by ctx, or Unknown when there is
-// none: an unidentified caller is never anyone in particular.
-func ClientFromContext(ctx context.Context) ClientKey {
-	if key, ok := ctx.Value(clientContextKey{}).(ClientKey); ok && key != "" {
-		return key
-	}
-	return Unknown
+// CallerFromContext returns the caller carried by ctx and true, or the zero Caller and
+// false when there is none: code that needs a caller must not invent one.
+func CallerFromContext(ctx context.Context) (Caller, bool) {
+	c, ok := ctx.Value(callerContextKey{}).(Caller)
+	return c, ok
 }

@@ -9,14 +9,16 @@ import (
 // Error codes. Each maps to exactly one HTTP status in internal/api (one table); the
 // rest of the program speaks only these codes.
 const (
-	EINVALID       = "invalid"       // the request is malformed (400)
-	EUNAUTHORIZED  = "unauthorized"  // no valid credentials (401)
-	ENOTFOUND      = "not_found"     // no such thing, or not the caller's (404)
-	ECONFLICT      = "conflict"      // the thing's state does not allow it (409)
-	EUNPROCESSABLE = "unprocessable" // well formed but cannot be served, e.g. a shape over the caps (422)
-	ELIMITED       = "limited"       // a limit turned it away: see *LimitError (429)
-	EUNAVAILABLE   = "unavailable"   // a dependency is down (503)
-	EINTERNAL      = "internal"      // a bug or an unexpected failure (500)
+	EINVALID       = "invalid"                // the request is malformed (400)
+	EUNAUTHORIZED  = "unauthorized"           // no valid credentials (401)
+	ENOTFOUND      = "not_found"              // no such thing, or not the caller's (404)
+	ECONFLICT      = "conflict"               // the thing's state does not allow it (409)
+	EUNPROCESSABLE = "unprocessable"          // well formed but cannot be served, e.g. a shape over the caps (422)
+	EUNSUPPORTED   = "unsupported_media_type" // a body that is not application/json (415)
+	ETOOLARGE      = "headers_too_large"      // request headers over the server's limit (431)
+	ELIMITED       = "limited"                // a limit turned it away: see *LimitError (429)
+	EUNAVAILABLE   = "unavailable"            // a dependency is down (503)
+	EINTERNAL      = "internal"               // a bug or an unexpected failure (500)
 )
 
 // Error is a domain error: a code for the machine, a message for the caller, and, for
@@ -113,13 +115,37 @@ func (e *LimitError) Error() string {
 	return fmt.Sprintf("%s: %s", ELIMITED, e.Message())
 }
 
-// Message is the caller-facing explanation, one per bucket (DESIGN.md §4).
-func (e *LimitError) Message() string {
+// IdentityMode is how callers prove who they are (SPACE_AUTH_MODE). It changes only
+// what a caller off the allowlist is told about getting a rate of its own.
+type IdentityMode string
+
+const (
+	// IdentityAPIKey: an API key issued for a client id.
+	IdentityAPIKey IdentityMode = "api_key"
+	// IdentityTrustedHeader: X-Client-ID set by an authenticating gateway.
+	IdentityTrustedHeader IdentityMode = "trusted_header"
+)
+
+// Message is the caller-facing explanation, one per bucket (DESIGN.md §4), in words
+// that fit no identity mode in particular (see MessageFor).
+func (e *LimitError) Message() string { return e.MessageFor("") }
+
+// MessageFor is Message in the words of the identity mode the caller used: a caller
+// off the allowlist, refused by the rate it shares with every such caller, is told
+// how it could get a rate of its own.
+func (e *LimitError) MessageFor(mode IdentityMode) string {
 	switch e.Bucket {
 	case BucketClientActivation:
 		msg := fmt.Sprintf("client %q is over its sandbox activation rate; slow down and retry after the Retry-After delay", string(e.Client))
 		if e.Client == Unknown {
-			msg += "; activations without an allowlisted X-Client-ID share this rate"
+			switch mode {
+			case IdentityAPIKey:
+				msg += "; your API key's client is not on the allowlist, so it shares this rate with every client off the allowlist: ask the operator to allowlist it for a rate of its own"
+			case IdentityTrustedHeader:
+				msg += "; activations without an allowlisted X-Client-ID share this rate"
+			default:
+				msg += "; every client off the allowlist shares this rate"
+			}
 		}
 		return msg
 	case BucketClusterActivation:

@@ -47,9 +47,9 @@ type Operation struct {
 	ID    string         `json:"id"`
 	Kind  OperationKind  `json:"kind"`
 	State OperationState `json:"state"`
-	// Client is the key the operation runs and is charged as: the caller's, or the
-	// sandbox owner's for a wake.
-	Client ClientKey `json:"client"`
+	// Client owns the operation and is who it runs as: the caller's client id, or the
+	// sandbox owner's for a wake. Its budget key is resolved when the operation runs.
+	Client ClientID `json:"client"`
 	// SandboxID is fixed when the operation is accepted, for a create too: a client
 	// knows the id of the sandbox it will get, and a retried create reuses it.
 	SandboxID string `json:"sandbox_id"`

@@ -10,13 +10,14 @@ import (
 	"time"
 )
 
-// ClientKey is a caller's bounded identity: an allowlisted client id, or Unknown. Only
-// values of this type reach Redis keys and metric labels, so the set of keys is bounded
-// by the allowlist however many ids callers send.
+// ClientKey is a caller's budget key: its client id when that is on the allowlist, or
+// Unknown. Only values of this type reach Redis keys and metric labels, so the set of
+// keys is bounded by the allowlist however many ids callers send. It names budgets,
+// never owners (see ClientID).
 type ClientKey string
 
-// Unknown is the key of every caller whose id is not on the allowlist. They share its
-// buckets and limits.
+// Unknown is the budget key of every caller whose id is not on the allowlist. They
+// share its buckets and caps, while each still owns only what it created.
 const Unknown ClientKey = "unknown"
 
 // Rate is a token bucket: it holds at most Burst tokens and refills RefillRPS tokens a
@@ -81,8 +82,9 @@ var LiveStates = []SandboxState{StateStarting, StateRunning, StatePausing, State
 
 // Sandbox is one isolated machine (pod, microVM) owned by one client.
 type Sandbox struct {
-	ID     string       `json:"id"`
-	Client ClientKey    `json:"client"`
+	ID string `json:"id"`
+	// Client owns the sandbox: the authenticated client id that created it.
+	Client ClientID     `json:"client"`
 	State  SandboxState `json:"state"`
 	Shape
 	// Warm is true when the sandbox was adopted from a warm pool slot on its last
@@ -92,6 +94,9 @@ type Sandbox struct {
 	CreatedAt time.Time         `json:"created_at"`
 	UpdatedAt time.Time         `json:"updated_at"`
 
+	// BudgetKey is the budget key its last activation was charged and capped under:
+	// the live-sandbox cap counts the sandbox against it while it is live. Not shown.
+	BudgetKey ClientKey `json:"-"`
 	// SubstrateRef names the running sandbox on its substrate (a pod name, a VM id);
 	// SnapshotRef names its last snapshot. Neither is shown to clients.
 	SubstrateRef string `json:"-"`

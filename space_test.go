@@ -79,7 +79,7 @@ func TestErrors(t *testing.T) {
 			want string
 		}{
 			{space.LimitError{Bucket: space.BucketClientActivation, Client: "acme"}, `client "acme" is over its sandbox activation rate`},
-			{space.LimitError{Bucket: space.BucketClientActivation, Client: space.Unknown}, "without an allowlisted X-Client-ID share this rate"},
+			{space.LimitError{Bucket: space.BucketClientActivation, Client: space.Unknown}, "every client off the allowlist shares this rate"},
 			{space.LimitError{Bucket: space.BucketClusterActivation}, "cluster is at its sandbox activation capacity"},
 			{space.LimitError{Bucket: space.BucketClientConcurrency, Client: "acme", Cap: 3}, "(cap 3)"},
 			{space.LimitError{Bucket: space.BucketLiveSandboxCap, Client: "acme", Cap: 50}, "cap of 50 live sandboxes"},
@@ -90,6 +90,22 @@ func TestErrors(t *testing.T) {
 		}
 		if msg := (&space.LimitError{Bucket: space.BucketClientActivation, Client: "acme"}).Message(); strings.Contains(msg, "X-Client-ID") {
 			t.Errorf("an allowlisted client is told about X-Client-ID: %q", msg)
+		}
+	})
+
+	t.Run("a caller off the allowlist is told how to get a rate of its own in the words of its identity mode", func(t *testing.T) {
+		t.Parallel()
+		le := &space.LimitError{Bucket: space.BucketClientActivation, Client: space.Unknown}
+		apiKey, header := le.MessageFor(space.IdentityAPIKey), le.MessageFor(space.IdentityTrustedHeader)
+		if !strings.Contains(apiKey, "API key's client is not on the allowlist") || strings.Contains(apiKey, "X-Client-ID") {
+			t.Errorf("api_key mode: %q", apiKey)
+		}
+		if !strings.Contains(header, "without an allowlisted X-Client-ID share this rate") {
+			t.Errorf("trusted_header mode: %q", header)
+		}
+		acme := &space.LimitError{Bucket: space.BucketClientActivation, Client: "acme"}
+		if acme.MessageFor(space.IdentityAPIKey) != acme.Message() || acme.MessageFor(space.IdentityTrustedHeader) != acme.Message() {
+			t.Error("an allowlisted client's message depends on the identity mode")
 		}
 	})
 }

@@ -34,8 +34,14 @@ if [ "$fuzztime" != "0" ] && [ -z "${TESTFLAGS:-}" ]; then
   grep -rlE '^func Fuzz[A-Za-z0-9_]+\(' --include='*_test.go' . | sort | while read -r file; do
     pkg="./$(dirname "${file#./}")"
     grep -oE '^func (Fuzz[A-Za-z0-9_]+)\(' "$file" | sed -E 's/^func (Fuzz[A-Za-z0-9_]+)\(/\1/' | while read -r target; do
-      echo "-- $pkg $target"
-      go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg"
+      # A target whose every execution is costly (a whole server behind it) says how
+      # many executions it gets by default in a "// fuzztime: Nx" line of its doc
+      # comment; FUZZTIME, when set, still wins.
+      t="$fuzztime"
+      own=$(grep -B12 "^func ${target}(" "$file" | grep -oE '^// fuzztime: [0-9]+x$' | tail -n 1 | cut -d' ' -f3 || true)
+      if [ -n "$own" ] && [ -z "${FUZZTIME:-}" ]; then t="$own"; fi
+      echo "-- $pkg $target ($t)"
+      go test -run '^$' -fuzz "^${target}\$" -fuzztime "$t" "$pkg"
     done
   done
 fi

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/apikey"
@@ -126,8 +127,12 @@ func (m *Main) Run(ctx context.Context) error {
 	opts.Logger, opts.Registry, opts.MaxBodyBytes = m.Logger, m.Registry, cfg.Sandbox.MaxBodyBytes
 	opts.Checks = append([]api.Check{
 		{Name: "postgres", Check: db.Ping},
-		{Name: "redis", Check: func(ctx context.Context) error { return m.Redis.Ping(ctx).Err() }},
+		// With fail-open admission the replica serves without Redis (admitting
+		// unbudgeted, counted): Redis down is degraded, not unready.
+		{Name: "redis", Check: func(ctx context.Context) error { return m.Redis.Ping(ctx).Err() },
+			Degrades: cfg.Admission.FailureMode == config.FailOpen},
 	}, opts.Checks...)
+	opts.Identity = space.IdentityMode(cfg.Auth.Mode)
 	m.API = api.New(opts)
 
 	if err := m.listen(); err != nil {
@@ -177,8 +182,10 @@ func newHTTPServer(h http.Handler, logger *slog.Logger, readHeaderTimeout time.D
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      2 * time.Minute,
 		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    32 << 10,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		// Above api.DefaultMaxHeaderBytes, so that oversized headers up to this size get
+		// the handler's 431 problem+json; beyond it net/http answers in plain text.
+		MaxHeaderBytes: 1 << 20,
+		ErrorLog:       slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 }
 

@@ -18,7 +18,7 @@ func (m *Main) dispatcher(ctx context.Context) (*dispatcher.Dispatcher, error) {
 	d, err := dispatcher.New(dispatcher.Options{
 		DB:                m.DB,
 		Sandboxes:         m.Sandboxes,
-		Limits:            m.Resolver,
+		Callers:           m.Resolver,
 		Workers:           cfg.Workers,
 		AdmissionDeadline: cfg.AdmissionDeadline,
 		MaxSnooze:         cfg.MaxSnooze,

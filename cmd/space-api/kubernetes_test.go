@@ -49,7 +49,7 @@ current-context: x
 		}
 		t.Cleanup(func() { m.Close() })
 		var ready api.Readiness
-		if code := getJSON(t, m.PublicURL()+"/readyz", &ready); code != 200 {
+		if code := getJSON(t, m.InternalURL()+"/readyz", &ready); code != 200 {
 			t.Fatalf("readyz = %d %+v", code, ready)
 		}
 		if c := ready.Checks["substrate"]; c.Status != "ok" || !strings.Contains(c.Detail, "sandboxes") || lists.Load() == 0 {

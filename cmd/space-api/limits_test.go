@@ -82,7 +82,7 @@ func TestLimitsReportWhatIsEnforced(t *testing.T) {
 		name, client string
 		key          space.ClientKey
 		status       string
-		source       flags.RateSource
+		source       space.RateSource
 		burst        int64 // 0: no client bucket
 	}{
 		{"a rate entry replaces the env rate", "acme", "acme", "enforced", flags.SourceFlag, 4},
@@ -151,10 +151,10 @@ func TestLimitsReportWhatIsEnforced(t *testing.T) {
 		t.Parallel()
 		s := startServer(t, e2eOptions{quota: `{"default": {"concurrency": 100, "live_sandboxes": 1000}, "rate": {"unknown": null}}`,
 			config: func(c *config.Config) { c.Admission.Client = &space.Rate{RefillRPS: 0.000001, Burst: 2} }})
-		if l := s.limits(""); l.ClientRate.Status != "exempt" {
-			t.Fatalf("unknown reported %+v", l.ClientRate)
+		if l := s.limits("initech"); l.ClientRate.Status != "exempt" || l.Client != space.Unknown || l.ClientID != "initech" {
+			t.Fatalf("initech reported %+v", l)
 		}
-		if n, p := s.admitted("", 6); n != 6 {
+		if n, p := s.admitted("initech", 6); n != 6 {
 			t.Fatalf("unknown admitted %d (stopped by %+v), want no client bucket", n, p)
 		}
 	})

@@ -19,7 +19,7 @@ import (
 )
 
 // testConfig is a config for a Main on ":0" ports with a database of the test's own.
-func testConfig(t *testing.T) config.Config {
+func testConfig(t testing.TB) config.Config {
 	t.Helper()
 	cfg := config.Default()
 	cfg.HTTPAddr, cfg.InternalHTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
@@ -39,7 +39,7 @@ const testTemplates = `{"templates": {
 }}`
 
 // startMain runs a Main built from cfg, closed when the test ends.
-func startMain(t *testing.T, cfg config.Config) *Main {
+func startMain(t testing.TB, cfg config.Config) *Main {
 	t.Helper()
 	m := NewMain(cfg, NewLogger(io.Discard, "error"))
 	m.RedisPrefix = testenv.Prefix(t)
@@ -69,29 +69,49 @@ func getJSON(t *testing.T, url string, v any) int {
 func TestServe(t *testing.T) {
 	t.Parallel()
 
-	t.Run("readyz is 503 naming redis while it is stopped and 200 when it is back", func(t *testing.T) {
+	t.Run("redis stopped leaves a fail-open replica ready and degraded, and a fail-closed one unready", func(t *testing.T) {
 		t.Parallel()
-		redisSrv := testenv.StartRedis(t)
-		cfg := testConfig(t)
-		cfg.Redis.Addrs = []string{redisSrv.Addr}
-		m := startMain(t, cfg)
+		for _, mode := range []config.FailureMode{config.FailOpen, config.FailClosed} {
+			t.Run(string(mode), func(t *testing.T) {
+				t.Parallel()
+				redisSrv := testenv.StartRedis(t)
+				cfg := testConfig(t)
+				cfg.Redis.Addrs = []string{redisSrv.Addr}
+				cfg.Admission.FailureMode = mode
+				m := startMain(t, cfg)
 
-		var ready api.Readiness
-		if code := getJSON(t, m.PublicURL()+"/readyz", &ready); code != http.StatusOK {
-			t.Fatalf("readyz = %d %+v, want 200", code, ready)
+				var ready api.Readiness
+				if code := getJSON(t, m.PublicURL()+"/readyz", &ready); code != http.StatusOK || ready.Status != "ok" {
+					t.Fatalf("readyz = %d %+v, want 200 ok", code, ready)
+				}
+				redisSrv.Stop()
+				ready = api.Readiness{}
+				code := getJSON(t, m.PublicURL()+"/readyz", &ready)
+				switch mode {
+				case config.FailOpen:
+					if code != http.StatusOK || ready.Status != "degraded" || len(ready.Degraded) != 1 || ready.Degraded[0] != "redis" || len(ready.Down) != 0 {
+						t.Fatalf("readyz with redis stopped = %d %+v, want 200 degraded naming redis", code, ready)
+					}
+				case config.FailClosed:
+					if code != http.StatusServiceUnavailable || len(ready.Down) != 1 || ready.Down[0] != "redis" {
+						t.Fatalf("readyz with redis stopped = %d %+v, want 503 naming redis", code, ready)
+					}
+				}
+				if c := ready.Checks["redis"]; c.Error != "" || c.Detail != "" || ready.Checks["postgres"].Status != "ok" {
+					t.Fatalf("the public readyz says more than what is down: %+v", ready)
+				}
+				var internal api.Readiness
+				getJSON(t, m.InternalURL()+"/readyz", &internal)
+				if internal.Checks["redis"].Error == "" {
+					t.Fatalf("the internal readyz does not say why redis is down: %+v", internal)
+				}
+				redisSrv.Start()
+				testenv.Eventually(t, 10*time.Second, "readyz to recover", func() bool {
+					var r api.Readiness
+					return getJSON(t, m.PublicURL()+"/readyz", &r) == http.StatusOK && r.Status == "ok"
+				})
+			})
 		}
-		redisSrv.Stop()
-		ready = api.Readiness{}
-		if code := getJSON(t, m.PublicURL()+"/readyz", &ready); code != http.StatusServiceUnavailable {
-			t.Fatalf("readyz with redis stopped = %d, want 503", code)
-		}
-		if len(ready.Down) != 1 || ready.Down[0] != "redis" || ready.Checks["postgres"].Status != "ok" {
-			t.Fatalf("readyz body = %+v, want only redis down", ready)
-		}
-		redisSrv.Start()
-		testenv.Eventually(t, 10*time.Second, "readyz to recover", func() bool {
-			return getJSON(t, m.PublicURL()+"/readyz", nil) == http.StatusOK
-		})
 	})
 
 	t.Run("readyz is 503 naming postgres while it is unreachable", func(t *testing.T) {
@@ -104,6 +124,9 @@ func TestServe(t *testing.T) {
 		var ready api.Readiness
 		if code := getJSON(t, m.PublicURL()+"/readyz", &ready); code != http.StatusServiceUnavailable || len(ready.Down) != 1 || ready.Down[0] != "postgres" {
 			t.Fatalf("readyz = %d %+v, want 503 naming postgres", code, ready)
+		}
+		if c := ready.Checks["postgres"]; c.Status != "unavailable" || c.Error != "" || c.Detail != "" {
+			t.Fatalf("the public readyz says how postgres is down, not only that it is: %+v", c)
 		}
 		proxy.Restore()
 		testenv.Eventually(t, 10*time.Second, "readyz to recover", func() bool {

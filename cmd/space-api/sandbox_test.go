@@ -156,6 +156,16 @@ func (s *server) rawBuckets(client space.ClientKey) string {
 	return strings.Join(out, " ")
 }
 
+// sandboxCount counts every sandbox row, whoever's and in whatever state.
+func (s *server) sandboxCount() int {
+	s.t.Helper()
+	var n int
+	if err := s.m.DB.QueryRow(testenv.Context(s.t), "SELECT count(*) FROM sandboxes").Scan(&n); err != nil {
+		s.t.Fatal(err)
+	}
+	return n
+}
+
 func near(a, b float64) bool { return math.Abs(a-b) < 0.01 }
 
 const acmeQuota = `{"clients": {"acme": {"concurrency": 50, "live_sandboxes": 100}, "globex": {}},
@@ -339,7 +349,7 @@ func TestSandboxAPI(t *testing.T) {
 		t.Parallel()
 		s := startServer(t, e2eOptions{quota: acmeQuota})
 		s.create("someone-not-allowlisted", pythonBody)
-		r := s.do("POST", "/v1/sandboxes", "", pythonBody)
+		r := s.do("POST", "/v1/sandboxes", "initech", pythonBody)
 		p := r.problem(t)
 		if r.StatusCode != 429 || p.Client != space.Unknown || !strings.Contains(p.Detail, "without an allowlisted X-Client-ID share this rate") {
 			t.Fatalf("429 = %d %+v", r.StatusCode, p)
@@ -462,7 +472,7 @@ func TestShutdownDrains(t *testing.T) {
 		t.Parallel()
 		s := startServer(t, e2eOptions{config: func(c *config.Config) { c.Sandbox.SimulatedColdStart = 500 * time.Millisecond }})
 		done := make(chan response, 1)
-		go func() { done <- s.do("POST", "/v1/sandboxes", "", pythonBody) }()
+		go func() { done <- s.do("POST", "/v1/sandboxes", "initech", pythonBody) }()
 		testenv.Eventually(t, 5*time.Second, "the create to be in flight", func() bool {
 			var n int
 			_ = s.m.DB.QueryRow(testenv.Context(t), "SELECT count(*) FROM sandboxes WHERE state = 'starting'").Scan(&n)

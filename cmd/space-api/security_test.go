@@ -179,19 +179,72 @@ func itoa(i int) string {
 func TestTrustedHeader(t *testing.T) {
 	t.Parallel()
 
-	t.Run("the header from an untrusted peer is ignored and counted", func(t *testing.T) {
+	t.Run("an untrusted peer gets 401, creates nothing and is counted", func(t *testing.T) {
 		t.Parallel()
 		s := startServer(t, e2eOptions{quota: acmeQuota, config: func(c *config.Config) {
 			c.Auth.TrustedProxyCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")} // not us
 		}})
-		var limits api.LimitsBody
-		s.do("GET", "/v1/limits", "acme", "").json(t, &limits)
-		if limits.Client != space.Unknown {
-			t.Fatalf("an untrusted peer's X-Client-ID was believed: %+v", limits)
+		for _, c := range []struct{ method, path, client, body string }{
+			{"POST", "/v1/sandboxes", "acme", pythonBody},
+			{"POST", "/v1/sandboxes", "", pythonBody},
+			{"GET", "/v1/limits", "acme", ""},
+		} {
+			r := s.do(c.method, c.path, c.client, c.body)
+			if p := r.problem(t); r.StatusCode != 401 || p.Code != space.EUNAUTHORIZED {
+				t.Errorf("%s %s from an untrusted peer = %d %+v, want 401", c.method, c.path, r.StatusCode, p)
+			}
+		}
+		if n := s.sandboxCount(); n != 0 {
+			t.Fatalf("%d sandboxes were created for unauthenticated callers", n)
 		}
 		metrics := s.internal("GET", "/metrics", "")
-		if !strings.Contains(string(metrics.body), "space_auth_untrusted_client_id_total 1") {
-			t.Fatal("the ignored header was not counted")
+		if !strings.Contains(string(metrics.body), "space_auth_untrusted_client_id_total 3") {
+			t.Fatal("the refused requests were not counted")
+		}
+	})
+
+	t.Run("a trusted peer without X-Client-ID gets 401 and creates nothing", func(t *testing.T) {
+		t.Parallel()
+		s := startServer(t, e2eOptions{quota: acmeQuota})
+		r := s.do("POST", "/v1/sandboxes", "", pythonBody)
+		if p := r.problem(t); r.StatusCode != 401 || !strings.Contains(p.Detail, "X-Client-ID") {
+			t.Fatalf("no X-Client-ID = %d %+v, want 401", r.StatusCode, p)
+		}
+		if n := s.sandboxCount(); n != 0 {
+			t.Fatalf("%d sandboxes were created for an unauthenticated caller", n)
+		}
+	})
+
+	t.Run("several or comma-joined X-Client-ID fields, or a malformed one, are a 400 naming the header", func(t *testing.T) {
+		t.Parallel()
+		s := startServer(t, e2eOptions{quota: acmeQuota})
+		for name, header := range map[string][]string{
+			"two fields":         {"acme", "globex"},
+			"a comma list":       {"initech, acme"},
+			"a space":            {"ac me"},
+			"the reserved id":    {"unknown"},
+			"too long":           {strings.Repeat("a", space.MaxClientIDLen+1)},
+			"a non-ASCII letter": {"acmé"},
+		} {
+			req, err := http.NewRequest("POST", s.m.PublicURL()+"/v1/sandboxes", strings.NewReader(pythonBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header[api.HeaderClientID] = header
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			r := response{resp, body}
+			if p := r.problem(t); r.StatusCode != 400 || p.Field != api.HeaderClientID {
+				t.Errorf("%s: %d %+v, want 400 naming %s", name, r.StatusCode, p, api.HeaderClientID)
+			}
+		}
+		if n := s.sandboxCount(); n != 0 {
+			t.Fatalf("%d sandboxes were created from refused headers", n)
 		}
 	})
 

@@ -41,7 +41,7 @@ type APIKey struct {
 }
 
 // Authenticate implements Authenticator.
-func (a *APIKey) Authenticate(r *http.Request) (string, error) {
+func (a *APIKey) Authenticate(r *http.Request) (space.ClientID, error) {
 	source := sourceKey(r, a.TrustedProxies)
 	if a.Failures != nil {
 		ok, state, err := a.Failures.Peek(r.Context(), source)
@@ -55,7 +55,11 @@ func (a *APIKey) Authenticate(r *http.Request) (string, error) {
 		var key apikey.Key
 		key, err = a.Keys.Lookup(r.Context(), secret)
 		if err == nil {
-			return key.Client, nil
+			if cerr := space.CheckClientID(key.Client); cerr != nil {
+				// A key issued before client ids had a format: it cannot own anything.
+				return "", space.Errorf(space.EUNAUTHORIZED, "this API key's client id %q is not a valid client id (%s); issue a new key", truncateID(key.Client), space.ClientIDRule)
+			}
+			return space.ClientID(key.Client), nil
 		}
 	}
 	if space.ErrorCode(err) == space.EUNAVAILABLE {
@@ -79,6 +83,13 @@ func (a *APIKey) Authenticate(r *http.Request) (string, error) {
 		return "", space.Errorf(space.EUNAUTHORIZED, "an API key is required: send Authorization: Bearer <key>")
 	}
 	return "", space.Errorf(space.EUNAUTHORIZED, "the API key is invalid or revoked")
+}
+
+func truncateID(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
 }
 
 func (a *APIKey) count(reason string) {

@@ -104,6 +104,7 @@ func FuzzCreateBody(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body string) {
 		r := httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
 		r.Body = http.MaxBytesReader(rec, r.Body, 64<<10)
 		var b createBody

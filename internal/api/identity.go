@@ -4,31 +4,32 @@ import (
 	"context"
 	"net/http"
 	"net/netip"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
-	"github.com/space-sandbox/space/internal/flags"
 )
 
 // HeaderClientID is the header a trusted gateway sets to the caller's client id.
 const HeaderClientID = "X-Client-ID"
 
-type limitsKey struct{}
-
-// limitsFrom returns the limits resolved for the request by identify.
-func limitsFrom(ctx context.Context) flags.Limits {
-	l, _ := ctx.Value(limitsKey{}).(flags.Limits)
-	if l.Client == "" {
-		l.Client = space.Unknown
+// callerFrom returns the caller that identify resolved for the request. Every /v1
+// route runs behind identify, and the internal wake sets its owner's, so the zero
+// Caller it returns otherwise owns nothing and is capped as space.Unknown.
+func callerFrom(ctx context.Context) space.Caller {
+	c, ok := space.CallerFromContext(ctx)
+	if !ok {
+		c.Key = space.Unknown
 	}
-	return l
+	return c
 }
 
 // requestInfo is filled in as a request goes through the middleware, for the request
 // log written after it (whose context is the outer one).
 type requestInfo struct {
-	client space.ClientKey
+	client space.ClientID
+	key    space.ClientKey
 }
 
 type requestInfoKey struct{}
@@ -38,74 +39,84 @@ func withRequestInfo(ctx context.Context) (context.Context, *requestInfo) {
 	return context.WithValue(ctx, requestInfoKey{}, info), info
 }
 
-func setRequestClient(ctx context.Context, key space.ClientKey) {
+func setRequestCaller(ctx context.Context, c space.Caller) {
 	if info, ok := ctx.Value(requestInfoKey{}).(*requestInfo); ok {
-		info.client = key
+		info.client, info.key = c.ID, c.Key
 	}
 }
 
-// Authenticator establishes who a request is from (DESIGN.md §2 step 1). It returns
-// the raw client id the caller has proven, "" for none, or an EUNAUTHORIZED error. The
-// id is not yet bounded: identify maps it through the allowlist.
+// Authenticator establishes who a request is from (DESIGN.md §2 step 1): the client id
+// the caller has proven, or an error. No credential, or one that does not hold, is an
+// EUNAUTHORIZED error (401); a credential that is malformed in a way the caller can fix
+// is an EINVALID error naming the header (400). There is no anonymous caller: every
+// sandbox, operation and idempotency key has an authenticated owner.
 type Authenticator interface {
-	Authenticate(r *http.Request) (clientID string, err error)
+	Authenticate(r *http.Request) (space.ClientID, error)
 }
 
 // TrustedHeader believes X-Client-ID only from peers inside the trusted proxy CIDRs
 // (SPACE_AUTH_MODE=trusted_header): a gateway in front has authenticated the caller and
-// set the header. From any other peer the header is ignored (the caller is unknown) and
-// counted, since it means someone bypassed the gateway or forgot the CIDR.
+// set the header. A request from any other peer is a 401 whatever it sends, and is
+// counted: it means someone bypassed the gateway or the CIDRs are wrong.
+//
+// The header must be sent once and hold one client id. Several X-Client-ID fields, or
+// one holding a comma-separated list, are refused (400) rather than read: a proxy that
+// appends its value to the caller's instead of replacing it must not let the caller's
+// own value win.
 type TrustedHeader struct {
 	Trusted []netip.Prefix
-	// Untrusted counts requests that sent the header from an untrusted peer; may be nil.
+	// Untrusted counts requests refused because their peer is outside Trusted; may be
+	// nil.
 	Untrusted prometheus.Counter
 }
 
 // Authenticate implements Authenticator.
-func (h *TrustedHeader) Authenticate(r *http.Request) (string, error) {
-	id := r.Header.Get(HeaderClientID)
-	if id == "" {
-		return "", nil
+func (h *TrustedHeader) Authenticate(r *http.Request) (space.ClientID, error) {
+	if addr := peerAddr(r.RemoteAddr); !addr.IsValid() || !inPrefixes(addr, h.Trusted) {
+		if h.Untrusted != nil {
+			h.Untrusted.Inc()
+		}
+		return "", space.Errorf(space.EUNAUTHORIZED, "this request did not come through the authenticating gateway; %s is only believed from it", HeaderClientID)
 	}
-	if h.trusted(r.RemoteAddr) {
-		return id, nil
+	values := r.Header.Values(HeaderClientID)
+	switch {
+	case len(values) == 0 || len(values) == 1 && values[0] == "":
+		return "", space.Errorf(space.EUNAUTHORIZED, "the gateway sent no %s: the caller is not authenticated", HeaderClientID)
+	case len(values) > 1:
+		return "", space.FieldError(space.EINVALID, HeaderClientID, "must be sent once; got %d fields", len(values))
+	case strings.Contains(values[0], ","):
+		return "", space.FieldError(space.EINVALID, HeaderClientID, "must hold one client id, not a list")
 	}
-	if h.Untrusted != nil {
-		h.Untrusted.Inc()
+	if err := space.CheckClientID(values[0]); err != nil {
+		return "", space.FieldError(space.EINVALID, HeaderClientID, "is not a client id (%s): %v", space.ClientIDRule, err)
 	}
-	return "", nil
+	return space.ClientID(values[0]), nil
 }
 
-func (h *TrustedHeader) trusted(remoteAddr string) bool {
-	addr := peerAddr(remoteAddr)
-	return addr.IsValid() && inPrefixes(addr, h.Trusted)
-}
-
-// identify resolves the caller's bounded client key and every limit on it, once per
-// request, through the same resolver that enforcement uses.
+// identify authenticates the caller and resolves its budget key and every limit on it,
+// once per request, through the same resolver that enforcement uses; the result is
+// the request's space.Caller.
 func (s *Server) identify(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := s.auth.Authenticate(r)
 		if err != nil {
-			writeError(w, r, s.logger, err)
+			s.writeError(w, r, err)
 			return
 		}
-		limits := s.resolver.Resolve(r.Context(), id)
-		ctx := space.NewContextWithClient(r.Context(), limits.Client)
-		ctx = context.WithValue(ctx, limitsKey{}, limits)
-		setRequestClient(ctx, limits.Client)
-		next.ServeHTTP(w, r.WithContext(ctx))
+		caller := s.resolver.Resolve(r.Context(), id)
+		setRequestCaller(r.Context(), caller)
+		next.ServeHTTP(w, r.WithContext(space.NewContext(r.Context(), caller)))
 	})
 }
 
-// limitConcurrency caps the client's in-flight requests cluster-wide (DESIGN.md §2
-// step 2): over the cap is a 429 client_concurrency.
+// limitConcurrency caps the caller's budget key's in-flight requests cluster-wide
+// (DESIGN.md §2 step 2): over the cap is a 429 client_concurrency.
 func (s *Server) limitConcurrency(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		limits := limitsFrom(r.Context())
-		release, err := s.concurrency.Acquire(r.Context(), limits.Client, limits.Concurrency)
+		caller := callerFrom(r.Context())
+		release, err := s.concurrency.Acquire(r.Context(), caller.Key, caller.Concurrency)
 		if err != nil {
-			writeError(w, r, s.logger, err)
+			s.writeError(w, r, err)
 			return
 		}
 		defer release()

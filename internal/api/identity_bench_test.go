@@ -30,7 +30,7 @@ import (
 func BenchmarkIdentify(b *testing.B) {
 	resolver := benchResolver(b)
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if limitsFrom(r.Context()).Client != "client-7" {
+		if callerFrom(r.Context()).Key != "client-7" {
 			panic("identify lost the client")
 		}
 	})

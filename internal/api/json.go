@@ -1,36 +1,132 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/space-sandbox/space"
 )
 
 // decodeJSON reads exactly one JSON object from the body into v, refusing unknown
 // fields, trailing data and bodies over the limit, each as a 400 naming what is wrong.
+// A body that is not declared application/json is a 415; a string holding bytes that
+// are not UTF-8 is a 400 naming its field, where encoding/json would silently replace
+// them.
 func decodeJSON(r *http.Request, v any) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		return space.FieldError(space.EINVALID, "Content-Type", "must be application/json, got %q", ct)
+	if err := checkJSONContentType(r.Header.Values("Content-Type")); err != nil {
+		return err
 	}
-	dec := json.NewDecoder(r.Body)
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return jsonError(err)
+	}
+	if !utf8.Valid(body) {
+		return space.FieldError(space.EINVALID, invalidUTF8Field(body), "is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return jsonError(err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return jsonError(err)
-		}
 		return space.FieldError(space.EINVALID, "body", "must hold a single JSON object and nothing after it")
 	}
 	return nil
+}
+
+// checkJSONContentType accepts one Content-Type that is application/json as a media
+// type (RFC 9110: case-insensitive, parameters such as charset=utf-8 allowed) and
+// refuses anything else, none included, with a 415.
+func checkJSONContentType(values []string) error {
+	if len(values) != 1 {
+		return space.FieldError(space.EUNSUPPORTED, "Content-Type", "send one Content-Type: application/json with a body")
+	}
+	mt, params, err := mime.ParseMediaType(values[0])
+	switch {
+	case err != nil || mt != "application/json":
+		return space.FieldError(space.EUNSUPPORTED, "Content-Type", "must be application/json, got %s", quoteField(values[0]))
+	case params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8"):
+		return space.FieldError(space.EUNSUPPORTED, "Content-Type", "the body must be UTF-8, got charset %s", quoteField(params["charset"]))
+	}
+	return nil
+}
+
+// invalidUTF8Field names the field of the first JSON string in body that holds bytes
+// that are not UTF-8: "template", "metadata.<key>", or the object holding a key that is
+// not UTF-8 itself. Body stands in when the JSON is too broken to walk.
+func invalidUTF8Field(body []byte) string {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	type frame struct {
+		object  bool
+		key     string // the current key, once read
+		wantKey bool   // the next string in this object is a key
+	}
+	var stack []frame
+	path := func() string {
+		var parts []string
+		for _, f := range stack {
+			if f.object && f.key != "" {
+				parts = append(parts, f.key)
+			}
+		}
+		if len(parts) == 0 {
+			return "body"
+		}
+		return strings.Join(parts, ".")
+	}
+	var prev int64
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "body"
+		}
+		end := dec.InputOffset()
+		valid := utf8.Valid(body[prev:end])
+		prev = end
+		var top *frame
+		if len(stack) > 0 {
+			top = &stack[len(stack)-1]
+		}
+		isKey := top != nil && top.object && top.wantKey
+		if !valid {
+			// A bad value is named by its key; a bad key by the object holding it.
+			return path()
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{':
+				if top != nil && top.object {
+					top.wantKey = true
+				}
+				stack = append(stack, frame{object: true, wantKey: true})
+			case '[':
+				if top != nil && top.object {
+					top.wantKey = true
+				}
+				stack = append(stack, frame{})
+			default:
+				stack = stack[:len(stack)-1]
+				if len(stack) > 0 && stack[len(stack)-1].object {
+					stack[len(stack)-1].key = ""
+				}
+			}
+		default:
+			if isKey {
+				top.key, top.wantKey = fmt.Sprint(t), false
+			} else if top != nil && top.object {
+				top.key, top.wantKey = "", true
+			}
+		}
+	}
 }
 
 // jsonError turns a decoding error into a 400 that names the offending field where the

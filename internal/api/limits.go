@@ -4,12 +4,14 @@ import (
 	"net/http"
 
 	"github.com/space-sandbox/space"
-	"github.com/space-sandbox/space/internal/flags"
 )
 
 // LimitsBody is GET /v1/limits: the limits enforced on the caller, from the same
 // resolution the admission path uses, and what its buckets hold right now.
 type LimitsBody struct {
+	// ClientID is the authenticated caller; Client is its budget key (the id when
+	// allowlisted, "unknown" otherwise), which every limit below is for.
+	ClientID    space.ClientID  `json:"client_id"`
 	Client      space.ClientKey `json:"client"`
 	Allowlisted bool            `json:"allowlisted"`
 	// AdmissionEnabled is false when nothing is charged at all.
@@ -33,7 +35,7 @@ type BucketBody struct {
 // flag says null) or none (no client rate configured), and where that came from.
 type ClientBucketBody struct {
 	Status string           `json:"status"` // "enforced", "exempt" or "none"
-	Source flags.RateSource `json:"source"`
+	Source space.RateSource `json:"source"`
 	*BucketBody
 }
 
@@ -45,9 +47,10 @@ func capOrNull(n int) *int {
 }
 
 func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
-	l := limitsFrom(r.Context())
+	l := callerFrom(r.Context())
 	body := LimitsBody{
-		Client:           l.Client,
+		ClientID:         l.ID,
+		Client:           l.Key,
 		Allowlisted:      l.Allowlisted,
 		AdmissionEnabled: l.AdmissionEnabled,
 		Cluster:          BucketBody{RefillRPS: l.Cluster.RefillRPS, Burst: l.Cluster.Burst},
@@ -62,12 +65,12 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
 	case l.ClientExempt:
 		body.ClientRate.Status = "exempt"
 	}
-	if l.RateSource == flags.SourceMalformedFallback {
+	if l.RateSource == space.SourceMalformedFallback {
 		body.Warnings = append(body.Warnings, "this client's entry in the quota flag's rate object is malformed; the env rate applies until it is fixed")
 	}
 	if l.AdmissionEnabled {
 		// A read that takes no token, of the very buckets Admit would charge.
-		d, err := s.admitter.Peek(r.Context(), l.Client, l.ClientRate)
+		d, err := s.admitter.Peek(r.Context(), l.Key, l.ClientRate)
 		if err == nil && !d.FailedOpen {
 			body.Cluster.Remaining = &d.Cluster.Remaining
 			if d.Client != nil && body.ClientRate.BucketBody != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -98,7 +99,7 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 					}
 					s.logger.ErrorContext(r.Context(), "handler panicked", "panic", rec, "stack", string(debug.Stack()), "request_id", RequestID(r.Context()))
 					if ww.Status() == 0 {
-						writeError(ww, r, s.logger, &space.Error{Code: space.EINTERNAL, Message: "internal error", Err: errors.New("panic")})
+						s.writeError(ww, r, &space.Error{Code: space.EINTERNAL, Message: "internal error", Err: errors.New("panic")})
 					}
 				}
 				route := chi.RouteContext(r.Context()).RoutePattern()
@@ -116,7 +117,7 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 				if status >= 500 {
 					level = slog.LevelWarn
 				}
-				client := info.client
+				client, key := string(info.client), string(info.key)
 				if client == "" {
 					client = "-"
 				}
@@ -129,13 +130,39 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 						slog.Int("bytes", ww.BytesWritten()),
 						slog.Duration("duration", elapsed),
 						slog.String("request_id", RequestID(r.Context())),
-						slog.String("client", string(client)),
+						slog.String("client", client),
+						slog.String("budget_key", key),
 					)
 				}
 			}()
 			next.ServeHTTP(ww, r)
 		})
 	}
+}
+
+// DefaultMaxHeaderBytes is the request header limit answered with a 431 problem. The
+// http.Server's own MaxHeaderBytes must be larger, so that a request between the two
+// reaches this check (net/http answers beyond its limit with a plain-text 431 that no
+// handler sees).
+const DefaultMaxHeaderBytes = 32 << 10
+
+// limitHeaders answers a request whose headers are over the limit with a 431
+// problem+json, before any other work.
+func (s *Server) limitHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := len(r.Method) + len(r.RequestURI) + len(r.Host)
+		for k, vs := range r.Header {
+			for _, v := range vs {
+				n += len(k) + len(v) + 4 // ": " and CRLF
+			}
+		}
+		if n > DefaultMaxHeaderBytes {
+			s.writeError(w, r, &space.Error{Code: space.ETOOLARGE, Field: "headers",
+				Message: fmt.Sprintf("the request line and headers are %d bytes; at most %d are accepted", n, DefaultMaxHeaderBytes)})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // limitBody caps every request body: a body over the limit fails its JSON decode with

@@ -45,26 +45,26 @@ func (s *Server) respondAsync(w http.ResponseWriter, r *http.Request, req dispat
 	keys := r.Header.Values(dispatcher.IdempotencyKeyHeader)
 	if !prefersAsync(r.Header) || s.operations == nil {
 		if len(keys) > 0 {
-			writeError(w, r, s.logger, space.FieldError(space.EINVALID, dispatcher.IdempotencyKeyHeader,
+			s.writeError(w, r, space.FieldError(space.EINVALID, dispatcher.IdempotencyKeyHeader,
 				"is honoured only with Prefer: respond-async; send both, or neither"))
 			return true
 		}
 		return false // RFC 7240: a server may serve a preference synchronously
 	}
 	if len(keys) > 1 {
-		writeError(w, r, s.logger, space.FieldError(space.EINVALID, dispatcher.IdempotencyKeyHeader, "must be sent once"))
+		s.writeError(w, r, space.FieldError(space.EINVALID, dispatcher.IdempotencyKeyHeader, "must be sent once"))
 		return true
 	}
 	if len(keys) == 1 {
 		req.IdempotencyKey = keys[0]
 		if err := dispatcher.CheckIdempotencyKey(req.IdempotencyKey); err != nil {
-			writeError(w, r, s.logger, err)
+			s.writeError(w, r, err)
 			return true
 		}
 	}
 	op, _, err := s.operations.Enqueue(r.Context(), req)
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return true
 	}
 	w.Header().Set("Location", location+op.ID)
@@ -76,9 +76,9 @@ func (s *Server) respondAsync(w http.ResponseWriter, r *http.Request, req dispat
 // getOperation is GET /v1/operations/{id}: the caller's own operations only; another
 // client's is 404, as for sandboxes.
 func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
-	op, err := s.operations.Get(r.Context(), space.ClientFromContext(r.Context()), chi.URLParam(r, "id"))
+	op, err := s.operations.Get(r.Context(), callerFrom(r.Context()).ID, chi.URLParam(r, "id"))
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, op)
@@ -89,7 +89,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 func (s *Server) getOperationInternal(w http.ResponseWriter, r *http.Request) {
 	op, err := s.operations.GetAny(r.Context(), chi.URLParam(r, "id"))
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, op)

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -22,6 +21,8 @@ var statusByCode = map[string]int{
 	space.ENOTFOUND:      http.StatusNotFound,
 	space.ECONFLICT:      http.StatusConflict,
 	space.EUNPROCESSABLE: http.StatusUnprocessableEntity,
+	space.EUNSUPPORTED:   http.StatusUnsupportedMediaType,
+	space.ETOOLARGE:      http.StatusRequestHeaderFieldsTooLarge,
 	space.ELIMITED:       http.StatusTooManyRequests,
 	space.EUNAVAILABLE:   http.StatusServiceUnavailable,
 	space.EINTERNAL:      http.StatusInternalServerError,
@@ -55,7 +56,8 @@ func ProblemType(code string) string { return "urn:space:problem:" + code }
 
 // writeError renders err as problem+json with the status of its code. Internal errors
 // are logged with the request id and shown to the caller as a bare "internal error".
-func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
+// A refusal is explained in the words of the server's identity mode.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	code := space.ErrorCode(err)
 	status := Status(err)
 	p := Problem{
@@ -74,11 +76,12 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 	var le *space.LimitError
 	if errors.As(err, &le) {
 		p.Bucket, p.Client = le.Bucket, le.Client
+		p.Detail = le.MessageFor(s.identity)
 		setLimitHeaders(w.Header(), le, rand.Float64)
 	}
 	switch {
 	case status >= 500:
-		logger.ErrorContext(r.Context(), "request failed", "code", code, "err", err, "request_id", p.RequestID)
+		s.logger.ErrorContext(r.Context(), "request failed", "code", code, "err", err, "request_id", p.RequestID)
 	case code == space.EUNAUTHORIZED:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="space"`)
 	}

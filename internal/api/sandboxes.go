@@ -8,7 +8,6 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/dispatcher"
-	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/sandbox"
 )
 
@@ -28,29 +27,25 @@ func (b createBody) request() sandbox.CreateRequest {
 	}
 }
 
-// caller turns resolved limits into what the flow runs under.
-func caller(l flags.Limits) sandbox.Caller {
-	return sandbox.Caller{Client: l.Client, LiveSandboxes: l.LiveSandboxes, Rate: l.ClientRate}
-}
-
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	var body createBody
 	if err := decodeJSON(r, &body); err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	req := body.request()
 	// Validate before anything else: a bad body touches no limit (DESIGN.md §2 step 3).
 	if err := sandbox.ValidateCreate(req.Shape, req.Metadata); err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
-	if s.respondAsync(w, r, dispatcher.Request{Kind: space.OperationCreate, Client: limitsFrom(r.Context()).Client, Create: req}, operationsPath) {
+	caller := callerFrom(r.Context())
+	if s.respondAsync(w, r, dispatcher.Request{Kind: space.OperationCreate, Client: caller.ID, Create: req}, operationsPath) {
 		return
 	}
-	sb, err := s.sandboxes.Create(r.Context(), caller(limitsFrom(r.Context())), req)
+	sb, err := s.sandboxes.Create(r.Context(), caller, req)
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	w.Header().Set("Location", "/v1/sandboxes/"+sb.ID)
@@ -58,9 +53,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.sandboxes.Get(r.Context(), space.ClientFromContext(r.Context()), chi.URLParam(r, "id"))
+	sb, err := s.sandboxes.Get(r.Context(), callerFrom(r.Context()).ID, chi.URLParam(r, "id"))
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, sb)
@@ -72,7 +67,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			writeError(w, r, s.logger, space.FieldError(space.EINVALID, "limit", "must be an integer"))
+			s.writeError(w, r, space.FieldError(space.EINVALID, "limit", "must be an integer"))
 			return
 		}
 		if n == 0 {
@@ -80,18 +75,18 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	page, err := s.sandboxes.List(r.Context(), space.ClientFromContext(r.Context()), limit, q.Get("page_token"))
+	page, err := s.sandboxes.List(r.Context(), callerFrom(r.Context()).ID, limit, q.Get("page_token"))
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, page)
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.sandboxes.Pause(r.Context(), space.ClientFromContext(r.Context()), chi.URLParam(r, "id"))
+	sb, err := s.sandboxes.Pause(r.Context(), callerFrom(r.Context()).ID, chi.URLParam(r, "id"))
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, sb)
@@ -100,23 +95,24 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 func (s *Server) restoreSandbox(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	if err := sandbox.CheckID(id); err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
-	if s.respondAsync(w, r, dispatcher.Request{Kind: space.OperationRestore, Client: limitsFrom(r.Context()).Client, SandboxID: id}, operationsPath) {
+	caller := callerFrom(r.Context())
+	if s.respondAsync(w, r, dispatcher.Request{Kind: space.OperationRestore, Client: caller.ID, SandboxID: id}, operationsPath) {
 		return
 	}
-	sb, err := s.sandboxes.Restore(r.Context(), caller(limitsFrom(r.Context())), id)
+	sb, err := s.sandboxes.Restore(r.Context(), caller, id)
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, sb)
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
-	if err := s.sandboxes.Delete(r.Context(), space.ClientFromContext(r.Context()), chi.URLParam(r, "id")); err != nil {
-		writeError(w, r, s.logger, err)
+	if err := s.sandboxes.Delete(r.Context(), callerFrom(r.Context()).ID, chi.URLParam(r, "id")); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -128,18 +124,18 @@ func (s *Server) wakeSandbox(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	owner, err := s.sandboxes.Owner(r.Context(), id)
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
-	limits := s.resolver.LimitsFor(r.Context(), owner)
-	setRequestClient(r.Context(), owner)
-	ctx := space.NewContextWithClient(r.Context(), owner)
+	caller := s.resolver.Resolve(r.Context(), owner)
+	setRequestCaller(r.Context(), caller)
+	ctx := space.NewContext(r.Context(), caller)
 	if s.respondAsync(w, r.WithContext(ctx), dispatcher.Request{Kind: space.OperationWake, Client: owner, SandboxID: id}, internalOperationsPath) {
 		return
 	}
-	sb, err := s.sandboxes.Wake(ctx, caller(limits), id)
+	sb, err := s.sandboxes.Wake(ctx, caller, id)
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, sb)

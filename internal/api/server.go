@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/dispatcher"
 	"github.com/space-sandbox/space/internal/flags"
@@ -23,12 +24,17 @@ import (
 )
 
 // Check is one dependency that readiness depends on. Check returns nil when the
-// dependency answers; Detail, when set, adds a note shown in /readyz whatever the
-// result (the simulated substrate says that it is one).
+// dependency answers; Detail, when set, adds a note shown on the internal listener's
+// /readyz whatever the result (the simulated substrate says that it is one).
 type Check struct {
 	Name   string
 	Check  func(ctx context.Context) error
 	Detail string
+	// Degrades marks a dependency the replica can serve without: its failure leaves
+	// the replica ready and is reported as degraded, not unavailable. Redis is one when
+	// admission fails open: taking every replica out of the Service because the budget
+	// store is down would turn a degraded budget into a full outage.
+	Degrades bool
 }
 
 // Options are what a Server needs. Logger and Registry are required.
@@ -42,6 +48,9 @@ type Options struct {
 	CheckTimeout time.Duration
 	// MaxBodyBytes caps request bodies (default 64 KiB).
 	MaxBodyBytes int64
+
+	// Identity is SPACE_AUTH_MODE: it words what a caller off the allowlist is told.
+	Identity space.IdentityMode
 
 	// The domain. With Sandboxes nil only the health and metrics routes are served.
 	Auth        Authenticator
@@ -63,6 +72,7 @@ type Server struct {
 	checkTimeout time.Duration
 	maxBodyBytes int64
 	draining     atomic.Bool
+	identity     space.IdentityMode
 
 	auth        Authenticator
 	resolver    *flags.Resolver
@@ -80,6 +90,7 @@ func New(opts Options) *Server {
 		checks:       opts.Checks,
 		checkTimeout: opts.CheckTimeout,
 		maxBodyBytes: opts.MaxBodyBytes,
+		identity:     opts.Identity,
 		auth:         opts.Auth,
 		resolver:     opts.Resolver,
 		concurrency:  opts.Concurrency,
@@ -104,11 +115,11 @@ func (s *Server) Drain() { s.draining.Store(true) }
 // Public is the handler of the public listener (SPACE_HTTP_ADDR).
 func (s *Server) Public() http.Handler {
 	r := chi.NewRouter()
-	r.Use(requestID, s.observe("public"), s.limitBody)
+	r.Use(requestID, s.observe("public"), s.limitHeaders, s.limitBody)
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed)
 	r.Get("/healthz", s.healthz)
-	r.Get("/readyz", s.readyz)
+	r.Get("/readyz", s.readyz(false))
 	if s.sandboxes != nil {
 		r.Route("/v1", func(r chi.Router) {
 			r.Use(s.identify, s.limitConcurrency)
@@ -131,11 +142,11 @@ func (s *Server) Public() http.Handler {
 // /internal/v1 API and /metrics, which must never be reachable by clients.
 func (s *Server) Internal() http.Handler {
 	r := chi.NewRouter()
-	r.Use(requestID, s.observe("internal"), s.limitBody)
+	r.Use(requestID, s.observe("internal"), s.limitHeaders, s.limitBody)
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed)
 	r.Get("/healthz", s.healthz)
-	r.Get("/readyz", s.readyz)
+	r.Get("/readyz", s.readyz(true))
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
 	if s.sandboxes != nil {
 		r.Post("/internal/v1/sandboxes/{id}/wake", s.wakeSandbox)
@@ -164,50 +175,80 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// Check statuses, and the states of the whole /readyz body.
+const (
+	statusOK          = "ok"
+	statusDegraded    = "degraded"
+	statusUnavailable = "unavailable"
+	statusDraining    = "draining"
+)
+
 // CheckResult is one dependency's line in /readyz.
 type CheckResult struct {
-	Status string `json:"status"` // "ok" or "down"
+	Status string `json:"status"` // ok, degraded or unavailable
+	// Error and Detail are shown on the internal listener only: the public answer
+	// names what is down, never how (no addresses, no driver errors).
 	Error  string `json:"error,omitempty"`
 	Detail string `json:"detail,omitempty"`
 }
 
-// Readiness is the /readyz body.
+// Readiness is the /readyz body. Status is ok or degraded with 200, unavailable or
+// draining with 503.
 type Readiness struct {
-	Status string                 `json:"status"` // "ok", "unavailable" or "draining"
-	Down   []string               `json:"down,omitempty"`
-	Checks map[string]CheckResult `json:"checks"`
+	Status   string                 `json:"status"`
+	Down     []string               `json:"down,omitempty"`
+	Degraded []string               `json:"degraded,omitempty"`
+	Checks   map[string]CheckResult `json:"checks"`
 }
 
-func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	res := Readiness{Status: "ok", Checks: make(map[string]CheckResult, len(s.checks))}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, c := range s.checks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(r.Context(), s.checkTimeout)
-			defer cancel()
-			cr := CheckResult{Status: "ok", Detail: c.Detail}
-			if err := c.Check(ctx); err != nil {
-				cr.Status, cr.Error = "down", err.Error()
-			}
-			mu.Lock()
-			res.Checks[c.Name] = cr
-			if cr.Status != "ok" {
-				res.Down = append(res.Down, c.Name)
-			}
-			mu.Unlock()
-		}()
+// readyz answers /readyz: 503 when a dependency the replica cannot serve without is
+// down or the replica is draining, otherwise 200 (degraded when a dependency it can
+// serve without is down). internal adds each failure's text and each check's detail.
+func (s *Server) readyz(internal bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		res := Readiness{Status: statusOK, Checks: make(map[string]CheckResult, len(s.checks))}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, c := range s.checks {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(r.Context(), s.checkTimeout)
+				defer cancel()
+				cr := CheckResult{Status: statusOK}
+				if internal {
+					cr.Detail = c.Detail
+				}
+				if err := c.Check(ctx); err != nil {
+					cr.Status = statusUnavailable
+					if c.Degrades {
+						cr.Status = statusDegraded
+					}
+					if internal {
+						cr.Error = err.Error()
+					}
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				res.Checks[c.Name] = cr
+				switch cr.Status {
+				case statusUnavailable:
+					res.Down = append(res.Down, c.Name)
+				case statusDegraded:
+					res.Degraded = append(res.Degraded, c.Name)
+				}
+			})
+		}
+		wg.Wait()
+		sort.Strings(res.Down)
+		sort.Strings(res.Degraded)
+		status := http.StatusOK
+		switch {
+		case len(res.Down) > 0:
+			res.Status, status = statusUnavailable, http.StatusServiceUnavailable
+		case s.draining.Load():
+			res.Status, status = statusDraining, http.StatusServiceUnavailable
+		case len(res.Degraded) > 0:
+			res.Status = statusDegraded
+		}
+		writeJSON(w, status, res)
 	}
-	wg.Wait()
-	sort.Strings(res.Down)
-	status := http.StatusOK
-	switch {
-	case len(res.Down) > 0:
-		res.Status, status = "unavailable", http.StatusServiceUnavailable
-	case s.draining.Load():
-		res.Status, status = "draining", http.StatusServiceUnavailable
-	}
-	writeJSON(w, status, res)
 }

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -39,6 +40,9 @@ const keyBytes = 32
 
 // encodedLen is the length of a key: the prefix and 43 base64url characters.
 var encodedLen = len(Prefix) + base64.RawURLEncoding.EncodedLen(keyBytes)
+
+// maxNameLen bounds a key's name: what it is for, not a document.
+const maxNameLen = 200
 
 // Key is a stored API key; the key itself is never stored.
 type Key struct {
@@ -82,8 +86,14 @@ func (s *Store) Create(ctx context.Context, client, name string) (Key, string, e
 	if client == "" {
 		return Key{}, "", space.FieldError(space.EINVALID, "client", "is required")
 	}
-	if name == "" {
+	if err := space.CheckClientID(client); err != nil {
+		return Key{}, "", space.FieldError(space.EINVALID, "client", "%v (a client id is %s)", err, space.ClientIDRule)
+	}
+	switch {
+	case name == "":
 		return Key{}, "", space.FieldError(space.EINVALID, "name", "is required")
+	case len(name) > maxNameLen || !utf8.ValidString(name) || strings.ContainsRune(name, 0):
+		return Key{}, "", space.FieldError(space.EINVALID, "name", "must be at most %d bytes of UTF-8 text without NUL", maxNameLen)
 	}
 	var raw [keyBytes]byte
 	if _, err := rand.Read(raw[:]); err != nil {

@@ -32,7 +32,6 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/space-sandbox/space"
-	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/store"
 )
@@ -64,17 +63,18 @@ const Queue = "space_operations"
 // errors about the key name it.
 const IdempotencyKeyHeader = "Idempotency-Key"
 
-// LimitSource gives a bounded key's enforced limits, read when an operation runs so
-// that a flag change applies to queued work too. *flags.Resolver is one.
-type LimitSource interface {
-	LimitsFor(ctx context.Context, key space.ClientKey) flags.Limits
+// Callers resolves the client an operation runs as into its budget key and limits,
+// when the operation runs, so that a flag change applies to queued work too.
+// *flags.Resolver is one.
+type Callers interface {
+	Resolve(ctx context.Context, id space.ClientID) space.Caller
 }
 
-// Options configure a Dispatcher. DB, Sandboxes and Limits are required.
+// Options configure a Dispatcher. DB, Sandboxes and Callers are required.
 type Options struct {
 	DB        *pgxpool.Pool
 	Sandboxes *sandbox.Service
-	Limits    LimitSource
+	Callers   Callers
 	// Workers is how many operations this process runs at once
 	// (SPACE_DISPATCHER_WORKERS). 0 makes an insert-only dispatcher: it accepts
 	// operations and others run them.
@@ -120,8 +120,8 @@ func New(opts Options) (*Dispatcher, error) {
 		return nil, errors.New("dispatcher: DB is required")
 	case opts.Sandboxes == nil:
 		return nil, errors.New("dispatcher: Sandboxes is required")
-	case opts.Limits == nil:
-		return nil, errors.New("dispatcher: Limits is required")
+	case opts.Callers == nil:
+		return nil, errors.New("dispatcher: Callers is required")
 	case opts.Workers < 0:
 		return nil, fmt.Errorf("dispatcher: Workers must be >= 0, got %d", opts.Workers)
 	}
@@ -230,9 +230,9 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 // Request is an operation to accept.
 type Request struct {
 	Kind space.OperationKind
-	// Client is the caller's bounded key. A wake ignores it: it runs as the sandbox's
-	// owner, whoever asks.
-	Client space.ClientKey
+	// Client is the authenticated caller, who owns the operation. A wake ignores it: it
+	// runs as the sandbox's owner, whoever asks.
+	Client space.ClientID
 	// SandboxID is the sandbox a restore or a wake acts on. A create's sandbox id is
 	// fixed by the dispatcher and shown on the operation.
 	SandboxID string
@@ -265,8 +265,8 @@ func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation
 	op.ID = uuid.NewString()
 	op.Kind = req.Kind
 	op.Client = req.Client
-	if op.Client == "" {
-		op.Client = space.Unknown
+	if op.Client == "" && req.Kind != space.OperationWake {
+		return nil, false, errors.New("enqueue: an operation needs the client it is for")
 	}
 	if req.IdempotencyKey != "" {
 		if err := CheckIdempotencyKey(req.IdempotencyKey); err != nil {
@@ -386,9 +386,9 @@ func requestHash(op *row) string {
 
 // Get returns client's operation id; another client's is ENOTFOUND. A succeeded
 // operation carries its sandbox as it is now.
-func (d *Dispatcher) Get(ctx context.Context, client space.ClientKey, id string) (*space.Operation, error) {
+func (d *Dispatcher) Get(ctx context.Context, client space.ClientID, id string) (*space.Operation, error) {
 	if client == "" {
-		client = space.Unknown
+		return nil, space.Errorf(space.ENOTFOUND, "no operation %s", id)
 	}
 	return d.get(ctx, client, id)
 }
@@ -399,7 +399,7 @@ func (d *Dispatcher) GetAny(ctx context.Context, id string) (*space.Operation, e
 	return d.get(ctx, "", id)
 }
 
-func (d *Dispatcher) get(ctx context.Context, client space.ClientKey, id string) (*space.Operation, error) {
+func (d *Dispatcher) get(ctx context.Context, client space.ClientID, id string) (*space.Operation, error) {
 	if err := CheckOperationID(id); err != nil {
 		return nil, err
 	}

@@ -169,7 +169,7 @@ func TestRetries(t *testing.T) {
 	t.Run("an error a retry cannot fix fails the operation at once", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, setupOptions{workers: -1}) // accept now, run later
-		sb, err := b.svc.Create(b.ctx, sandbox.Caller{Client: "acme"}, sandbox.CreateRequest{Shape: python})
+		sb, err := b.svc.Create(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -361,8 +361,8 @@ func TestWake(t *testing.T) {
 		acme := space.Rate{RefillRPS: 1e-6, Burst: 5}
 		unknown := space.Rate{RefillRPS: 1e-6, Burst: 5}
 		b.limits.set("acme", &acme, 0)
-		b.limits.set(space.Unknown, &unknown, 0)
-		sb, err := b.svc.Create(b.ctx, sandbox.Caller{Client: "acme", Rate: &acme}, sandbox.CreateRequest{Shape: python})
+		b.limits.set("unknown", &unknown, 0)
+		sb, err := b.svc.Create(b.ctx, space.Caller{ID: "acme", Key: "acme", ClientRate: &acme}, sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -372,7 +372,7 @@ func TestWake(t *testing.T) {
 		a0, u0 := b.tokens("acme", acme), b.tokens(space.Unknown, unknown)
 
 		// Ingress asks without a client of its own.
-		op, _, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationWake, Client: space.Unknown, SandboxID: sb.ID})
+		op, _, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationWake, SandboxID: sb.ID})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -395,7 +395,7 @@ func TestEnqueue(t *testing.T) {
 	t.Run("a request that could never run is refused before anything is queued", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, setupOptions{workers: -1})
-		running, err := b.svc.Create(b.ctx, sandbox.Caller{Client: "acme"}, sandbox.CreateRequest{Shape: python})
+		running, err := b.svc.Create(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}

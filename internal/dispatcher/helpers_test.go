@@ -14,7 +14,6 @@ import (
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/dispatcher"
-	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/substrate"
@@ -27,26 +26,26 @@ var templates = substrate.Templates{
 	python.Template: {Name: python.Template, Image: "python:3.12-slim", MaxDiskGiB: 50},
 }
 
-// limits is a LimitSource the tests set per key; a key with no entry has no client
-// bucket and no live cap.
+// limits is a Callers the tests set per client: each client id is its own budget key;
+// a client with no entry has no client bucket and no live cap.
 type limits struct {
 	mu sync.Mutex
-	m  map[space.ClientKey]flags.Limits
+	m  map[space.ClientID]space.Caller
 }
 
-func (l *limits) LimitsFor(_ context.Context, key space.ClientKey) flags.Limits {
+func (l *limits) Resolve(_ context.Context, id space.ClientID) space.Caller {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if got, ok := l.m[key]; ok {
+	if got, ok := l.m[id]; ok {
 		return got
 	}
-	return flags.Limits{Client: key}
+	return space.Caller{ID: id, Key: space.ClientKey(id)}
 }
 
-func (l *limits) set(key space.ClientKey, rate *space.Rate, live int) {
+func (l *limits) set(id space.ClientID, rate *space.Rate, live int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.m[key] = flags.Limits{Client: key, ClientRate: rate, LiveSandboxes: live}
+	l.m[id] = space.Caller{ID: id, Key: space.ClientKey(id), ClientRate: rate, LiveSandboxes: live}
 }
 
 // charger charges through a real Admitter, as space-api does.
@@ -91,7 +90,7 @@ type setupOptions struct {
 func setup(t *testing.T, o setupOptions) *bundle {
 	t.Helper()
 	b := &bundle{t: t, ctx: testenv.Context(t), db: testenv.DB(t), redis: testenv.Redis(t),
-		limits: &limits{m: map[space.ClientKey]flags.Limits{}}}
+		limits: &limits{m: map[space.ClientID]space.Caller{}}}
 	var err error
 	b.admitter, err = admission.New(admission.Options{
 		Redis: b.redis, Prefix: testenv.Prefix(t), Enabled: true,
@@ -133,7 +132,7 @@ func (b *bundle) dispatcher(o setupOptions) *dispatcher.Dispatcher {
 		workers = 0
 	}
 	d, err := dispatcher.New(dispatcher.Options{
-		DB: b.db, Sandboxes: b.svc, Limits: b.limits,
+		DB: b.db, Sandboxes: b.svc, Callers: b.limits,
 		Workers:           workers,
 		AdmissionDeadline: o.deadline,
 		MaxSnooze:         o.maxSnooze,
@@ -188,7 +187,7 @@ func (b *bundle) tokens(client space.ClientKey, rate space.Rate) float64 {
 	return d.Client.Remaining
 }
 
-func (b *bundle) create(client space.ClientKey, key string) *space.Operation {
+func (b *bundle) create(client space.ClientID, key string) *space.Operation {
 	b.t.Helper()
 	op, _, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: client,
 		Create: sandbox.CreateRequest{Shape: python}, IdempotencyKey: key})

@@ -76,7 +76,7 @@ func setJobID(ctx context.Context, q querier, id string, jobID int64) error {
 // getOperation reads one operation of client; an empty client reads anyone's (the
 // internal listener and the worker). ENOTFOUND when there is none, or it is another
 // client's.
-func getOperation(ctx context.Context, q querier, id string, client space.ClientKey) (*row, error) {
+func getOperation(ctx context.Context, q querier, id string, client space.ClientID) (*row, error) {
 	op, err := scanOperation(q.QueryRow(ctx, "SELECT "+operationColumns+" FROM operations WHERE id = $1 AND ($2 = '' OR client = $2)",
 		id, string(client)))
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -88,7 +88,7 @@ func getOperation(ctx context.Context, q querier, id string, client space.Client
 	return op, nil
 }
 
-func getByIdempotencyKey(ctx context.Context, q querier, client space.ClientKey, key string) (*row, error) {
+func getByIdempotencyKey(ctx context.Context, q querier, client space.ClientID, key string) (*row, error) {
 	op, err := scanOperation(q.QueryRow(ctx, "SELECT "+operationColumns+" FROM operations WHERE client = $1 AND idempotency_key = $2",
 		string(client), key))
 	if errors.Is(err, pgx.ErrNoRows) {

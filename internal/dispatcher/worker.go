@@ -97,10 +97,8 @@ func (d *Dispatcher) work(ctx context.Context, job *rivertype.JobRow, id string,
 		d.metrics.queue.WithLabelValues(string(op.Kind)).Observe(waited.Seconds())
 	}
 
-	limits := d.opts.Limits.LimitsFor(ctx, op.Client)
-	caller := sandbox.Caller{Client: op.Client, LiveSandboxes: limits.LiveSandboxes, Rate: limits.ClientRate}
-	runCtx := space.NewContextWithClient(ctx, op.Client)
-	runErr := d.run(runCtx, op, caller)
+	caller := d.opts.Callers.Resolve(ctx, op.Client)
+	runErr := d.run(space.NewContext(ctx, caller), op, caller)
 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
@@ -158,7 +156,7 @@ func (d *Dispatcher) work(ctx context.Context, job *rivertype.JobRow, id string,
 }
 
 // run is one attempt of the operation's flow, as the synchronous API would run it.
-func (d *Dispatcher) run(ctx context.Context, op *row, caller sandbox.Caller) error {
+func (d *Dispatcher) run(ctx context.Context, op *row, caller space.Caller) error {
 	svc := d.opts.Sandboxes
 	var err error
 	switch op.Kind {

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/open-feature/go-sdk/openfeature"
+
+	"github.com/space-sandbox/space"
 )
 
 // benchQuota is a quota flag of a realistic size: 200 allowlisted clients, half of them
@@ -52,10 +54,10 @@ func BenchmarkResolve(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			f := setup(b, quotaFile(benchQuota()), withPoll(time.Hour))
-			f.resolver.Resolve(ctx, c.id) // parse and warn once, outside the loop
+			f.resolver.Resolve(ctx, space.ClientID(c.id)) // parse and warn once, outside the loop
 			b.ReportAllocs()
 			for b.Loop() {
-				f.resolver.Resolve(ctx, c.id)
+				f.resolver.Resolve(ctx, space.ClientID(c.id))
 			}
 		})
 	}

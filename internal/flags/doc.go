@@ -17,12 +17,12 @@
 // # The Resolver
 //
 // Resolve evaluates the quota flag once per request (a flag change applies to the next
-// request), maps the caller's X-Client-ID through the allowlist (anything not on it is
+// request), maps the authenticated client id through the allowlist to its budget key (anything not on it is
 // space.Unknown) and layers the limits: built-in Defaults, then the flag's "default",
 // then the client's entry, field by field; the client activation rate is the env rate
 // unless the flag's "rate" object has an entry for the key (a rate replaces it, null
 // exempts the key, a malformed entry falls back to the env rate with a warning at most
-// once a minute per key), and only while admission is enabled. Limits.ClientRate is
+// once a minute per key), and only while admission is enabled. Caller.ClientRate is
 // exactly what admission's Admit must be given.
 //
 // # Wiring
@@ -37,8 +37,8 @@
 //		Env:    flags.Env{AdmissionEnabled: cfg.Admission.Enabled, Cluster: cfg.Admission.Cluster, ClientRate: cfg.Admission.Client},
 //		Logger: log, Registerer: reg,
 //	})
-//	limits := resolver.Resolve(ctx, r.Header.Get("X-Client-ID"))
-//	decision, err := admitter.Admit(ctx, limits.Client, limits.ClientRate)
+//	caller := resolver.Resolve(ctx, clientID) // the authenticated id
+//	decision, err := admitter.Admit(ctx, caller.Key, caller.ClientRate)
 //
 // Tests use isolated.NewAPI() (go-sdk ≥ 1.20) for an OpenFeature API of their own
 // instead of the global one, so that they run in parallel.

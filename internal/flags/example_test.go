@@ -41,10 +41,10 @@ func ExampleResolver() {
 		Env:    flags.Env{AdmissionEnabled: true, Cluster: space.Rate{RefillRPS: 100, Burst: 200}, ClientRate: &envRate},
 		Logger: log,
 	})
-	for _, id := range []string{"acme", "mallory"} {
+	for _, id := range []space.ClientID{"acme", "mallory"} {
 		l := resolver.Resolve(ctx, id)
 		fmt.Printf("%s: key=%s concurrency=%d live=%d rate=%v exempt=%v source=%s\n",
-			id, l.Client, l.Concurrency, l.LiveSandboxes, l.ClientRate, l.ClientExempt, l.RateSource)
+			id, l.Key, l.Concurrency, l.LiveSandboxes, l.ClientRate, l.ClientExempt, l.RateSource)
 	}
 	// Output:
 	// acme: key=acme concurrency=20 live=50 rate=&{10 40} exempt=false source=flag

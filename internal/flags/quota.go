@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/space-sandbox/space"
@@ -16,9 +14,8 @@ import (
 // live-sandbox caps and the per-client activation rates (DESIGN.md §5).
 const QuotaFlag = "space-api-client-concurrency-quotas"
 
-// MaxClientKeyLen bounds an allowlisted client key. Keys become Redis keys, metric label
-// values and log fields; an id longer than this is a mistake, not a client.
-const MaxClientKeyLen = 128
+// MaxClientKeyLen bounds an allowlisted client key: an allowlist key is a client id.
+const MaxClientKeyLen = space.MaxClientIDLen
 
 // maxCap bounds a concurrency or live-sandbox cap, so that a typo (an extra few zeros)
 // is refused instead of silently meaning "no cap" through an overflow.
@@ -122,20 +119,15 @@ func ParseQuotas(v any) (Quotas, error) {
 	return q, nil
 }
 
-// checkClientKey refuses an allowlist key that could not be a client id: empty, longer
-// than MaxClientKeyLen, not UTF-8, or holding spaces or control characters.
+// checkClientKey refuses an allowlist key that no caller could authenticate as: one
+// that is not a client id (space.CheckClientID), other than "unknown", whose entry sets
+// the caps shared by everyone off the allowlist.
 func checkClientKey(id string) error {
-	if id == "" {
-		return malformedf("an empty client id cannot be allowlisted")
+	if id == string(space.Unknown) {
+		return nil
 	}
-	if len(id) > MaxClientKeyLen {
-		return malformedf("client id %q is longer than %d bytes", truncate(id), MaxClientKeyLen)
-	}
-	if !utf8.ValidString(id) {
-		return malformedf("client id %q is not valid UTF-8", truncate(id))
-	}
-	if i := strings.IndexFunc(id, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }); i >= 0 {
-		return malformedf("client id %q holds a space or a control character", truncate(id))
+	if err := space.CheckClientID(id); err != nil {
+		return malformedf("client id %q: %v", truncate(id), err)
 	}
 	return nil
 }

@@ -22,19 +22,11 @@ import (
 // flood of log lines.
 const WarnInterval = time.Minute
 
-// RateSource says where a client's activation rate (or its absence) came from, as
-// GET /v1/limits reports it.
-type RateSource string
-
+// Rate sources, as GET /v1/limits reports them (see space.RateSource).
 const (
-	// SourceEnv: the env client rate (SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_*), or
-	// no client bucket when that is unset. Also every key while admission is disabled.
-	SourceEnv RateSource = "env"
-	// SourceFlag: the key's entry in the quota flag's "rate" object (a rate, or null:
-	// exempt).
-	SourceFlag RateSource = "flag"
-	// SourceMalformedFallback: the key's entry is malformed, so the env rate applies.
-	SourceMalformedFallback RateSource = "flag_malformed_fallback"
+	SourceEnv               = space.SourceEnv
+	SourceFlag              = space.SourceFlag
+	SourceMalformedFallback = space.SourceMalformedFallback
 )
 
 // Defaults are the caps of a client when neither its entry in the quota flag nor the
@@ -66,33 +58,6 @@ type Env struct {
 	Defaults Defaults
 }
 
-// Limits is what applies to one request: who the caller is and every limit enforced on
-// it. It is what GET /v1/limits reports, so what is reported is what is enforced.
-type Limits struct {
-	// Client is the bounded key: an allowlisted client id, or space.Unknown.
-	Client space.ClientKey
-	// Allowlisted is true when Client is a key of the flag's "clients" (never for
-	// space.Unknown).
-	Allowlisted bool
-	// Concurrency caps the client's in-flight requests; 0 = no cap.
-	Concurrency int
-	// LiveSandboxes caps the client's live sandboxes; 0 = no cap.
-	LiveSandboxes int
-	// AdmissionEnabled is SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED.
-	AdmissionEnabled bool
-	// Cluster is the shared cluster activation rate.
-	Cluster space.Rate
-	// ClientRate is the rate Admit must enforce for this client: pass it as Admit's
-	// clientRate. Nil means no client bucket (only the cluster bucket is charged). It is
-	// the caller's own copy.
-	ClientRate *space.Rate
-	// ClientExempt is true when ClientRate is nil because the flag's entry for the key
-	// is null, as opposed to there being no env client rate at all.
-	ClientExempt bool
-	// RateSource is where ClientRate (or its absence) came from.
-	RateSource RateSource
-}
-
 // ResolverOptions configures NewResolver.
 type ResolverOptions struct {
 	// Client evaluates the flags; nil means no flags at all: the env defaults apply to
@@ -109,9 +74,9 @@ type ResolverOptions struct {
 	Registerer prometheus.Registerer
 }
 
-// Resolver turns a request's claimed client id into its bounded key and its limits, by
-// one evaluation of the quota flag per request: a flag change applies to the next
-// request. It is safe for concurrent use.
+// Resolver turns an authenticated client id into its space.Caller: its budget key and
+// every limit on it, by one evaluation of the quota flag per request or job, so that a
+// flag change applies to the next one. It is safe for concurrent use.
 //
 // Parsing is not repeated per request: the parsed value is cached against the identity
 // of the value the provider returned (the map's address, kept alive by the cache so it
@@ -176,30 +141,26 @@ func NewResolver(opts ResolverOptions) *Resolver {
 	return r
 }
 
-// Resolve returns the bounded key and the limits of a request whose caller claims
-// clientID (X-Client-ID, raw). The id is honoured only when it is on the allowlist;
-// anything else, empty or huge included, is space.Unknown. No other string is ever
-// returned. It is the hot path: one flag evaluation, no parse unless the flag changed.
-func (r *Resolver) Resolve(ctx context.Context, clientID string) Limits {
+// Resolve returns the caller of the authenticated client id: the id itself, which owns
+// what the caller creates, and its budget key with every limit on it. The budget key is
+// the id when the id is on the allowlist and space.Unknown otherwise; no other string
+// is ever returned as a key. It is the hot path: one flag evaluation, no parse unless
+// the flag changed.
+//
+// A queued operation's or a sandbox owner's id is resolved the same way when the work
+// runs: an id that has left the allowlist since is charged and capped as
+// space.Unknown from then on, while still owning its sandboxes.
+func (r *Resolver) Resolve(ctx context.Context, id space.ClientID) space.Caller {
 	p := r.quotas(ctx)
 	key := space.Unknown
-	if clientID != "" && len(clientID) <= p.maxKeyLen {
-		if _, ok := p.q.Clients[space.ClientKey(clientID)]; ok {
-			key = space.ClientKey(clientID)
+	if id != "" && len(id) <= p.maxKeyLen {
+		if _, ok := p.q.Clients[space.ClientKey(id)]; ok {
+			key = space.ClientKey(id)
 		}
 	}
-	return r.limits(p.q, key)
-}
-
-// LimitsFor returns the limits of a key that is already bounded: a sandbox owner for a
-// wake, a queued operation's key. The key is kept even when it has since left the
-// allowlist (its sandboxes are still its own); it then gets the default caps, and its
-// rate entry if it still has one. An empty key is space.Unknown.
-func (r *Resolver) LimitsFor(ctx context.Context, key space.ClientKey) Limits {
-	if key == "" {
-		key = space.Unknown
-	}
-	return r.limits(r.quotas(ctx).q, key)
+	c := r.limits(p.q, key)
+	c.ID = id
+	return c
 }
 
 // PoolTargets returns the warm pool targets of WarmPoolFlag. With no flags, or the flag
@@ -223,11 +184,11 @@ func (r *Resolver) PoolTargets(ctx context.Context) ([]PoolTarget, error) {
 	return targets, nil
 }
 
-// limits layers the flag over the env for one bounded key.
-func (r *Resolver) limits(q Quotas, key space.ClientKey) Limits {
+// limits layers the flag over the env for one budget key.
+func (r *Resolver) limits(q Quotas, key space.ClientKey) space.Caller {
 	entry, listed := q.Clients[key]
-	l := Limits{
-		Client:           key,
+	l := space.Caller{
+		Key:              key,
 		Allowlisted:      listed && key != space.Unknown,
 		Concurrency:      r.env.Defaults.Concurrency,
 		LiveSandboxes:    r.env.Defaults.LiveSandboxes,
@@ -269,7 +230,7 @@ func (r *Resolver) limits(q Quotas, key space.ClientKey) Limits {
 	return l
 }
 
-func overlay(l *Limits, cq ClientQuota) {
+func overlay(l *space.Caller, cq ClientQuota) {
 	if cq.Concurrency != nil {
 		l.Concurrency = *cq.Concurrency
 	}

@@ -16,19 +16,19 @@ import (
 const malformedRateWarning = "quota flag: malformed rate entry, this key stays on the env client rate"
 
 // wantRate checks the client rate part of l: want nil means no client bucket.
-func wantRate(t *testing.T, l Limits, want *space.Rate, exempt bool, source RateSource) {
+func wantRate(t *testing.T, l space.Caller, want *space.Rate, exempt bool, source space.RateSource) {
 	t.Helper()
 	switch {
 	case want == nil && l.ClientRate != nil:
-		t.Errorf("%s: client rate = %+v, want no client bucket", l.Client, *l.ClientRate)
+		t.Errorf("%s: client rate = %+v, want no client bucket", l.Key, *l.ClientRate)
 	case want != nil && (l.ClientRate == nil || *l.ClientRate != *want):
-		t.Errorf("%s: client rate = %v, want %+v", l.Client, l.ClientRate, *want)
+		t.Errorf("%s: client rate = %v, want %+v", l.Key, l.ClientRate, *want)
 	}
 	if l.ClientExempt != exempt {
-		t.Errorf("%s: exempt = %v, want %v", l.Client, l.ClientExempt, exempt)
+		t.Errorf("%s: exempt = %v, want %v", l.Key, l.ClientExempt, exempt)
 	}
 	if l.RateSource != source {
-		t.Errorf("%s: rate source = %q, want %q", l.Client, l.RateSource, source)
+		t.Errorf("%s: rate source = %q, want %q", l.Key, l.RateSource, source)
 	}
 }
 
@@ -76,8 +76,8 @@ func TestResolverRate(t *testing.T) {
 		t.Parallel()
 		f := setup(t, quotaFile(`{"clients": {"acme": {}}, "rate": {"initech": {"refill_rps": 50, "burst": 500}}}`))
 		l := f.resolver.Resolve(ctx, "initech")
-		if l.Client != space.Unknown || l.Allowlisted {
-			t.Fatalf("initech resolved to %q (allowlisted %v), want unknown", l.Client, l.Allowlisted)
+		if l.Key != space.Unknown || l.Allowlisted {
+			t.Fatalf("initech resolved to %q (allowlisted %v), want unknown", l.Key, l.Allowlisted)
 		}
 		wantRate(t, l, &envRate, false, SourceEnv)
 	})
@@ -89,7 +89,7 @@ func TestResolverRate(t *testing.T) {
 		f := setup(t, quotaFile(`{"clients": {"acme": {}, "globex": {}, "initech": {}},
 			"rate": {"acme": {"refill_rps": 10, "burst": 40}, "globex": null, "initech": "bad", "unknown": null}}`), withEnv(env))
 		for _, id := range []string{"acme", "globex", "initech", "someone"} {
-			l := f.resolver.Resolve(ctx, id)
+			l := f.resolver.Resolve(ctx, space.ClientID(id))
 			if l.AdmissionEnabled {
 				t.Errorf("%s: admission enabled", id)
 			}
@@ -104,9 +104,9 @@ func TestResolverRate(t *testing.T) {
 		t.Parallel()
 		f := setup(t, quotaFile(`{"clients": {"acme": {}}, "rate": {"unknown": null}}`))
 		for _, id := range []string{"", "someone", "unknown"} {
-			l := f.resolver.Resolve(ctx, id)
-			if l.Client != space.Unknown {
-				t.Fatalf("%q resolved to %q", id, l.Client)
+			l := f.resolver.Resolve(ctx, space.ClientID(id))
+			if l.Key != space.Unknown {
+				t.Fatalf("%q resolved to %q", id, l.Key)
 			}
 			wantRate(t, l, nil, true, SourceFlag)
 		}
@@ -147,10 +147,10 @@ func TestResolverCaps(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
-	caps := func(t *testing.T, l Limits, concurrency, live int) {
+	caps := func(t *testing.T, l space.Caller, concurrency, live int) {
 		t.Helper()
 		if l.Concurrency != concurrency || l.LiveSandboxes != live {
-			t.Errorf("%s: caps = %d/%d, want %d/%d", l.Client, l.Concurrency, l.LiveSandboxes, concurrency, live)
+			t.Errorf("%s: caps = %d/%d, want %d/%d", l.Key, l.Concurrency, l.LiveSandboxes, concurrency, live)
 		}
 	}
 
@@ -192,8 +192,8 @@ func TestResolverCaps(t *testing.T) {
 		f := setup(t, quotaFile(`{"clients": {"unknown": {"concurrency": 2, "live_sandboxes": 3}}}`))
 		l := f.resolver.Resolve(ctx, "someone")
 		caps(t, l, 2, 3)
-		if l.Client != space.Unknown || l.Allowlisted {
-			t.Errorf("got %q allowlisted=%v, want unknown and not allowlisted", l.Client, l.Allowlisted)
+		if l.Key != space.Unknown || l.Allowlisted {
+			t.Errorf("got %q allowlisted=%v, want unknown and not allowlisted", l.Key, l.Allowlisted)
 		}
 	})
 }
@@ -206,8 +206,8 @@ func TestResolverAllowlist(t *testing.T) {
 		t.Parallel()
 		f := setup(t, quotaFile(designExample))
 		for _, id := range []string{"acme", "globex"} {
-			if l := f.resolver.Resolve(ctx, id); l.Client != space.ClientKey(id) || !l.Allowlisted {
-				t.Errorf("%q resolved to %q (allowlisted %v)", id, l.Client, l.Allowlisted)
+			if l := f.resolver.Resolve(ctx, space.ClientID(id)); l.Key != space.ClientKey(id) || !l.Allowlisted {
+				t.Errorf("%q resolved to %q (allowlisted %v)", id, l.Key, l.Allowlisted)
 			}
 		}
 	})
@@ -225,9 +225,9 @@ func TestResolverAllowlist(t *testing.T) {
 			"with a NUL":            "acme\x00",
 			"unknown itself":        "unknown",
 		} {
-			l := f.resolver.Resolve(ctx, id)
-			if l.Client != space.Unknown || l.Allowlisted {
-				t.Errorf("%s id resolved to %q (allowlisted %v), want unknown", name, l.Client, l.Allowlisted)
+			l := f.resolver.Resolve(ctx, space.ClientID(id))
+			if l.Key != space.Unknown || l.Allowlisted {
+				t.Errorf("%s id resolved to %q (allowlisted %v), want unknown", name, l.Key, l.Allowlisted)
 			}
 		}
 	})
@@ -236,8 +236,8 @@ func TestResolverAllowlist(t *testing.T) {
 		t.Parallel()
 		r := NewResolver(ResolverOptions{Env: defaultEnv(), Logger: discardLogger()})
 		l := r.Resolve(ctx, "acme")
-		if l.Client != space.Unknown || l.Allowlisted {
-			t.Errorf("acme resolved to %q without flags", l.Client)
+		if l.Key != space.Unknown || l.Allowlisted {
+			t.Errorf("acme resolved to %q without flags", l.Key)
 		}
 		wantRate(t, l, &envRate, false, SourceEnv)
 		if d := DefaultLimits(); l.Concurrency != d.Concurrency || l.LiveSandboxes != d.LiveSandboxes {
@@ -248,16 +248,16 @@ func TestResolverAllowlist(t *testing.T) {
 	t.Run("a file without the quota flag allowlists nobody", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, flagsFile(map[string]string{WarmPoolFlag: `{}`}))
-		if l := f.resolver.Resolve(ctx, "acme"); l.Client != space.Unknown {
-			t.Errorf("acme resolved to %q", l.Client)
+		if l := f.resolver.Resolve(ctx, "acme"); l.Key != space.Unknown {
+			t.Errorf("acme resolved to %q", l.Key)
 		}
 	})
 
 	t.Run("a disabled quota flag allowlists nobody", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, strings.Replace(quotaFile(designExample), `"ENABLED"`, `"DISABLED"`, 1))
-		if l := f.resolver.Resolve(ctx, "acme"); l.Client != space.Unknown {
-			t.Errorf("acme resolved to %q", l.Client)
+		if l := f.resolver.Resolve(ctx, "acme"); l.Key != space.Unknown {
+			t.Errorf("acme resolved to %q", l.Key)
 		}
 	})
 }
@@ -269,15 +269,15 @@ func TestResolverFlagChanges(t *testing.T) {
 	t.Run("a flag change applies to the next request", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, quotaFile(`{"clients": {"acme": {}}}`))
-		if l := f.resolver.Resolve(ctx, "globex"); l.Client != space.Unknown {
+		if l := f.resolver.Resolve(ctx, "globex"); l.Key != space.Unknown {
 			t.Fatalf("globex allowlisted before the change")
 		}
 		f.update(`{"clients": {"acme": {}, "globex": {"concurrency": 3}}}`)
-		if l := f.resolver.Resolve(ctx, "globex"); l.Client != "globex" || l.Concurrency != 3 {
+		if l := f.resolver.Resolve(ctx, "globex"); l.Key != "globex" || l.Concurrency != 3 {
 			t.Errorf("after the change globex = %+v", l)
 		}
 		f.update(`{"clients": {"globex": {}}}`)
-		if l := f.resolver.Resolve(ctx, "acme"); l.Client != space.Unknown {
+		if l := f.resolver.Resolve(ctx, "acme"); l.Key != space.Unknown {
 			t.Errorf("acme still allowlisted after its removal")
 		}
 	})
@@ -305,13 +305,13 @@ func TestResolverFlagChanges(t *testing.T) {
 		stub := &stubProvider{}
 		stub.set(decode(t, designExample))
 		f := setup(t, quotaFile(`{}`), withProvider(stub))
-		if l := f.resolver.Resolve(ctx, "acme"); l.Client != "acme" {
-			t.Fatalf("acme = %q with a good value", l.Client)
+		if l := f.resolver.Resolve(ctx, "acme"); l.Key != "acme" {
+			t.Fatalf("acme = %q with a good value", l.Key)
 		}
 		for _, garbage := range []any{"garbage", []any{1.0}, decode(t, `{"clients": 5}`), decode(t, `{"clients": {"acme": {"concurrency": -1}}}`)} {
 			stub.set(garbage)
 			l := f.resolver.Resolve(ctx, "acme")
-			if l.Client != "acme" || l.Concurrency != 20 {
+			if l.Key != "acme" || l.Concurrency != 20 {
 				t.Errorf("with %v: acme = %+v, want the last good value", garbage, l)
 			}
 			wantRate(t, l, &space.Rate{RefillRPS: 10, Burst: 40}, false, SourceFlag)
@@ -332,15 +332,15 @@ func TestResolverFlagChanges(t *testing.T) {
 		f := setup(t, quotaFile(`{}`), withProvider(stub))
 		f.resolver.Resolve(ctx, "acme")
 		stub.fail(openfeature.NewGeneralResolutionError("backend unreachable"))
-		if l := f.resolver.Resolve(ctx, "acme"); l.Client != "acme" {
-			t.Errorf("acme = %q while the provider fails, want the last good value", l.Client)
+		if l := f.resolver.Resolve(ctx, "acme"); l.Key != "acme" {
+			t.Errorf("acme = %q while the provider fails, want the last good value", l.Key)
 		}
 		if got := f.counter("space_flags_quota_fallbacks_total", map[string]string{"reason": "evaluation_error"}); got != 1 {
 			t.Errorf(`quota_fallbacks_total{reason="evaluation_error"} = %g, want 1`, got)
 		}
 		stub.fail(openfeature.NewFlagNotFoundResolutionError("gone"))
-		if l := f.resolver.Resolve(ctx, "acme"); l.Client != space.Unknown {
-			t.Errorf("acme = %q once the flag is gone, want unknown", l.Client)
+		if l := f.resolver.Resolve(ctx, "acme"); l.Key != space.Unknown {
+			t.Errorf("acme = %q once the flag is gone, want unknown", l.Key)
 		}
 	})
 
@@ -350,8 +350,8 @@ func TestResolverFlagChanges(t *testing.T) {
 		stub.set(42.0)
 		f := setup(t, quotaFile(`{}`), withProvider(stub))
 		l := f.resolver.Resolve(ctx, "acme")
-		if l.Client != space.Unknown {
-			t.Errorf("acme = %q", l.Client)
+		if l.Key != space.Unknown {
+			t.Errorf("acme = %q", l.Key)
 		}
 		wantRate(t, l, &envRate, false, SourceEnv)
 	})
@@ -371,7 +371,7 @@ func TestResolverWarnings(t *testing.T) {
 			for g := range goroutines {
 				wg.Go(func() {
 					for i := range perGoroutine {
-						f.resolver.Resolve(context.Background(), ids[(g+i)%len(ids)])
+						f.resolver.Resolve(context.Background(), space.ClientID(ids[(g+i)%len(ids)]))
 					}
 				})
 			}
@@ -402,38 +402,43 @@ func TestResolverWarnings(t *testing.T) {
 	})
 }
 
-func TestResolverLimitsFor(t *testing.T) {
+func TestResolverIdentity(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
-	t.Run("an allowlisted key gets its limits", func(t *testing.T) {
+	t.Run("an allowlisted id is its own budget key and keeps its id", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, quotaFile(designExample))
-		l := f.resolver.LimitsFor(ctx, "acme")
-		if l.Client != "acme" || !l.Allowlisted || l.Concurrency != 20 || l.LiveSandboxes != 200 {
+		l := f.resolver.Resolve(ctx, "acme")
+		if l.ID != "acme" || l.Key != "acme" || !l.Allowlisted || l.Concurrency != 20 || l.LiveSandboxes != 200 {
 			t.Errorf("got %+v", l)
 		}
 		wantRate(t, l, &space.Rate{RefillRPS: 10, Burst: 40}, false, SourceFlag)
 	})
 
-	t.Run("an owner no longer allowlisted keeps its key with the default caps", func(t *testing.T) {
-		t.Parallel()
-		f := setup(t, quotaFile(`{"default": {"concurrency": 4, "live_sandboxes": 8}, "rate": {"acme": null}}`))
-		l := f.resolver.LimitsFor(ctx, "acme")
-		if l.Client != "acme" || l.Allowlisted || l.Concurrency != 4 || l.LiveSandboxes != 8 {
-			t.Errorf("got %+v", l)
-		}
-		wantRate(t, l, nil, true, SourceFlag)
-	})
-
-	t.Run("an empty key is unknown", func(t *testing.T) {
+	t.Run("two ids off the allowlist share the unknown budget key but keep their own ids", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, quotaFile(designExample))
-		l := f.resolver.LimitsFor(ctx, "")
-		if l.Client != space.Unknown {
-			t.Errorf("got %q", l.Client)
+		initech, hooli := f.resolver.Resolve(ctx, "initech"), f.resolver.Resolve(ctx, "hooli")
+		if initech.Key != space.Unknown || hooli.Key != space.Unknown {
+			t.Fatalf("budget keys %q and %q, want both unknown", initech.Key, hooli.Key)
 		}
-		wantRate(t, l, nil, true, SourceFlag)
+		if initech.ID != "initech" || hooli.ID != "hooli" {
+			t.Fatalf("ids %q and %q, want each its own", initech.ID, hooli.ID)
+		}
+	})
+
+	t.Run("an owner that left the allowlist is charged as unknown from then on", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, quotaFile(`{"clients": {"acme": {"concurrency": 7}}}`))
+		if l := f.resolver.Resolve(ctx, "acme"); l.Key != "acme" || l.Concurrency != 7 {
+			t.Fatalf("before: %+v", l)
+		}
+		f.update(`{"default": {"concurrency": 4, "live_sandboxes": 8}}`)
+		l := f.resolver.Resolve(ctx, "acme")
+		if l.ID != "acme" || l.Key != space.Unknown || l.Allowlisted || l.Concurrency != 4 || l.LiveSandboxes != 8 {
+			t.Errorf("after: %+v, want id acme on the unknown key with the default caps", l)
+		}
 	})
 }
 

@@ -125,8 +125,8 @@ func (b *bundle) claim(t *testing.T, shape space.Shape) *pool.Slot {
 	var slot *pool.Slot
 	err := pgx.BeginFunc(b.ctx, b.db, func(tx pgx.Tx) error {
 		var id string
-		if err := tx.QueryRow(b.ctx, `INSERT INTO sandboxes (id, client, state, template, cpu_millis, memory_mib, disk_gib)
-			VALUES (gen_random_uuid(), 'acme', 'starting', $1, $2, $3, $4) RETURNING id::text`,
+		if err := tx.QueryRow(b.ctx, `INSERT INTO sandboxes (id, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib)
+			VALUES (gen_random_uuid(), 'acme', 'acme', 'starting', $1, $2, $3, $4) RETURNING id::text`,
 			shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB).Scan(&id); err != nil {
 			return err
 		}

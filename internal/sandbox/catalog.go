@@ -2,8 +2,10 @@ package sandbox
 
 import (
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/substrate"
@@ -71,22 +73,35 @@ func ValidateCreate(shape space.Shape, metadata map[string]string) error {
 		name  string
 		value int
 	}{{"cpu_millis", shape.CPUMillis}, {"memory_mib", shape.MemoryMiB}, {"disk_gib", shape.DiskGiB}} {
-		if f.value <= 0 {
+		switch {
+		case f.value <= 0:
 			return space.FieldError(space.EINVALID, f.name, "must be a positive integer, got %d", f.value)
+		case f.value > math.MaxInt32:
+			// Well formed, but no cap could ever allow it and no column holds it.
+			return space.FieldError(space.EUNPROCESSABLE, f.name, "%d is over the largest size any sandbox can have (%d)", f.value, math.MaxInt32)
 		}
 	}
 	if len(metadata) > maxMetadataKeys {
 		return space.FieldError(space.EINVALID, "metadata", "has %d keys; at most %d are allowed", len(metadata), maxMetadataKeys)
 	}
 	for k, v := range metadata {
-		if k == "" || len(k) > maxMetadataKeyLen {
-			return space.FieldError(space.EINVALID, "metadata", "keys must be 1-%d bytes", maxMetadataKeyLen)
+		if k == "" || len(k) > maxMetadataKeyLen || !text(k) {
+			return space.FieldError(space.EINVALID, "metadata", "keys must be 1-%d bytes of UTF-8 text without NUL", maxMetadataKeyLen)
 		}
 		if len(v) > maxMetadataValLen {
 			return space.FieldError(space.EINVALID, "metadata."+k, "is longer than %d bytes", maxMetadataValLen)
 		}
+		if !text(v) {
+			return space.FieldError(space.EINVALID, "metadata."+k, "must be UTF-8 text without NUL")
+		}
 	}
 	return nil
+}
+
+// text reports whether s can be stored and shown as text: valid UTF-8 without NUL,
+// which Postgres refuses in text and jsonb.
+func text(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 // validID reports whether s is a sandbox id (a UUID in its canonical text form), so

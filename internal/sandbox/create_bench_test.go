@@ -45,12 +45,12 @@ func BenchmarkCreate(b *testing.B) {
 	for _, c := range []struct {
 		name    string
 		charger sandbox.Charger
-		caller  sandbox.Caller
+		caller  space.Caller
 		ok      bool
 	}{
-		{"cold", benchCharger{}, sandbox.Caller{Client: "acme"}, true},
-		{"rejected", benchCharger{refuse: true}, sandbox.Caller{Client: "acme", LiveSandboxes: 50}, false},
-		{"rejected_early", benchRefuser{benchCharger{refuse: true}}, sandbox.Caller{Client: "acme", LiveSandboxes: 50}, false},
+		{"cold", benchCharger{}, space.Caller{ID: "acme", Key: "acme"}, true},
+		{"rejected", benchCharger{refuse: true}, space.Caller{ID: "acme", Key: "acme", LiveSandboxes: 50}, false},
+		{"rejected_early", benchRefuser{benchCharger{refuse: true}}, space.Caller{ID: "acme", Key: "acme", LiveSandboxes: 50}, false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			db := testenv.DB(b)

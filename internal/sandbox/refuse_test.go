@@ -98,7 +98,7 @@ func TestEarlyRefusal(t *testing.T) {
 			t.Fatal("acme was admitted")
 		}
 		globex := acme()
-		globex.Client = "globex"
+		globex.ID, globex.Key = "globex", "globex"
 		if _, err := b.svc.Create(b.ctx, globex, sandbox.CreateRequest{Shape: python}); err != nil {
 			t.Fatalf("globex: %v", err)
 		}
@@ -133,8 +133,8 @@ func TestEarlyRefusal(t *testing.T) {
 		if _, err := b.svc.Create(b.ctx, caller, sandbox.CreateRequest{Shape: python}); err == nil {
 			t.Fatal("admitted")
 		}
-		if _, err := b.db.Exec(b.ctx, `INSERT INTO sandboxes (id, client, state, template, cpu_millis, memory_mib, disk_gib)
-			VALUES (gen_random_uuid(), 'acme', 'running', 'node-22', 1, 1, 1)`); err != nil {
+		if _, err := b.db.Exec(b.ctx, `INSERT INTO sandboxes (id, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib)
+			VALUES (gen_random_uuid(), 'acme', 'acme', 'running', 'node-22', 1, 1, 1)`); err != nil {
 			t.Fatal(err)
 		}
 		_, err := b.svc.Create(b.ctx, caller, sandbox.CreateRequest{Shape: python})

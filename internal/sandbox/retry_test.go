@@ -103,7 +103,7 @@ func TestCreateWithFixedID(t *testing.T) {
 		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python}); err != nil {
 			t.Fatal(err)
 		}
-		globex := sandbox.Caller{Client: "globex"}
+		globex := space.Caller{ID: "globex", Key: "globex"}
 		if _, err := b.svc.Create(b.ctx, globex, sandbox.CreateRequest{ID: id, Shape: python}); space.ErrorCode(err) != space.ECONFLICT {
 			t.Fatalf("globex reusing acme's id: err = %v, want conflict", err)
 		}

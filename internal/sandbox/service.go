@@ -43,17 +43,6 @@ type Refuser interface {
 	Refuse(ctx context.Context, client space.ClientKey, rate *space.Rate) *space.LimitError
 }
 
-// Caller is who an activation is for and the limits it runs under, resolved by the
-// caller of the flow from the quota flag (the API per request, the dispatcher per job,
-// a wake for the sandbox's owner).
-type Caller struct {
-	Client space.ClientKey
-	// LiveSandboxes caps the client's live sandboxes; 0 is no cap.
-	LiveSandboxes int
-	// Rate is the client's activation bucket; nil charges the cluster bucket alone.
-	Rate *space.Rate
-}
-
 // Options configure a Service.
 type Options struct {
 	DB        *pgxpool.Pool
@@ -119,7 +108,8 @@ type CreateRequest struct {
 	Metadata map[string]string
 }
 
-// Create makes a new sandbox for caller: DESIGN.md §2 steps 3 to 8.
+// Create makes a new sandbox owned by caller.ID, capped and charged under caller.Key:
+// DESIGN.md §2 steps 3 to 8.
 //
 // With req.ID set, a repeat of the same request is safe:
 //   - no sandbox has that id yet: it is created with it;
@@ -132,7 +122,7 @@ type CreateRequest struct {
 //     is charged.
 //
 // An id of another client's sandbox is ECONFLICT.
-func (s *Service) Create(ctx context.Context, caller Caller, req CreateRequest) (*space.Sandbox, error) {
+func (s *Service) Create(ctx context.Context, caller space.Caller, req CreateRequest) (*space.Sandbox, error) {
 	if err := ValidateCreate(req.Shape, req.Metadata); err != nil {
 		return nil, err
 	}
@@ -140,7 +130,7 @@ func (s *Service) Create(ctx context.Context, caller Caller, req CreateRequest) 
 	if id == "" {
 		id = uuid.NewString()
 	} else {
-		cur, err := s.existing(ctx, caller.Client, id)
+		cur, err := s.existing(ctx, caller.ID, id)
 		switch {
 		case err != nil:
 			return nil, err
@@ -150,11 +140,12 @@ func (s *Service) Create(ctx context.Context, caller Caller, req CreateRequest) 
 		retry = cur != nil
 	}
 	sb := &space.Sandbox{
-		ID:       id,
-		Client:   caller.Client,
-		State:    space.StateStarting,
-		Shape:    req.Shape,
-		Metadata: req.Metadata,
+		ID:        id,
+		Client:    caller.ID,
+		BudgetKey: caller.Key,
+		State:     space.StateStarting,
+		Shape:     req.Shape,
+		Metadata:  req.Metadata,
 	}
 	// A retry of a failed row takes the usual path, which also keeps that row's
 	// history (its refused retries) as it always was.
@@ -202,7 +193,7 @@ func (s *Service) Create(ctx context.Context, caller Caller, req CreateRequest) 
 // existing returns client's sandbox id when a create with a fixed id finds one to
 // return or to retry into, nil when there is none yet, and ECONFLICT when the id is
 // another client's or the sandbox is starting.
-func (s *Service) existing(ctx context.Context, client space.ClientKey, id string) (*space.Sandbox, error) {
+func (s *Service) existing(ctx context.Context, client space.ClientID, id string) (*space.Sandbox, error) {
 	if err := CheckID(id); err != nil {
 		return nil, err
 	}
@@ -230,17 +221,17 @@ func (s *Service) CheckShape(shape space.Shape) error {
 
 // Restore brings caller's paused sandbox id back: the same steps as Create with the
 // sandbox's own shape. A warm hit restores the snapshot into a claimed slot.
-func (s *Service) Restore(ctx context.Context, caller Caller, id string) (*space.Sandbox, error) {
-	return s.restore(ctx, caller, id, caller.Client)
+func (s *Service) Restore(ctx context.Context, caller space.Caller, id string) (*space.Sandbox, error) {
+	return s.restore(ctx, caller, id)
 }
 
 // Wake is an implicit restore from ingress or the data plane: charged to the
 // sandbox's owner (owner is the owner's Caller; see Owner), and a no-op for a sandbox
 // that is already running or on its way.
-func (s *Service) Wake(ctx context.Context, owner Caller, id string) (*space.Sandbox, error) {
-	sb, err := s.restore(ctx, owner, id, owner.Client)
+func (s *Service) Wake(ctx context.Context, owner space.Caller, id string) (*space.Sandbox, error) {
+	sb, err := s.restore(ctx, owner, id)
 	if space.ErrorCode(err) == space.ECONFLICT {
-		cur, gerr := s.Get(ctx, owner.Client, id)
+		cur, gerr := s.Get(ctx, owner.ID, id)
 		if gerr == nil && (cur.State == space.StateRunning || cur.State == space.StateRestoring || cur.State == space.StateStarting) {
 			return cur, nil
 		}
@@ -248,8 +239,8 @@ func (s *Service) Wake(ctx context.Context, owner Caller, id string) (*space.San
 	return sb, err
 }
 
-// Owner returns the client that owns sandbox id: a wake's caller key.
-func (s *Service) Owner(ctx context.Context, id string) (space.ClientKey, error) {
+// Owner returns the client that owns sandbox id: who a wake runs as.
+func (s *Service) Owner(ctx context.Context, id string) (space.ClientID, error) {
 	if err := CheckID(id); err != nil {
 		return "", err
 	}
@@ -260,7 +251,7 @@ func (s *Service) Owner(ctx context.Context, id string) (space.ClientKey, error)
 	return sb.Client, nil
 }
 
-func (s *Service) restore(ctx context.Context, caller Caller, id string, client space.ClientKey) (*space.Sandbox, error) {
+func (s *Service) restore(ctx context.Context, caller space.Caller, id string) (*space.Sandbox, error) {
 	if err := CheckID(id); err != nil {
 		return nil, err
 	}
@@ -268,8 +259,11 @@ func (s *Service) restore(ctx context.Context, caller Caller, id string, client 
 	return s.activate(ctx, caller, activation{
 		kind: "restore",
 		reserve: func(ctx context.Context, tx pgx.Tx) (*space.Sandbox, error) {
-			sb, err := transition(ctx, tx, id, client, space.StateRestoring, space.StatePaused)
+			sb, err := transition(ctx, tx, id, caller.ID, space.StateRestoring, space.StatePaused)
 			if err != nil {
+				return nil, err
+			}
+			if err := setBudgetKey(ctx, tx, sb, caller.Key); err != nil {
 				return nil, err
 			}
 			snapshot = sb.SnapshotRef
@@ -318,11 +312,11 @@ type activation struct {
 //  6. resolve the cold shape — 422 and no bucket charged when it cannot be served;
 //  7. charge admission, both buckets or neither — 429 (or 503 fail-closed);
 //  8. cold start; a failure leaves the token spent.
-func (s *Service) activate(ctx context.Context, caller Caller, a activation) (*space.Sandbox, error) {
+func (s *Service) activate(ctx context.Context, caller space.Caller, a activation) (*space.Sandbox, error) {
 	var sb *space.Sandbox
 	var slot *pool.Slot
 	err := pgx.BeginFunc(ctx, s.opts.DB, func(tx pgx.Tx) error {
-		if err := checkLiveCap(ctx, tx, caller.Client, caller.LiveSandboxes); err != nil {
+		if err := checkLiveCap(ctx, tx, caller.Key, caller.LiveSandboxes); err != nil {
 			return err
 		}
 		var err error
@@ -365,8 +359,8 @@ func (s *Service) activate(ctx context.Context, caller Caller, a activation) (*s
 	tmpl, err := s.opts.Catalog.Resolve(sb.Shape)
 	if err == nil {
 		sent := time.Now()
-		err = s.opts.Charger.Charge(ctx, caller.Client, caller.Rate)
-		s.noteCharge(caller.Client, sent, err)
+		err = s.opts.Charger.Charge(ctx, caller.Key, caller.ClientRate)
+		s.noteCharge(caller.Key, sent, err)
 	}
 	if err != nil {
 		if uerr := a.undo(ctx, sb, err); uerr != nil {
@@ -408,9 +402,9 @@ func (s *Service) activate(ctx context.Context, caller Caller, a activation) (*s
 // (over the cap, a ready slot, an unknown shape, a charge that would now pass, an
 // error) it returns nil and the usual path decides, under the lock. A refusal
 // answered here leaves nothing behind, as the usual path's undo would.
-func (s *Service) refuseEarly(ctx context.Context, caller Caller, shape space.Shape) error {
+func (s *Service) refuseEarly(ctx context.Context, caller space.Caller, shape space.Shape) error {
 	refuser, ok := s.opts.Charger.(Refuser)
-	if !ok || !s.knownRefused(caller.Client) {
+	if !ok || !s.knownRefused(caller.Key) {
 		return nil
 	}
 	if _, err := s.opts.Catalog.Resolve(shape); err != nil {
@@ -420,23 +414,23 @@ func (s *Service) refuseEarly(ctx context.Context, caller Caller, shape space.Sh
 		return nil
 	}
 	sent := time.Now()
-	le := refuser.Refuse(ctx, caller.Client, caller.Rate)
+	le := refuser.Refuse(ctx, caller.Key, caller.ClientRate)
 	if le == nil {
-		s.noteCharge(caller.Client, sent, nil)
+		s.noteCharge(caller.Key, sent, nil)
 		return nil
 	}
-	s.noteCharge(caller.Client, sent, le)
+	s.noteCharge(caller.Key, sent, le)
 	s.opts.Pool.CountMiss()
 	return le
 }
 
 // wouldReachCharge reads, in one round trip and without the client's lock, whether a
 // create of shape by caller would pass the live cap and miss the warm pool now.
-func (s *Service) wouldReachCharge(ctx context.Context, caller Caller, shape space.Shape) (bool, error) {
+func (s *Service) wouldReachCharge(ctx context.Context, caller space.Caller, shape space.Shape) (bool, error) {
 	var b pgx.Batch
 	var live int
 	if caller.LiveSandboxes > 0 {
-		queueLiveCount(&b, caller.Client, caller.LiveSandboxes, &live)
+		queueLiveCount(&b, caller.Key, caller.LiveSandboxes, &live)
 	}
 	var ready bool
 	s.opts.Pool.QueueReady(&b, shape, &ready)
@@ -496,7 +490,7 @@ func (s *Service) count(kind string, err error) {
 
 // Pause snapshots caller's running sandbox and stops it; a paused sandbox no longer
 // holds a live-sandbox place.
-func (s *Service) Pause(ctx context.Context, client space.ClientKey, id string) (*space.Sandbox, error) {
+func (s *Service) Pause(ctx context.Context, client space.ClientID, id string) (*space.Sandbox, error) {
 	if err := CheckID(id); err != nil {
 		return nil, err
 	}
@@ -523,7 +517,7 @@ func (s *Service) Pause(ctx context.Context, client space.ClientKey, id string) 
 
 // Delete stops caller's sandbox and marks it terminated. A sandbox mid-transition
 // (starting, pausing, restoring) cannot be deleted until it settles.
-func (s *Service) Delete(ctx context.Context, client space.ClientKey, id string) error {
+func (s *Service) Delete(ctx context.Context, client space.ClientID, id string) error {
 	if err := CheckID(id); err != nil {
 		return err
 	}
@@ -551,7 +545,7 @@ func (s *Service) Delete(ctx context.Context, client space.ClientKey, id string)
 }
 
 // Get returns caller's sandbox id; another client's is ENOTFOUND.
-func (s *Service) Get(ctx context.Context, client space.ClientKey, id string) (*space.Sandbox, error) {
+func (s *Service) Get(ctx context.Context, client space.ClientID, id string) (*space.Sandbox, error) {
 	if err := CheckID(id); err != nil {
 		return nil, err
 	}
@@ -566,7 +560,7 @@ const (
 )
 
 // List returns one page of caller's sandboxes, newest first.
-func (s *Service) List(ctx context.Context, client space.ClientKey, limit int, pageToken string) (*Page, error) {
+func (s *Service) List(ctx context.Context, client space.ClientID, limit int, pageToken string) (*Page, error) {
 	if limit == 0 {
 		limit = DefaultPageSize
 	}

@@ -150,8 +150,8 @@ func (b *bundle) count(t *testing.T, where string, args ...any) int {
 	return n
 }
 
-func acme() sandbox.Caller {
-	return sandbox.Caller{Client: "acme", LiveSandboxes: 100, Rate: &space.Rate{RefillRPS: 1, Burst: 10}}
+func acme() space.Caller {
+	return space.Caller{ID: "acme", Key: "acme", LiveSandboxes: 100, ClientRate: &space.Rate{RefillRPS: 1, Burst: 10}}
 }
 
 func equal(a, b []string) bool {
@@ -503,7 +503,7 @@ func TestLifecycle(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		sb, _ := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
-		globex := sandbox.Caller{Client: "globex"}
+		globex := space.Caller{ID: "globex", Key: "globex"}
 		checks := map[string]error{}
 		_, checks["get"] = b.svc.Get(b.ctx, "globex", sb.ID)
 		_, checks["pause"] = b.svc.Pause(b.ctx, "globex", sb.ID)
@@ -545,14 +545,14 @@ func TestLifecycle(t *testing.T) {
 		if err != nil || owner != "acme" {
 			t.Fatalf("owner = %q, %v", owner, err)
 		}
-		woken, err := b.svc.Wake(b.ctx, sandbox.Caller{Client: owner}, sb.ID)
+		woken, err := b.svc.Wake(b.ctx, space.Caller{ID: space.ClientID(owner), Key: space.ClientKey(owner)}, sb.ID)
 		if err != nil || woken.State != space.StateRunning {
 			t.Fatalf("wake = %+v, %v", woken, err)
 		}
 		if b.charger.count("acme") != 2 || b.charger.count(space.Unknown) != 0 {
 			t.Fatalf("charges: acme %d, unknown %d; want the wake on acme", b.charger.count("acme"), b.charger.count(space.Unknown))
 		}
-		again, err := b.svc.Wake(b.ctx, sandbox.Caller{Client: owner}, sb.ID)
+		again, err := b.svc.Wake(b.ctx, space.Caller{ID: space.ClientID(owner), Key: space.ClientKey(owner)}, sb.ID)
 		if err != nil || again.State != space.StateRunning || b.charger.count("acme") != 2 {
 			t.Fatalf("second wake = %+v, %v; want a free no-op", again, err)
 		}
@@ -603,7 +603,7 @@ func TestList(t *testing.T) {
 			}
 			ids = append(ids, sb.ID)
 		}
-		if _, err := b.svc.Create(b.ctx, sandbox.Caller{Client: "globex"}, sandbox.CreateRequest{Shape: python}); err != nil {
+		if _, err := b.svc.Create(b.ctx, space.Caller{ID: "globex", Key: "globex"}, sandbox.CreateRequest{Shape: python}); err != nil {
 			t.Fatal(err)
 		}
 		var seen []string

@@ -22,13 +22,13 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-const sandboxColumns = `id::text, client, state, template, cpu_millis, memory_mib, disk_gib, warm, metadata,
+const sandboxColumns = `id::text, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib, warm, metadata,
 	coalesce(substrate_ref, ''), coalesce(snapshot_ref, ''), coalesce(last_error, ''), created_at, updated_at`
 
 func scanSandbox(row pgx.Row) (*space.Sandbox, error) {
 	var sb space.Sandbox
 	var meta []byte
-	err := row.Scan(&sb.ID, &sb.Client, &sb.State, &sb.Template, &sb.CPUMillis, &sb.MemoryMiB, &sb.DiskGiB,
+	err := row.Scan(&sb.ID, &sb.Client, &sb.BudgetKey, &sb.State, &sb.Template, &sb.CPUMillis, &sb.MemoryMiB, &sb.DiskGiB,
 		&sb.Warm, &meta, &sb.SubstrateRef, &sb.SnapshotRef, &sb.LastError, &sb.CreatedAt, &sb.UpdatedAt)
 	if err != nil {
 		return nil, err
@@ -41,9 +41,9 @@ func scanSandbox(row pgx.Row) (*space.Sandbox, error) {
 	return &sb, nil
 }
 
-// checkLiveCap returns a live_sandbox_cap LimitError when client already holds cap
-// live sandboxes. It first takes the client's advisory lock for the rest of tx, so
-// that one client's activations run their count and their reservation one at a time,
+// checkLiveCap returns a live_sandbox_cap LimitError when the budget key already holds
+// cap live sandboxes. It first takes the key's advisory lock for the rest of tx, so
+// that one key's activations run their count and their reservation one at a time,
 // atomically across replicas. The lock and the count go in one round trip: the count
 // is bound and run only once the lock is granted, so it sees every reservation
 // committed before. With no cap (cap <= 0) there is nothing to count and nothing to
@@ -65,10 +65,10 @@ func checkLiveCap(ctx context.Context, tx pgx.Tx, client space.ClientKey, cap in
 	return nil
 }
 
-// liveCountSQL counts a client's live sandboxes up to a cap: the LIMIT keeps the count
-// cheap for a client far over its cap.
+// liveCountSQL counts a budget key's live sandboxes up to a cap: the LIMIT keeps the
+// count cheap for a key far over its cap.
 const liveCountSQL = `SELECT count(*) FROM (
-		SELECT 1 FROM sandboxes WHERE client = $1 AND state IN ('starting', 'running', 'pausing', 'restoring') LIMIT $2
+		SELECT 1 FROM sandboxes WHERE budget_key = $1 AND state IN ('starting', 'running', 'pausing', 'restoring') LIMIT $2
 	) live`
 
 // queueLiveCount queues on b the count of client's live sandboxes up to cap, into
@@ -99,9 +99,9 @@ func insertSandbox(ctx context.Context, q querier, sb *space.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	return q.QueryRow(ctx, `INSERT INTO sandboxes (id, client, state, template, cpu_millis, memory_mib, disk_gib, warm, metadata)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING created_at, updated_at`,
-		sb.ID, string(sb.Client), string(sb.State), sb.Template, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta,
+	return q.QueryRow(ctx, `INSERT INTO sandboxes (id, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib, warm, metadata)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING created_at, updated_at`,
+		sb.ID, string(sb.Client), string(sb.BudgetKey), string(sb.State), sb.Template, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta,
 	).Scan(&sb.CreatedAt, &sb.UpdatedAt)
 }
 
@@ -123,9 +123,9 @@ func reviveSandbox(ctx context.Context, tx pgx.Tx, sb *space.Sandbox) (string, e
 		return "", err
 	}
 	err = tx.QueryRow(ctx, `UPDATE sandboxes SET state = $2, template = $3, cpu_millis = $4, memory_mib = $5,
-			disk_gib = $6, metadata = $7, warm = false, substrate_ref = NULL, last_error = NULL, updated_at = now()
+			disk_gib = $6, metadata = $7, budget_key = $8, warm = false, substrate_ref = NULL, last_error = NULL, updated_at = now()
 		WHERE id = $1 RETURNING created_at, updated_at`,
-		sb.ID, string(space.StateStarting), sb.Template, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, meta,
+		sb.ID, string(space.StateStarting), sb.Template, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, meta, string(sb.BudgetKey),
 	).Scan(&sb.CreatedAt, &sb.UpdatedAt)
 	if err != nil {
 		return "", fmt.Errorf("retry sandbox %s: %w", sb.ID, err)
@@ -142,7 +142,7 @@ func isUniqueViolation(err error) bool {
 // getSandbox reads one sandbox of client; ENOTFOUND when it does not exist or belongs
 // to another client (a caller cannot tell the two apart). An empty client reads any
 // sandbox: for the internal wake, which acts for the owner.
-func getSandbox(ctx context.Context, q querier, id string, client space.ClientKey, forUpdate bool) (*space.Sandbox, error) {
+func getSandbox(ctx context.Context, q querier, id string, client space.ClientID, forUpdate bool) (*space.Sandbox, error) {
 	sql := "SELECT " + sandboxColumns + " FROM sandboxes WHERE id = $1 AND ($2 = '' OR client = $2)"
 	if forUpdate {
 		sql += " FOR UPDATE"
@@ -192,7 +192,7 @@ func setState(ctx context.Context, q querier, id string, c stateChange) (*space.
 // transition moves a sandbox of client from one of the states in from to state to,
 // atomically. It returns ENOTFOUND when there is no such sandbox of client, and
 // ECONFLICT naming the current state when it is not in one of from.
-func transition(ctx context.Context, q querier, id string, client space.ClientKey, to space.SandboxState, from ...space.SandboxState) (*space.Sandbox, error) {
+func transition(ctx context.Context, q querier, id string, client space.ClientID, to space.SandboxState, from ...space.SandboxState) (*space.Sandbox, error) {
 	states := make([]string, len(from))
 	for i, s := range from {
 		states[i] = string(s)
@@ -220,6 +220,19 @@ func conflict(cur *space.Sandbox, to space.SandboxState, from []space.SandboxSta
 	}
 	return space.Errorf(space.ECONFLICT, "sandbox %s is %s; moving it to %s needs it %s",
 		cur.ID, cur.State, to, strings.Join(want, " or "))
+}
+
+// setBudgetKey records the budget key an activation of sb runs under, for the live cap
+// to count it against while it is live.
+func setBudgetKey(ctx context.Context, q querier, sb *space.Sandbox, key space.ClientKey) error {
+	if sb.BudgetKey == key {
+		return nil
+	}
+	if _, err := q.Exec(ctx, "UPDATE sandboxes SET budget_key = $2 WHERE id = $1", sb.ID, string(key)); err != nil {
+		return fmt.Errorf("sandbox %s budget key: %w", sb.ID, err)
+	}
+	sb.BudgetKey = key
+	return nil
 }
 
 func deleteSandbox(ctx context.Context, q querier, id string) error {
@@ -263,7 +276,7 @@ func decodePageToken(s string) (*pageToken, error) {
 	return &tok, nil
 }
 
-func listSandboxes(ctx context.Context, q querier, client space.ClientKey, limit int, after *pageToken) (*Page, error) {
+func listSandboxes(ctx context.Context, q querier, client space.ClientID, limit int, after *pageToken) (*Page, error) {
 	args := []any{string(client), limit + 1}
 	sql := "SELECT " + sandboxColumns + " FROM sandboxes WHERE client = $1"
 	if after != nil {

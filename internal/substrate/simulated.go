@@ -28,7 +28,7 @@ type Call struct {
 	Op        Op
 	Ref       string // the ref the call acted on (slot, sandbox or snapshot), if any
 	SandboxID string
-	Client    space.ClientKey
+	Client    space.ClientID
 	Shape     space.Shape
 }
 

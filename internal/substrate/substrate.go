@@ -18,7 +18,7 @@ import (
 // Spec is what a substrate needs to run one sandbox.
 type Spec struct {
 	SandboxID string
-	Client    space.ClientKey
+	Client    space.ClientID
 	Shape     space.Shape
 	Template  Template
 }

@@ -15,7 +15,7 @@ func TestDatabases(t *testing.T) {
 		t.Parallel()
 		ctx := Context(t)
 		a, b := DB(t), DB(t)
-		if _, err := a.Exec(ctx, "INSERT INTO sandboxes (id, client, state, template, cpu_millis, memory_mib, disk_gib) VALUES (gen_random_uuid(), 'acme', 'running', 't', 1, 1, 1)"); err != nil {
+		if _, err := a.Exec(ctx, "INSERT INTO sandboxes (id, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib) VALUES (gen_random_uuid(), 'acme', 'acme', 'running', 't', 1, 1, 1)"); err != nil {
 			t.Fatalf("the schema is not there: %v", err)
 		}
 		var n int
@@ -32,7 +32,7 @@ func TestDatabases(t *testing.T) {
 		var id string
 		t.Run("insert", func(t *testing.T) {
 			tx := Tx(t)
-			if err := tx.QueryRow(context.Background(), "INSERT INTO sandboxes (id, client, state, template, cpu_millis, memory_mib, disk_gib) VALUES (gen_random_uuid(), 'acme', 'running', 't', 1, 1, 1) RETURNING id::text").Scan(&id); err != nil {
+			if err := tx.QueryRow(context.Background(), "INSERT INTO sandboxes (id, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib) VALUES (gen_random_uuid(), 'acme', 'acme', 'running', 't', 1, 1, 1) RETURNING id::text").Scan(&id); err != nil {
 				t.Fatal(err)
 			}
 		})
