@@ -27,8 +27,10 @@ redis_port="${SPACE_SERVICES_REDIS_PORT:-56379}"
 read -r -a cluster_ports <<<"${SPACE_SERVICES_CLUSTER_PORTS:-37001 37002 37003}"
 pg_bin="${SPACE_SERVICES_PG_BIN:-/usr/lib/postgresql/15/bin}"
 only="${SPACE_SERVICES_ONLY:-postgres redis cluster}"
-# As root, Postgres's data of every checkout lives under here, one directory each.
+# As root, Postgres's data of every checkout lives under here, one directory each,
+# named by a short hash of $dir (see pg_locate).
 pg_state_root=/var/lib/space-services
+pg_outside="$pg_state_root/$(printf '%s' "$dir" | sha256sum | cut -c1-12)"
 
 log() { printf 'services: %s\n' "$*" >&2; }
 die() { printf 'services: %s\n' "$*" >&2; exit 1; }
@@ -112,7 +114,7 @@ pg_locate() {
     pg_data="$dir/postgres"
     return
   fi
-  pg_state="$pg_state_root/$(printf '%s' "$dir" | sha256sum | cut -c1-12)"
+  pg_state="$pg_outside"
   pg_data="$pg_state/postgres"
 }
 
@@ -140,7 +142,7 @@ pg_adopt_legacy() {
     return 0
   fi
   local legacy="$pg_data"
-  pg_state="$pg_state_root/$(printf '%s' "$dir" | sha256sum | cut -c1-12)"
+  pg_state="$pg_outside"
   pg_data="$pg_state/postgres"
   [ ! -e "$pg_data" ] || die "both $legacy and $pg_data hold Postgres data; remove one"
   log "moving Postgres data from $legacy to $pg_data: the postgres user cannot reach it"
