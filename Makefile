@@ -3,10 +3,10 @@
 SHELL := /usr/bin/env bash
 
 .DEFAULT_GOAL := help
-.PHONY: help run test services services-down bench lint build
+.PHONY: help run test services services-down services-clean bench lint build
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 run: ## serve locally: starts Postgres and Redis if needed, migrates, demo flags, warm pool
 	scripts/run.sh
@@ -17,8 +17,11 @@ test: ## the whole suite (race detector on) against real Postgres, Redis and Red
 services: ## start local Postgres, Redis and a 3-node Redis Cluster on loopback
 	scripts/services.sh up
 
-services-down: ## stop what `make services` started
+services-down: ## stop what `make services` started; their data stays
 	scripts/services.sh down
+
+services-clean: ## stop the local servers and delete their data (Postgres's too, wherever it is)
+	scripts/services.sh clean
 
 bench: ## benchmarks against the local services; writes docs/benchmarks.md
 	scripts/bench.sh

@@ -1,0 +1,351 @@
+package servicestest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// pgStateRoot is where scripts/services.sh keeps Postgres's data when run as root.
+const pgStateRoot = "/var/lib/space-services"
+
+// readyTimeout bounds `make run` from start to a 200 on /readyz. It builds
+// bin/space-api first: seconds with a warm build cache, minutes on 2 cores without one.
+const readyTimeout = 5 * time.Minute
+
+// TestServicesAndRunWorkInACheckoutOtherUsersCannotEnter runs `make services`,
+// `make run`, `make services-down` and `make services-clean` (their scripts) in a clone
+// under 0700 directories. As root, `up` used to fail there: Postgres runs as the postgres
+// user, which could not reach its data under the checkout's .services/.
+func TestServicesAndRunWorkInACheckoutOtherUsersCannotEnter(t *testing.T) {
+	t.Parallel()
+	root := os.Geteuid() == 0
+	parent, checkout := privateClone(t)
+	services := filepath.Join(checkout, ".services")
+	pgPort, redisPort := freePort(t), freePort(t)
+	// Only Postgres and the standalone Redis, which `make run` uses: the 3-node cluster
+	// would add seconds and test nothing more about where the data goes.
+	env := scriptEnv(
+		"SPACE_SERVICES_PG_PORT="+pgPort,
+		"SPACE_SERVICES_REDIS_PORT="+redisPort,
+		"SPACE_SERVICES_ONLY=postgres redis",
+	)
+	script := func(t *testing.T, name string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(checkout, "scripts", name), args...)
+		cmd.Dir, cmd.Env = checkout, env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("scripts/%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	// Whatever fails, stop what the scripts started and delete the data, the part
+	// outside the checkout included; t.TempDir removes the rest.
+	t.Cleanup(func() {
+		cmd := exec.Command(filepath.Join(checkout, "scripts", "services.sh"), "clean")
+		cmd.Dir, cmd.Env = checkout, env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("scripts/services.sh clean: %v\n%s", err, out)
+		}
+	})
+
+	// Where the README says Postgres's data lives: outside the checkout as root (in a
+	// directory of the postgres user), inside it otherwise.
+	pgData := filepath.Join(services, "postgres")
+
+	steps := []struct {
+		name string
+		run  func(t *testing.T)
+	}{{"the checkout and its parent are closed to other users", func(t *testing.T) {
+		for _, d := range []string{parent, checkout} {
+			fi, err := os.Stat(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != 0o700 {
+				t.Fatalf("%s has mode %v, want 0700", d, fi.Mode().Perm())
+			}
+		}
+		if root {
+			if err := exec.Command("runuser", "-u", "postgres", "--", "test", "-x", checkout).Run(); err == nil {
+				t.Fatalf("the postgres user can enter %s", checkout)
+			}
+		}
+	}}, {"up starts Postgres and Redis", func(t *testing.T) {
+		script(t, "services.sh", "up")
+		status := script(t, "services.sh", "status")
+		for _, want := range []string{"postgres: running on 127.0.0.1:" + pgPort, "redis: running on 127.0.0.1:" + redisPort} {
+			if !strings.Contains(status, want) {
+				t.Fatalf("status says\n%s\nwant a line %q", status, want)
+			}
+		}
+	}}, {"Postgres keeps its data where the README says", func(t *testing.T) {
+		link, err := os.Lstat(pgData)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !root {
+			if !link.IsDir() || int(link.Sys().(*syscall.Stat_t).Uid) != os.Geteuid() {
+				t.Fatalf("%s: %v, want a directory of our own", pgData, link.Mode())
+			}
+			return
+		}
+		if link.Mode()&fs.ModeSymlink == 0 {
+			t.Fatalf("%s is %v, want a symlink to the data outside the checkout", pgData, link.Mode())
+		}
+		target, err := os.Readlink(pgData)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Dir(filepath.Dir(target)) != pgStateRoot || filepath.Base(target) != "postgres" {
+			t.Fatalf("%s links to %s, want %s/<hash>/postgres", pgData, target, pgStateRoot)
+		}
+		pgData = target
+		pgUser, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(pgData)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uid := strconv.Itoa(int(fi.Sys().(*syscall.Stat_t).Uid)); uid != pgUser.Uid || fi.Mode().Perm() != 0o700 {
+			t.Fatalf("%s: uid %s, mode %v; want the postgres user's (%s), 0700", pgData, uid, fi.Mode().Perm(), pgUser.Uid)
+		}
+		// The note beside the data names the checkout, for whoever finds it there.
+		note, err := os.ReadFile(filepath.Join(filepath.Dir(pgData), "services-dir"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(note)); got != services {
+			t.Fatalf("services-dir names %q, want %q", got, services)
+		}
+	}}, {"the database answers a query from that data directory", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:"+pgPort+"/space?sslmode=disable")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		var db, dataDir string
+		if err := conn.QueryRow(ctx, "SELECT current_database(), current_setting('data_directory')").Scan(&db, &dataDir); err != nil {
+			t.Fatal(err)
+		}
+		if db != "space" || dataDir != pgData {
+			t.Fatalf("database %q in %q, want %q in %q", db, dataDir, "space", pgData)
+		}
+	}}, {"make run answers /readyz", func(t *testing.T) {
+		runAndWaitReady(t, checkout, parent, env)
+	}}, {"down stops Postgres and Redis and keeps the data", func(t *testing.T) {
+		postmasterPID := pidFrom(t, filepath.Join(pgData, "postmaster.pid"))
+		redisPID := pidFrom(t, filepath.Join(services, "redis", "redis.pid"))
+		script(t, "services.sh", "down")
+		for name, pid := range map[string]int{"postgres": postmasterPID, "redis-server": redisPID} {
+			if !exited(pid) {
+				t.Errorf("%s (pid %d) still runs after down", name, pid)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(pgData, "PG_VERSION")); err != nil {
+			t.Errorf("the data went with down: %v", err)
+		}
+	}}, {"clean deletes the data, outside the checkout too", func(t *testing.T) {
+		script(t, "services.sh", "clean")
+		gone := []string{filepath.Join(services, "postgres"), pgData}
+		if root {
+			gone = append(gone, filepath.Dir(pgData))
+		}
+		for _, p := range gone {
+			if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("%s is still there after clean (%v)", p, err)
+			}
+		}
+	}}}
+	// Each step needs the one before it.
+	for _, step := range steps {
+		if !t.Run(step.name, step.run) {
+			break
+		}
+	}
+}
+
+// privateClone clones the repository this test sits in, at HEAD, into a directory of
+// mode 0700 under a parent of mode 0700, and returns both.
+func privateClone(t *testing.T) (parent, checkout string) {
+	t.Helper()
+	top := strings.TrimSpace(git(t, "", "rev-parse", "--show-toplevel"))
+	head := strings.TrimSpace(git(t, top, "rev-parse", "HEAD"))
+	parent = t.TempDir()
+	if err := os.Chmod(parent, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	checkout, err := os.MkdirTemp(parent, "checkout-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(checkout, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// --shared borrows the objects instead of copying them: the clone is thrown away.
+	git(t, "", "clone", "--quiet", "--shared", "--no-checkout", top, checkout)
+	git(t, checkout, "checkout", "--quiet", "--detach", head)
+	// The scripts resolve symlinks in the checkout's path (TMPDIR may have some), and
+	// so does Postgres in the data directory it reports.
+	if checkout, err = filepath.EvalSymlinks(checkout); err != nil {
+		t.Fatal(err)
+	}
+	return parent, checkout
+}
+
+func git(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// scriptEnv is this process's environment without any SPACE_* variable (those of
+// `make test` name the shared services, not the clone's), plus extra.
+func scriptEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SPACE_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	_, port, err := net.SplitHostPort(testenv.FreeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
+}
+
+// runAndWaitReady starts scripts/run.sh (`make run`) in its own process group, polls
+// /readyz until it answers 200, and stops the group.
+func runAndWaitReady(t *testing.T, checkout, logDir string, env []string) {
+	t.Helper()
+	addr, internal := testenv.FreeAddr(t), testenv.FreeAddr(t)
+	logPath := filepath.Join(logDir, "run.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	cmd := exec.Command(filepath.Join(checkout, "scripts", "run.sh"))
+	cmd.Dir = checkout
+	cmd.Env = append(env, "SPACE_HTTP_ADDR="+addr, "SPACE_INTERNAL_HTTP_ADDR="+internal)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(done) }()
+	// The group holds run.sh, then the space-api it execs (and, before, go build).
+	stop := sync.OnceFunc(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+	})
+	defer stop()
+	runLog := func() string {
+		b, _ := os.ReadFile(logPath)
+		if len(b) > 4000 {
+			b = b[len(b)-4000:]
+		}
+		return string(b)
+	}
+
+	client := &http.Client{Timeout: 2 * time.Second}
+	url := "http://" + addr + "/readyz"
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		status, body := get(client, url)
+		if status == http.StatusOK {
+			t.Logf("/readyz answered 200 %s after start", time.Since(start).Round(time.Second))
+			break
+		}
+		select {
+		case <-done:
+			t.Fatalf("scripts/run.sh exited (%v) before /readyz answered 200; its output ends:\n%s", waitErr, runLog())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz did not answer 200 within %v (last: %d %s); scripts/run.sh output ends:\n%s", readyTimeout, status, body, runLog())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func get(client *http.Client, url string) (int, string) {
+	resp, err := client.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	return resp.StatusCode, b.String()
+}
+
+// pidFrom reads the PID on the first line of a PID file (postmaster.pid, redis.pid).
+func pidFrom(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return pid
+}
+
+// exited says whether a process is gone or a zombie (which the init of a container may
+// never reap).
+func exited(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// The state follows the command name, which is in parentheses.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && s[i+2] == 'Z'
+}
