@@ -3,7 +3,7 @@
 SHELL := /usr/bin/env bash
 
 .DEFAULT_GOAL := help
-.PHONY: help run test services services-down services-clean bench lint build
+.PHONY: help run test services services-down services-clean bench lint build image
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -31,3 +31,6 @@ lint: ## go vet and gofmt check
 
 build: ## build bin/space-api
 	go build -o bin/space-api ./cmd/space-api
+
+image: ## the container image, no Docker needed: bin/space-api-image.tar and bin/space-api-oci/ (VERSION=...)
+	VERSION="$(VERSION)" scripts/image.sh

@@ -10,7 +10,8 @@
 #                  A count is the default because Go 1.26's fuzz coordinator can fail a
 #                  duration-bounded run with a bare "context deadline exceeded" at the
 #                  deadline on a loaded machine (go.dev/issue/75804, fixed in 1.27).
-#   TESTFLAGS=...  extra flags for go test, e.g. TESTFLAGS='-run TestAdmit -v'
+#   TESTFLAGS=...  extra flags for go test, e.g. TESTFLAGS='-run TestAdmit -v' (the
+#                  image test and the fuzzing are then left out, as they ignore them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +27,13 @@ scripts/lint.sh
 echo "== go test -race"
 # shellcheck disable=SC2086
 go test -race -count=1 -timeout 20m ${TESTFLAGS:-} ./...
+
+if [ -z "${TESTFLAGS:-}" ]; then
+  echo "== image (tools/image: builds the image into a temporary directory and checks it)"
+  # A module of its own, so ./... above does not reach it. No -race: the test's cost is
+  # compiling space-api for linux, which the race detector would not make any safer.
+  (cd tools/image && go test -count=1 -timeout 20m ./...)
+fi
 
 fuzztime="${FUZZTIME:-20000x}"
 if [ "$fuzztime" != "0" ] && [ -z "${TESTFLAGS:-}" ]; then

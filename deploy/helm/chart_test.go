@@ -8,8 +8,17 @@ package helm
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"maps"
+	"math/big"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -159,6 +169,9 @@ var decoders = map[string]func() any{
 	"rbac.authorization.k8s.io/v1/RoleBinding": func() any { return &rbacv1.RoleBinding{} },
 	"networking.k8s.io/v1/NetworkPolicy":       func() any { return &networkingv1.NetworkPolicy{} },
 	"monitoring.coreos.com/v1/ServiceMonitor":  func() any { return &serviceMonitor{} },
+	"networking.k8s.io/v1/Ingress":             func() any { return &networkingv1.Ingress{} },
+	"gateway.networking.k8s.io/v1/HTTPRoute":   func() any { return &httpRoute{} },
+	"v1/Pod":                                   func() any { return &corev1.Pod{} },
 }
 
 // serviceMonitor is the part of prometheus-operator's monitoring.coreos.com/v1
@@ -184,6 +197,51 @@ type serviceMonitor struct {
 			ScrapeTimeout string `json:"scrapeTimeout,omitempty"`
 		} `json:"endpoints"`
 	} `json:"spec"`
+}
+
+// httpRoute is the part of the Gateway API's gateway.networking.k8s.io/v1 HTTPRoute
+// that the chart renders, decoded strictly, like serviceMonitor and for the same
+// reason: sigs.k8s.io/gateway-api would pull controller-runtime into go.mod. Fields
+// follow the v1 API reference; one the chart starts using must be added here.
+type httpRoute struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		ParentRefs []struct {
+			Group       *string `json:"group,omitempty"`
+			Kind        *string `json:"kind,omitempty"`
+			Namespace   *string `json:"namespace,omitempty"`
+			Name        string  `json:"name"`
+			SectionName *string `json:"sectionName,omitempty"`
+			Port        *int32  `json:"port,omitempty"`
+		} `json:"parentRefs"`
+		Hostnames []string `json:"hostnames,omitempty"`
+		Rules     []struct {
+			Matches []struct {
+				Path *struct {
+					Type  string `json:"type"`
+					Value string `json:"value"`
+				} `json:"path,omitempty"`
+				Headers     []httpRouteMatch `json:"headers,omitempty"`
+				QueryParams []httpRouteMatch `json:"queryParams,omitempty"`
+				Method      string           `json:"method,omitempty"`
+			} `json:"matches,omitempty"`
+			BackendRefs []struct {
+				Group     *string `json:"group,omitempty"`
+				Kind      *string `json:"kind,omitempty"`
+				Name      string  `json:"name"`
+				Namespace *string `json:"namespace,omitempty"`
+				Port      *int32  `json:"port,omitempty"`
+				Weight    *int32  `json:"weight,omitempty"`
+			} `json:"backendRefs"`
+		} `json:"rules"`
+	} `json:"spec"`
+}
+
+type httpRouteMatch struct {
+	Type  string `json:"type,omitempty"`
+	Name  string `json:"name"`
+	Value string `json:"value"`
 }
 
 var separator = regexp.MustCompile(`(?m)^---\s*$`)
@@ -236,6 +294,9 @@ func objectMeta(obj any) *metav1.ObjectMeta {
 	type metaHaver interface{ GetObjectMeta() metav1.Object }
 	if sm, ok := obj.(*serviceMonitor); ok {
 		return &sm.ObjectMeta
+	}
+	if r, ok := obj.(*httpRoute); ok {
+		return &r.ObjectMeta
 	}
 	return obj.(metaHaver).GetObjectMeta().(*metav1.ObjectMeta)
 }
@@ -310,6 +371,9 @@ func envOf(t *testing.T, ms manifests, c corev1.Container, external map[string]s
 				t.Fatalf("%s refers to key %s missing from Secret %s", e.Name, ref.Key, ref.Name)
 			}
 			env[e.Name] = string(v)
+		case e.ValueFrom.FieldRef != nil:
+			// The downward API: what the kubelet would fill in is not known here.
+			env[e.Name] = "fieldRef:" + e.ValueFrom.FieldRef.FieldPath
 		default:
 			t.Fatalf("%s: unexpected valueFrom %+v", e.Name, e.ValueFrom)
 		}
@@ -321,8 +385,101 @@ func getenv(env map[string]string) func(string) string {
 	return func(k string) string { return env[k] }
 }
 
+// asMounted returns env with the files the pod would find at the rendered paths
+// (SPACE_REDIS_PASSWORD_FILE, SPACE_REDIS_TLS_CA_FILE) written to a temporary
+// directory and the variables pointing there, as the kubelet's mounts would provide
+// them: config.Load may read them. TestRedisPasswordIsAFileFromTheExistingSecret
+// checks the rendered paths are inside the right mounts.
+func asMounted(t *testing.T, env map[string]string) map[string]string {
+	t.Helper()
+	out := maps.Clone(env)
+	dir := t.TempDir()
+	write := func(variable string, body []byte) {
+		if _, ok := env[variable]; !ok {
+			return
+		}
+		p := filepath.Join(dir, strings.ToLower(variable))
+		if err := os.WriteFile(p, body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out[variable] = p
+	}
+	write("SPACE_REDIS_PASSWORD_FILE", []byte("s3cret\n"))
+	write("SPACE_REDIS_TLS_CA_FILE", selfSignedCA(t))
+	return out
+}
+
+// selfSignedCA is a PEM CA certificate, as a mounted CA bundle would hold.
+func selfSignedCA(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "test redis CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+func fileMode(m *int32) string {
+	if m == nil {
+		return "unset (0644)"
+	}
+	return fmt.Sprintf("%#o", *m)
+}
+
+// chartAppVersion is the chart's appVersion: the default image tag, and the version
+// `make image` builds unless told otherwise.
+func chartAppVersion(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(chartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(b, &chart); err != nil || chart.AppVersion == "" {
+		t.Fatalf("Chart.yaml appVersion: %q, %v", chart.AppVersion, err)
+	}
+	return chart.AppVersion
+}
+
+// volumeOf returns the pod volume a container mounts at dir, and the mount.
+func volumeOf(t *testing.T, d *appsv1.Deployment, c corev1.Container, dir string) (corev1.Volume, corev1.VolumeMount) {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		if m.MountPath != dir {
+			continue
+		}
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Name == m.Name {
+				return v, m
+			}
+		}
+		t.Fatalf("%s: mount %s names no volume", c.Name, m.Name)
+	}
+	t.Fatalf("%s mounts nothing at %s (mounts %+v)", c.Name, dir, c.VolumeMounts)
+	return corev1.Volume{}, corev1.VolumeMount{}
+}
+
 // kubernetesVariables are the substrate's own variables (internal/substrate/kubernetes).
 var kubernetesVariables = []string{"SPACE_KUBERNETES_NAMESPACE", "SPACE_KUBERNETES_READY_TIMEOUT", "SPACE_KUBERNETES_CLIENT_QPS", "SPACE_KUBERNETES_CLIENT_BURST"}
+
+// redisVariables are the Redis auth, TLS and mode variables space-api reads (issue 19);
+// named here too so the chart renders them whether or not internal/config has them yet.
+var redisVariables = []string{"SPACE_REDIS_USERNAME", "SPACE_REDIS_PASSWORD_FILE", "SPACE_REDIS_TLS", "SPACE_REDIS_TLS_CA_FILE", "SPACE_REDIS_TLS_SERVER_NAME", "SPACE_REDIS_MODE"}
 
 // configVariables reads every SPACE_* name out of internal/config's source, so that a
 // variable added there without a chart value fails TestEveryConfigVariableIsRendered.
@@ -381,11 +538,18 @@ func TestDefaultRenderIsAValidHighlyAvailableDeployment(t *testing.T) {
 		t.Errorf("strategy = %+v, want a rolling update with maxUnavailable 0", d.Spec.Strategy)
 	}
 	api := container(t, d, "space-api")
-	if p := api.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.String() != "http" {
-		t.Errorf("readiness probe = %+v, want /readyz on http", p)
+	// Readiness follows the dependencies (/readyz); liveness and startup only the
+	// process (/healthz): a Postgres outage must not restart every replica.
+	for name, c := range map[string]struct {
+		p    *corev1.Probe
+		path string
+	}{"startup": {api.StartupProbe, "/healthz"}, "readiness": {api.ReadinessProbe, "/readyz"}, "liveness": {api.LivenessProbe, "/healthz"}} {
+		if c.p == nil || c.p.HTTPGet == nil || c.p.HTTPGet.Path != c.path || c.p.HTTPGet.Port.String() != "http" {
+			t.Errorf("%s probe = %+v, want %s on the http port", name, c.p, c.path)
+		}
 	}
-	if p := api.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.String() != "http" {
-		t.Errorf("liveness probe = %+v, want /healthz on http", p)
+	if p := api.StartupProbe; p != nil && p.PeriodSeconds*p.FailureThreshold < 120 {
+		t.Errorf("the startup probe allows %ds to start, want at least 2 minutes (migrations, a slow Postgres)", p.PeriodSeconds*p.FailureThreshold)
 	}
 	if api.Resources.Requests.Cpu().IsZero() || api.Resources.Requests.Memory().IsZero() || api.Resources.Limits.Cpu().IsZero() || api.Resources.Limits.Memory().IsZero() {
 		t.Errorf("resources = %+v, want cpu and memory requests and limits", api.Resources)
@@ -414,8 +578,8 @@ func TestDefaultRenderIsAValidHighlyAvailableDeployment(t *testing.T) {
 		t.Fatalf("the rendered env does not load: %v", err)
 	}
 	drain := int64(cfg.ShutdownTimeout.Seconds()) + api.Lifecycle.PreStop.Sleep.Seconds
-	if g := spec.TerminationGracePeriodSeconds; g == nil || *g <= drain {
-		t.Errorf("terminationGracePeriodSeconds = %v, want more than shutdown + preStop = %d", g, drain)
+	if g := spec.TerminationGracePeriodSeconds; g == nil || *g <= drain || *g != drain+5 {
+		t.Errorf("terminationGracePeriodSeconds = %v, want shutdown + preStop + 5 = %d", g, drain+5)
 	}
 
 	sc := api.SecurityContext
@@ -445,7 +609,7 @@ func TestDefaultRenderIsAValidHighlyAvailableDeployment(t *testing.T) {
 	if pdb := get[*policyv1.PodDisruptionBudget](t, ms, "PodDisruptionBudget", ""); pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
 		t.Errorf("PDB = %+v", pdb.Spec)
 	}
-	for _, kind := range []string{"HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy", "Role", "RoleBinding"} {
+	for _, kind := range []string{"HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy", "Role", "RoleBinding", "Ingress", "HTTPRoute"} {
 		if n := len(ms.all(kind)); n != 0 {
 			t.Errorf("%d %s rendered by default, want none", n, kind)
 		}
@@ -463,7 +627,7 @@ func TestFullRenderSetsEveryOptionalPart(t *testing.T) {
 	api := container(t, d, "space-api")
 	env := envOf(t, ms, api, fullExternal)
 
-	cfg, err := config.Load(getenv(env))
+	cfg, err := config.Load(getenv(asMounted(t, env)))
 	if err != nil {
 		t.Fatalf("the rendered env does not load: %v", err)
 	}
@@ -537,7 +701,7 @@ func TestEveryConfigVariableIsRendered(t *testing.T) {
 			rendered[e.Name] = true
 		}
 	}
-	for _, name := range append(configVariables(t), kubernetesVariables...) {
+	for _, name := range slices.Concat(configVariables(t), kubernetesVariables, redisVariables) {
 		if !rendered[name] {
 			t.Errorf("%s is read by space-api but no chart value renders it", name)
 		}
@@ -832,7 +996,7 @@ func TestExistingSecretsReplaceTheChartSecret(t *testing.T) {
 		"pg-app/uri":          fullExternal["pg-app/uri"],
 		"redis-cluster/addrs": "r0:6379,r1:6379,r2:6379",
 	})
-	cfg, err := config.Load(getenv(env))
+	cfg, err := config.Load(getenv(asMounted(t, env)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -850,6 +1014,12 @@ func TestSchemaRejectsWrongTypesWithAMessageNamingTheValue(t *testing.T) {
 		{"auth.mode=none", "/auth/mode"},
 		{"substrate=docker", "/substrate"},
 		{"redis.timeout=100", "/redis/timeout"},
+		{"redis.mode=sentinel", "/redis/mode"},
+		{"redis.tls.caFile=ca.crt", "/redis/tls/caFile"},
+		{"redis.auth.password=hunter2", "/redis/auth"},
+		{"image.digest=latest", "/image/digest"},
+		{"startupProbe.failureThreshold=0", "/startupProbe/failureThreshold"},
+		{"ingress.className=Nginx_Class", "/ingress/className"},
 		{"replicaCount=3", "replicaCount"},
 	} {
 		t.Run(c.set, func(t *testing.T) {
@@ -879,6 +1049,12 @@ func TestRenderFailsClearlyOnValuesThatCannotWorkTogether(t *testing.T) {
 		{"no redis", []string{"--set", "redis.addrs=null"}, "set redis.addrs or redis.existingSecret"},
 		{"one port for both listeners", []string{"--set", "ports.internal=8080"}, "ports.http and ports.internal must differ"},
 		{"internal port open to all", []string{"--set", "networkPolicy.enabled=true", "--set", "networkPolicy.internalFrom=null"}, "networkPolicy.internalFrom needs at least one peer"},
+		{"a Redis CA without TLS", []string{"--set", "redis.tls.caFile=/etc/ca.crt"}, "redis.tls.caFile and redis.tls.serverName need redis.tls.enabled"},
+		{"a Redis server name without TLS", []string{"--set", "redis.tls.serverName=redis.example.com"}, "need redis.tls.enabled"},
+		{"extraEnv over a chart variable", []string{"--set-json", `extraEnv=[{"name":"GOMEMLIMIT","value":"1GiB"},{"name":"SPACE_REDIS_TLS","value":"true"}]`}, "extraEnv[1] sets SPACE_REDIS_TLS, which the chart already sets"},
+		{"an extra volume named like the chart's", []string{"--set-json", `extraVolumes=[{"name":"tmp","emptyDir":{}}]`}, "extraVolumes[0] is named tmp"},
+		{"an Ingress without hosts", []string{"--set", "ingress.enabled=true", "--set", "ingress.hosts=null"}, "ingress.hosts needs at least one host"},
+		{"an HTTPRoute without a Gateway", []string{"--set", "httpRoute.enabled=true"}, "httpRoute.parentRefs needs the Gateway"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -893,12 +1069,275 @@ func TestDecodeRefusesAMisspeltFieldAndAnUnknownKind(t *testing.T) {
 	t.Parallel()
 	for name, c := range map[string]struct{ doc, want string }{
 		"misspelt field": {"apiVersion: v1\nkind: Service\nmetadata: {name: x, namespace: ns}\nspec: {prots: []}\n", "prots"},
-		"unknown kind":   {"apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n", "no strict decoder"},
+		"unknown kind":   {"apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n", "no strict decoder"},
 		"bad label":      {"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: ns, labels: {a: 'no spaces'}}\n", "metadata.labels"},
 		"duplicate key":  {"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: ns}\ndata: {a: b, a: c}\n", "already set"},
 	} {
 		if _, err := decode("---\n" + c.doc); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: err = %v, want it to mention %q", name, err, c.want)
 		}
+	}
+}
+
+func TestTheDefaultImageIsWhatMakeImageBuilds(t *testing.T) {
+	t.Parallel()
+	// tools/image tags space-sandbox/space-api:<appVersion> by default (its test checks
+	// it against values.yaml); the chart must ask for exactly that.
+	want := "space-sandbox/space-api:" + chartAppVersion(t)
+	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"by default", nil, want},
+		{"pinned by digest", []string{"--set", "image.digest=" + digest}, "space-sandbox/space-api@" + digest},
+		{"pinned by digest with a tag", []string{"--set", "image.digest=" + digest, "--set", "image.tag=0.1.0"}, "space-sandbox/space-api:0.1.0@" + digest},
+		{"with the full values", []string{"-f", fullValues}, "registry.example.com/space/space-api:1.2.3@" + digest},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			d := deployment(t, render(t, c.args...))
+			for _, name := range []string{"migrate", "space-api"} {
+				if img := container(t, d, name).Image; img != c.want {
+					t.Errorf("%s runs %s, want %s", name, img, c.want)
+				}
+			}
+		})
+	}
+}
+
+func TestRedisPasswordIsAFileFromTheExistingSecretNeverAValue(t *testing.T) {
+	t.Parallel()
+	ms := render(t, "-f", fullValues)
+	d := deployment(t, ms)
+	for _, name := range []string{"space-api", "migrate"} {
+		c := container(t, d, name)
+		env := envOf(t, ms, c, fullExternal)
+
+		// The password: a file in a read-only directory mount (no subPath, so a rotated
+		// Secret reaches it) of the existing Secret's key, readable by group 65532 only.
+		file := env["SPACE_REDIS_PASSWORD_FILE"]
+		if !filepath.IsAbs(file) {
+			t.Fatalf("%s: SPACE_REDIS_PASSWORD_FILE = %q, want an absolute path", name, file)
+		}
+		v, m := volumeOf(t, d, c, filepath.Dir(file))
+		if !m.ReadOnly || m.SubPath != "" {
+			t.Errorf("%s: password mount %+v, want a read-only directory", name, m)
+		}
+		if v.Secret == nil || v.Secret.SecretName != "redis-auth" || len(v.Secret.Items) != 1 ||
+			v.Secret.Items[0].Key != "password" || v.Secret.Items[0].Path != filepath.Base(file) {
+			t.Errorf("%s: password volume %+v, want key password of Secret redis-auth at %s", name, v.VolumeSource, filepath.Base(file))
+		}
+		if v.Secret != nil {
+			if mode := v.Secret.DefaultMode; mode == nil || *mode != 0o440 {
+				t.Errorf("%s: password file mode %s, want 0440 (root, group fsGroup)", name, fileMode(mode))
+			}
+		}
+		for _, e := range c.Env {
+			if strings.Contains(e.Name, "PASSWORD") && e.Name != "SPACE_REDIS_PASSWORD_FILE" {
+				t.Errorf("%s: %s renders a password into the environment", name, e.Name)
+			}
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == "redis-auth" {
+				t.Errorf("%s: %s reads the Redis password Secret into the environment", name, e.Name)
+			}
+		}
+
+		// The CA: a file in one of extraVolumeMounts.
+		ca := env["SPACE_REDIS_TLS_CA_FILE"]
+		if v, _ := volumeOf(t, d, c, filepath.Dir(ca)); v.ConfigMap == nil || v.ConfigMap.Name != "redis-ca" {
+			t.Errorf("%s: SPACE_REDIS_TLS_CA_FILE = %s is not in the redis-ca ConfigMap volume: %+v", name, ca, v)
+		}
+		for k, want := range map[string]string{
+			"SPACE_REDIS_USERNAME":        "space",
+			"SPACE_REDIS_TLS":             "true",
+			"SPACE_REDIS_TLS_SERVER_NAME": "redis.internal.example.com",
+			"SPACE_REDIS_MODE":            "cluster",
+		} {
+			if env[k] != want {
+				t.Errorf("%s: %s = %q, want %q", name, k, env[k], want)
+			}
+		}
+	}
+
+	// The defaults: plain TCP, no auth, mode auto, and no password volume.
+	ms = render(t)
+	d = deployment(t, ms)
+	env := envOf(t, ms, container(t, d, "space-api"), nil)
+	if env["SPACE_REDIS_TLS"] != "false" || env["SPACE_REDIS_MODE"] != "auto" {
+		t.Errorf("default TLS %q mode %q, want false and auto", env["SPACE_REDIS_TLS"], env["SPACE_REDIS_MODE"])
+	}
+	for _, k := range []string{"SPACE_REDIS_USERNAME", "SPACE_REDIS_PASSWORD_FILE", "SPACE_REDIS_TLS_CA_FILE", "SPACE_REDIS_TLS_SERVER_NAME"} {
+		if _, ok := env[k]; ok {
+			t.Errorf("%s rendered by default", k)
+		}
+	}
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Secret != nil {
+			t.Errorf("volume %s mounts a Secret by default", v.Name)
+		}
+	}
+
+	// Another key of another Secret.
+	ms = render(t, "--set", "redis.auth.existingSecret=elasticache", "--set", "redis.auth.existingSecretPasswordKey=auth-token")
+	d = deployment(t, ms)
+	c := container(t, d, "space-api")
+	v, _ := volumeOf(t, d, c, filepath.Dir(envOf(t, ms, c, nil)["SPACE_REDIS_PASSWORD_FILE"]))
+	if v.Secret == nil || v.Secret.SecretName != "elasticache" || v.Secret.Items[0].Key != "auth-token" {
+		t.Errorf("password volume %+v, want key auth-token of Secret elasticache", v.VolumeSource)
+	}
+}
+
+func TestExtraVolumesAndEnvReachBothContainers(t *testing.T) {
+	t.Parallel()
+	ms := render(t, "-f", fullValues)
+	d := deployment(t, ms)
+	for _, name := range []string{"space-api", "migrate"} {
+		c := container(t, d, name)
+		// migrate connects to Postgres too: a CA for sslmode=verify-full must be there.
+		for _, dir := range []string{"/etc/space/redis-ca", "/etc/space/db-ca"} {
+			if _, m := volumeOf(t, d, c, dir); !m.ReadOnly {
+				t.Errorf("%s: %s is writable", name, dir)
+			}
+		}
+		env := envOf(t, ms, c, fullExternal)
+		if env["GOMEMLIMIT"] != "450MiB" || env["OTEL_SERVICE_NAME"] == "" {
+			t.Errorf("%s: extraEnv missing: GOMEMLIMIT=%q OTEL_SERVICE_NAME=%q", name, env["GOMEMLIMIT"], env["OTEL_SERVICE_NAME"])
+		}
+	}
+}
+
+func TestIngressAndHTTPRouteReachOnlyThePublicService(t *testing.T) {
+	t.Parallel()
+	ms := render(t, "-f", fullValues)
+	public := get[*corev1.Service](t, ms, "Service", release+"-space-api")
+	internal := get[*corev1.Service](t, ms, "Service", release+"-space-api-internal")
+	if len(public.Spec.Ports) != 1 || public.Spec.Ports[0].TargetPort.String() != "http" {
+		t.Fatalf("public Service ports = %+v", public.Spec.Ports)
+	}
+	port := public.Spec.Ports[0]
+
+	ing := get[*networkingv1.Ingress](t, ms, "Ingress", "")
+	if ing.Spec.IngressClassName == nil || *ing.Spec.IngressClassName != "nginx" || len(ing.Spec.Rules) != 2 {
+		t.Errorf("Ingress spec = %+v", ing.Spec)
+	}
+	if len(ing.Spec.TLS) != 1 || ing.Spec.TLS[0].SecretName != "space-tls" || len(ing.Spec.TLS[0].Hosts) != 2 {
+		t.Errorf("Ingress TLS = %+v", ing.Spec.TLS)
+	}
+	paths := 0
+	for _, r := range ing.Spec.Rules {
+		for _, p := range r.HTTP.Paths {
+			paths++
+			b := p.Backend.Service
+			if b == nil || b.Name != public.Name || b.Port.Name != port.Name || b.Port.Number != 0 {
+				t.Errorf("Ingress path %s %s goes to %+v, want the public Service's %s port", r.Host, p.Path, b, port.Name)
+			}
+		}
+	}
+	if paths != 3 {
+		t.Errorf("Ingress has %d paths, want the full values' 3", paths)
+	}
+
+	route := get[*httpRoute](t, ms, "HTTPRoute", "")
+	if route.APIVersion != "gateway.networking.k8s.io/v1" || route.Kind != "HTTPRoute" || route.Namespace != namespace {
+		t.Errorf("HTTPRoute type = %+v in %s", route.TypeMeta, route.Namespace)
+	}
+	if len(route.Spec.ParentRefs) != 1 || route.Spec.ParentRefs[0].Name != "public" || !slices.Equal(route.Spec.Hostnames, []string{"space.example.com"}) {
+		t.Errorf("HTTPRoute parents %+v hostnames %v", route.Spec.ParentRefs, route.Spec.Hostnames)
+	}
+	if len(route.Spec.Rules) != 1 || len(route.Spec.Rules[0].Matches) != 2 {
+		t.Fatalf("HTTPRoute rules = %+v", route.Spec.Rules)
+	}
+	for _, b := range route.Spec.Rules[0].BackendRefs {
+		if b.Name != public.Name || b.Port == nil || *b.Port != port.Port || *b.Port == internal.Spec.Ports[0].Port || (b.Kind != nil && *b.Kind != "Service") {
+			t.Errorf("HTTPRoute backend %+v, want Service %s port %d", b, public.Name, port.Port)
+		}
+	}
+
+	// Off by default; on with defaults, the HTTPRoute sends every path to the public port.
+	ms = render(t, "--set", "httpRoute.enabled=true", "--set-json", `httpRoute.parentRefs=[{"name":"gw"}]`, "--set", "service.port=8443")
+	route = get[*httpRoute](t, ms, "HTTPRoute", "")
+	if b := route.Spec.Rules[0].BackendRefs; len(b) != 1 || b[0].Port == nil || *b[0].Port != 8443 {
+		t.Errorf("backendRefs = %+v, want the public Service's port 8443", b)
+	}
+	if m := route.Spec.Rules[0].Matches; len(m) != 1 || m[0].Path == nil || m[0].Path.Type != "PathPrefix" || m[0].Path.Value != "/" {
+		t.Errorf("default matches = %+v, want PathPrefix /", m)
+	}
+}
+
+func TestHelmTestPodChecksReadyzThroughThePublicService(t *testing.T) {
+	t.Parallel()
+	ms := render(t)
+	public := get[*corev1.Service](t, ms, "Service", release+"-space-api")
+	pod := get[*corev1.Pod](t, ms, "Pod", "")
+	if pod.Annotations["helm.sh/hook"] != "test" || !strings.Contains(pod.Annotations["helm.sh/hook-delete-policy"], "hook-succeeded") {
+		t.Errorf("annotations = %v, want a helm test hook deleted when it passes", pod.Annotations)
+	}
+	if pod.Spec.RestartPolicy != corev1.RestartPolicyNever || len(pod.Spec.Containers) != 1 {
+		t.Fatalf("pod spec = %+v", pod.Spec)
+	}
+	c := pod.Spec.Containers[0]
+	if c.Image != "busybox:1.37" || len(c.Command) == 0 || c.Command[0] != "wget" {
+		t.Errorf("test container %s %v, want busybox wget", c.Image, c.Command)
+	}
+	u, err := url.Parse(c.Command[len(c.Command)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("%s.%s.svc:%d", public.Name, namespace, public.Spec.Ports[0].Port); u.Host != want || u.Path != "/readyz" {
+		t.Errorf("the test asks %s, want http://%s/readyz", u, want)
+	}
+	if sc := pod.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("the test pod may run as root: %+v", sc)
+	}
+	// Not a replica: no selector of the release may pick the test pod.
+	selects := func(sel map[string]string) bool {
+		for k, v := range sel {
+			if pod.Labels[k] != v {
+				return false
+			}
+		}
+		return len(sel) > 0
+	}
+	for _, svc := range ms.all("Service") {
+		if selects(svc.obj.(*corev1.Service).Spec.Selector) {
+			t.Errorf("Service %s selects the test pod: it would receive API traffic", svc.name)
+		}
+	}
+	if selects(deployment(t, ms).Spec.Selector.MatchLabels) || selects(get[*policyv1.PodDisruptionBudget](t, ms, "PodDisruptionBudget", "").Spec.Selector.MatchLabels) {
+		t.Errorf("the Deployment or the PDB selects the test pod")
+	}
+
+	full := render(t, "-f", fullValues)
+	if p := get[*corev1.Pod](t, full, "Pod", ""); p.Spec.Containers[0].Image != "registry.example.com/mirror/busybox:1.37.0" || len(p.Spec.ImagePullSecrets) != 1 {
+		t.Errorf("test pod image %s pull secrets %v, want the values'", p.Spec.Containers[0].Image, p.Spec.ImagePullSecrets)
+	}
+	if n := len(render(t, "--set", "tests.enabled=false").all("Pod")); n != 0 {
+		t.Errorf("%d test pods with tests.enabled=false", n)
+	}
+}
+
+func TestStartupProbeCanBeTurnedOffAndProbesFollowThePorts(t *testing.T) {
+	t.Parallel()
+	ms := render(t, "--set", "startupProbe.enabled=false", "--set", "ports.http=9000")
+	api := container(t, deployment(t, ms), "space-api")
+	if api.StartupProbe != nil {
+		t.Errorf("startup probe rendered with startupProbe.enabled=false")
+	}
+	var http int32
+	for _, p := range api.Ports {
+		if p.Name == "http" {
+			http = p.ContainerPort
+		}
+	}
+	if http != 9000 || api.ReadinessProbe.HTTPGet.Port.String() != "http" || api.LivenessProbe.HTTPGet.Port.String() != "http" {
+		t.Errorf("probes on %s/%s, http port %d: want the named public port 9000", api.ReadinessProbe.HTTPGet.Port.String(), api.LivenessProbe.HTTPGet.Port.String(), http)
+	}
+	full := container(t, deployment(t, render(t, "-f", fullValues)), "space-api")
+	if p := full.StartupProbe; p == nil || p.PeriodSeconds != 5 || p.FailureThreshold != 60 {
+		t.Errorf("startup probe = %+v, want the full values' 5s x 60", p)
+	}
+	if p := full.ReadinessProbe; p.PeriodSeconds != 3 || p.FailureThreshold != 2 {
+		t.Errorf("readiness probe = %+v, want the full values'", p)
 	}
 }

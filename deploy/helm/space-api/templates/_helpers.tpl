@@ -36,8 +36,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+The image: <repository>:<tag or appVersion> (what `make image` tags), or pinned by
+digest: <repository>@<digest>, or <repository>:<tag>@<digest> when a tag is given.
+*/}}
 {{- define "space-api.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $repo := .Values.image.repository }}
+{{- if .Values.image.digest }}
+{{- if .Values.image.tag }}{{ printf "%s:%s@%s" $repo .Values.image.tag .Values.image.digest }}{{ else }}{{ printf "%s@%s" $repo .Values.image.digest }}{{ end }}
+{{- else }}
+{{- printf "%s:%s" $repo (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
 {{- end }}
 
 {{/* The namespace of sandbox Pods (kubernetes substrate). */}}
@@ -88,8 +97,38 @@ naming the values to fix.
 {{- if and .Values.podDisruptionBudget.enabled (include "space-api.unset" .Values.podDisruptionBudget.maxUnavailable) (include "space-api.unset" .Values.podDisruptionBudget.minAvailable) }}
 {{- fail "podDisruptionBudget needs maxUnavailable or minAvailable" }}
 {{- end }}
+{{- if and (not .Values.redis.tls.enabled) (or .Values.redis.tls.caFile .Values.redis.tls.serverName) }}
+{{- fail "redis.tls.caFile and redis.tls.serverName need redis.tls.enabled: true (SPACE_REDIS_TLS)" }}
+{{- end }}
+{{- if and .Values.redis.auth.existingSecret (not .Values.redis.auth.existingSecretPasswordKey) }}
+{{- fail "redis.auth.existingSecretPasswordKey names the password's key in redis.auth.existingSecret" }}
+{{- end }}
+{{- $chartEnv := list }}
+{{- range (include "space-api.chartEnv" . | fromYamlArray) }}
+{{- $chartEnv = append $chartEnv .name }}
+{{- end }}
+{{- range $i, $e := .Values.extraEnv }}
+{{- if has $e.name $chartEnv }}
+{{- fail (printf "extraEnv[%d] sets %s, which the chart already sets from its values: change the value instead" $i $e.name) }}
+{{- end }}
+{{- end }}
+{{- range $i, $v := .Values.extraVolumes }}
+{{- if has $v.name (list "tmp" "templates" "flags" "redis-auth") }}
+{{- fail (printf "extraVolumes[%d] is named %s, a volume of the chart's own: choose another name" $i $v.name) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
+{{- fail "ingress.hosts needs at least one host when ingress.enabled" }}
+{{- end }}
+{{- if and .Values.httpRoute.enabled (not .Values.httpRoute.parentRefs) }}
+{{- fail "httpRoute.parentRefs needs the Gateway to attach to when httpRoute.enabled" }}
+{{- end }}
 {{- end }}
 
+{{/*
+The drain: the preStop sleep, then SIGTERM and SPACE_SHUTDOWN_TIMEOUT, plus 5 seconds
+for the process to exit. Not a cold start: see values.yaml.
+*/}}
 {{- define "space-api.terminationGracePeriodSeconds" -}}
 {{- if include "space-api.unset" .Values.terminationGracePeriodSeconds }}
 {{- add (int .Values.shutdownTimeoutSeconds) (int .Values.preStopSleepSeconds) 5 }}
@@ -100,9 +139,17 @@ naming the values to fix.
 
 {{/*
 The SPACE_* environment of every container that runs space-api (the server and the
-migration init container): config.Load validates all of it, even for migrate.
+migration init container): config.Load validates all of it, even for migrate. It is
+chartEnv, what the values render, then extraEnv.
 */}}
 {{- define "space-api.env" -}}
+{{ include "space-api.chartEnv" . }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "space-api.chartEnv" -}}
 - name: SPACE_HTTP_ADDR
   value: {{ printf ":%d" (int .Values.ports.http) | quote }}
 - name: SPACE_INTERNAL_HTTP_ADDR
@@ -123,6 +170,27 @@ migration init container): config.Load validates all of it, even for migrate.
       key: {{ ternary .Values.redis.existingSecretKey "redis-addrs" (ne .Values.redis.existingSecret "") }}
 - name: SPACE_REDIS_TIMEOUT
   value: {{ .Values.redis.timeout | quote }}
+- name: SPACE_REDIS_MODE
+  value: {{ .Values.redis.mode | quote }}
+{{- with .Values.redis.auth.username }}
+- name: SPACE_REDIS_USERNAME
+  value: {{ . | quote }}
+{{- end }}
+{{- if .Values.redis.auth.existingSecret }}
+# The password is a file from the mounted Secret, never a value in the pod spec.
+- name: SPACE_REDIS_PASSWORD_FILE
+  value: /etc/space/redis-auth/password
+{{- end }}
+- name: SPACE_REDIS_TLS
+  value: {{ .Values.redis.tls.enabled | toString | quote }}
+{{- with .Values.redis.tls.caFile }}
+- name: SPACE_REDIS_TLS_CA_FILE
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.redis.tls.serverName }}
+- name: SPACE_REDIS_TLS_SERVER_NAME
+  value: {{ . | quote }}
+{{- end }}
 - name: SPACE_AUTH_MODE
   value: {{ .Values.auth.mode | quote }}
 {{- with .Values.auth.trustedProxyCIDRs }}
@@ -189,9 +257,6 @@ migration init container): config.Load validates all of it, even for migrate.
   value: {{ .Values.dispatcher.maxSnooze | quote }}
 - name: SPACE_DISPATCHER_MAX_ATTEMPTS
   value: {{ int64 .Values.dispatcher.maxAttempts | toString | quote }}
-{{- with .Values.extraEnv }}
-{{ toYaml . }}
-{{- end }}
 {{- end }}
 
 {{/*
@@ -249,4 +314,17 @@ polling sees; a subPath mount would keep the first version forever.
   mountPath: /etc/space/flags
   readOnly: true
 {{- end }}
+{{- if .Values.redis.auth.existingSecret }}
+- name: redis-auth
+  mountPath: /etc/space/redis-auth
+  readOnly: true
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Probe settings from values, without the chart's own switch. */}}
+{{- define "space-api.probe" -}}
+{{- toYaml (omit . "enabled") }}
 {{- end }}
