@@ -35,8 +35,9 @@ type Main struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
 
-	// RedisPrefix namespaces every Redis key (default "space", the design's keys);
-	// tests set a prefix of their own so that servers can share one Redis.
+	// RedisPrefix namespaces every Redis key (SPACE_REDIS_KEY_PREFIX, default "space",
+	// the design's keys); tests set a prefix of their own so that servers can share one
+	// Redis.
 	RedisPrefix string
 	// Getenv reads the environment of components that read their own variables (the
 	// Kubernetes substrate's SPACE_KUBERNETES_*); default os.Getenv.
@@ -50,9 +51,11 @@ type Main struct {
 	API         *api.Server
 	Resolver    *flags.Resolver
 	Admitter    *admission.Admitter
+	Breaker     *admission.Breaker
 	Substrate   substrate.Substrate
 	Pool        *pool.Pool
 	Replenisher *pool.Replenisher
+	Reconciler  *sandbox.Reconciler
 	Sandboxes   *sandbox.Service
 	Keys        *apikey.Store // api_key mode only
 
@@ -65,8 +68,9 @@ type Main struct {
 	inFlight  prometheus.Gauge
 	connState sync.Map // net.Conn -> http.ConnState
 
-	// noReplenisher leaves the warm pool to the test that drives it round by round.
-	noReplenisher bool
+	// noReplenisher leaves the warm pool to the test that drives it round by round;
+	// noReconciler does the same for the reconciler.
+	noReplenisher, noReconciler bool
 	// readHeaderTimeout is how long a client may take to send its headers (5s); tests
 	// shorten it.
 	readHeaderTimeout time.Duration
@@ -86,7 +90,7 @@ func NewMain(cfg config.Config, logger *slog.Logger) *Main {
 		Help: "Connections with a request in flight, both listeners.",
 	})
 	reg.MustRegister(inFlight)
-	return &Main{Config: cfg, Logger: logger, Registry: reg, RedisPrefix: "space", Getenv: os.Getenv, inFlight: inFlight, readHeaderTimeout: 5 * time.Second, serveErr: make(chan error, 2)}
+	return &Main{Config: cfg, Logger: logger, Registry: reg, RedisPrefix: cfg.Redis.KeyPrefix, Getenv: os.Getenv, inFlight: inFlight, readHeaderTimeout: 5 * time.Second, serveErr: make(chan error, 2)}
 }
 
 // Run opens the dependencies, refuses an unmigrated database, starts the listeners and
@@ -139,7 +143,10 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	if !m.noReplenisher {
-		m.background(m.Replenisher.Run, nil)
+		m.background(func(ctx context.Context) { m.Replenisher.Run(ctx, nil) })
+	}
+	if !m.noReconciler {
+		m.background(func(ctx context.Context) { m.Reconciler.Run(ctx, nil) })
 	}
 	m.Logger.Info("space-api serving", "version", Version(),
 		"public", m.publicLn.Addr().String(), "internal", m.internalLn.Addr().String())
@@ -215,16 +222,31 @@ func (m *Main) InternalURL() string { return "http://" + m.internalLn.Addr().Str
 // Err receives a listener's failure after Run; nil channel reads block forever.
 func (m *Main) Err() <-chan error { return m.serveErr }
 
+// Serve waits, after Run, until ctx ends (SIGTERM) or a listener dies, then closes.
+// A dead listener is an error even when the close goes well: a replica serving on one
+// listener only must exit non-zero, so that Kubernetes restarts it rather than leave
+// it half up.
+func (m *Main) Serve(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		m.Logger.Info("shutting down")
+		return m.Close()
+	case err := <-m.serveErr:
+		m.Logger.Error("a listener failed; shutting down", "err", err)
+		return errors.Join(fmt.Errorf("listener failed: %w", err), m.Close())
+	}
+}
+
 func (m *Main) onClose(f func(context.Context) error) { m.closers = append(m.closers, f) }
 
 // background runs f until Close, which cancels its context and waits for it to return
 // (after the listeners have drained).
-func (m *Main) background(f func(ctx context.Context, onRound func(pool.RoundResult, error)), onRound func(pool.RoundResult, error)) {
+func (m *Main) background(f func(ctx context.Context)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		f(ctx, onRound)
+		f(ctx)
 	}()
 	m.onClose(func(closeCtx context.Context) error {
 		cancel()

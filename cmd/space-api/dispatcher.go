@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/space-sandbox/space/internal/dispatcher"
 )
@@ -13,6 +14,22 @@ import (
 // gracefully: no new operation is taken and running ones finish within the shutdown
 // timeout; what is still queued stays queued for the next replica. It needs
 // m.Sandboxes and m.Resolver.
+// jobSlack is added to the substrate's timeout for River's job timeout: the reads and
+// writes of one run around its substrate calls, each bounded by 10s.
+const jobSlack = 20 * time.Second
+
+// rescueSlack is how long after its job timeout a run is taken as abandoned by a dead
+// replica: a live replica's run has returned by then.
+const rescueSlack = 10 * time.Second
+
+// jobTimeout is SPACE_DISPATCHER_JOB_TIMEOUT, or the substrate's timeout plus jobSlack.
+func (m *Main) jobTimeout() time.Duration {
+	if d := m.Config.Dispatcher.JobTimeout; d > 0 {
+		return d
+	}
+	return m.Substrate.Timeout() + jobSlack
+}
+
 func (m *Main) dispatcher(ctx context.Context) (*dispatcher.Dispatcher, error) {
 	cfg := m.Config.Dispatcher
 	d, err := dispatcher.New(dispatcher.Options{
@@ -23,8 +40,13 @@ func (m *Main) dispatcher(ctx context.Context) (*dispatcher.Dispatcher, error) {
 		AdmissionDeadline: cfg.AdmissionDeadline,
 		MaxSnooze:         cfg.MaxSnooze,
 		MaxAttempts:       cfg.MaxAttempts,
-		Registerer:        m.Registry,
-		Logger:            m.Logger.With("component", "dispatcher"),
+		// A run is the flow's substrate calls (bounded by the substrate's own timeout)
+		// and the writes around them: River never cuts it short, and rescues a dead
+		// replica's run soon after it could have finished.
+		JobTimeout:  m.jobTimeout(),
+		RescueAfter: m.jobTimeout() + rescueSlack,
+		Registerer:  m.Registry,
+		Logger:      m.Logger.With("component", "dispatcher"),
 	})
 	if err != nil {
 		return nil, err

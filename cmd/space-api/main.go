@@ -80,9 +80,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			m.Close()
 			return err
 		}
-		<-ctx.Done()
-		logger.Info("shutting down")
-		return m.Close()
+		return m.Serve(ctx)
 	}
 }
 

@@ -25,6 +25,11 @@ func testConfig(t testing.TB) config.Config {
 	cfg.HTTPAddr, cfg.InternalHTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.DatabaseURL = testenv.DatabaseURL(t)
 	cfg.Redis.Addrs = []string{testenv.RedisAddr(t)}
+	// A timeout fit for a test machine running dozens of servers under the race
+	// detector: at the 100ms default an overloaded moment fails a Redis call open (and
+	// three in a row open the breaker), which looks like a wrong count. The tests about
+	// Redis timeouts set their own.
+	cfg.Redis.Timeout = 2 * time.Second
 	cfg.ShutdownTimeout = 10 * time.Second
 	cfg.Dispatcher.Workers = 2 // dozens of servers run at once in this package
 	cfg.Sandbox.TemplatesFile = testenv.WriteFile(t, "templates.json", testTemplates)

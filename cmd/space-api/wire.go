@@ -51,6 +51,10 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Registerer: m.Registry,
 	})
 
+	// One breaker for every Redis call on this replica's request path: once Redis is
+	// known to be down, the failure mode applies at once instead of after a timeout
+	// per call.
+	m.Breaker = admission.NewBreaker(admission.BreakerOptions{Registerer: m.Registry, Logger: m.Logger})
 	m.Admitter, err = admission.New(admission.Options{
 		Redis:      m.Redis,
 		Prefix:     m.RedisPrefix,
@@ -59,6 +63,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		FailClosed: cfg.Admission.FailureMode == config.FailClosed,
 		Shadow:     cfg.Admission.Shadow,
 		Timeout:    cfg.Redis.Timeout,
+		Breaker:    m.Breaker,
 		Registerer: m.Registry,
 		Logger:     m.Logger,
 	})
@@ -69,6 +74,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Redis:      m.Redis,
 		Prefix:     m.RedisPrefix,
 		Timeout:    cfg.Redis.Timeout,
+		Breaker:    m.Breaker,
 		FailClosed: cfg.Admission.FailureMode == config.FailClosed,
 		Registerer: m.Registry,
 		Logger:     m.Logger,
@@ -101,6 +107,14 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	if opts.Operations, err = m.dispatcher(ctx); err != nil {
 		return opts, err
 	}
+	m.Reconciler = sandbox.NewReconciler(sandbox.ReconcilerOptions{
+		Service:    m.Sandboxes,
+		Interval:   cfg.Reconcile.Interval,
+		Grace:      cfg.Reconcile.Grace,
+		Also:       []func(context.Context) (int, error){opts.Operations.SettleLost},
+		Registerer: m.Registry,
+		Logger:     m.Logger.With("component", "reconciler"),
+	})
 
 	if opts.Auth, err = m.authenticator(); err != nil {
 		return opts, err
@@ -129,6 +143,7 @@ func (m *Main) authenticator() (api.Authenticator, error) {
 		Prefix:  m.RedisPrefix + ":auth_failures",
 		Rate:    cfg.FailureRate,
 		Timeout: m.Config.Redis.Timeout,
+		Breaker: m.Breaker,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("failed-auth limiter: %w", err)
@@ -194,11 +209,12 @@ func (m *Main) substrate(templates substrate.Templates) (substrate.Substrate, er
 		}
 		return kubernetes.NewFromEnv(m.Getenv, nil, m.Logger)
 	default: // "simulated"; config.Load accepts nothing else
-		d := m.Config.Sandbox.SimulatedColdStart
+		c := m.Config.Sandbox
+		d := c.SimulatedColdStart
 		return substrate.NewSimulated(substrate.SimulatedOptions{Latency: map[substrate.Op]time.Duration{
 			substrate.OpStartCold: d, substrate.OpWarm: d, substrate.OpRestore: d, substrate.OpSnapshot: d,
 			substrate.OpAdopt: d / 10,
-		}}), nil
+		}, StateDir: c.SimulatedStateDir, Timeout: c.SimulatedTimeout}), nil
 	}
 }
 

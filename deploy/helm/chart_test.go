@@ -695,7 +695,7 @@ func TestEveryConfigVariableIsRendered(t *testing.T) {
 	// The full values switch on everything but the simulated substrate's knob, which
 	// the second render sets.
 	rendered := map[string]bool{}
-	for _, args := range [][]string{{"-f", fullValues}, {"--set", "simulated.coldStart=300ms"}} {
+	for _, args := range [][]string{{"-f", fullValues}, {"--set", "simulated.coldStart=300ms,simulated.timeout=5s,simulated.stateDir=/tmp/sim"}} {
 		ms := render(t, args...)
 		for _, e := range container(t, deployment(t, ms), "space-api").Env {
 			rendered[e.Name] = true

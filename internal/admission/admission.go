@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/metric"
 )
 
 // DefaultPrefix is the key namespace of production: with it the keys are exactly
@@ -55,6 +56,9 @@ type Options struct {
 	Shadow bool
 	// Timeout bounds each Redis call, default DefaultTimeout (100ms).
 	Timeout time.Duration
+	// Breaker, shared by a replica's Redis components, fails calls at once while Redis
+	// is known to be down (see Breaker); nil calls Redis every time.
+	Breaker *Breaker
 	// Registerer receives the metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
 	// Logger receives Redis failures (at most one line per 10 s); nil discards.
@@ -162,7 +166,7 @@ func New(opts Options) (*Admitter, error) {
 	}
 	clusterKey := ClusterKey(prefix)
 	return &Admitter{
-		run:          newRunner(opts.Redis, opts.Timeout),
+		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker),
 		enabled:      opts.Enabled,
 		failClosed:   opts.FailClosed,
 		shadow:       opts.Shadow,
@@ -393,13 +397,8 @@ func newAdmissionMetrics(reg prometheus.Registerer) (*admissionMetrics, error) {
 		Help:    "Time of the admission script call, round trip included.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 12), // 100µs to about 200ms
 	})
-	var err error
-	if decisions, err = register(reg, decisions); err != nil {
-		return nil, err
-	}
-	if script, err = register(reg, script); err != nil {
-		return nil, err
-	}
+	decisions = metric.Register(reg, decisions)
+	script = metric.Register(reg, script)
 	m := &admissionMetrics{decisions: decisions, script: script}
 	m.admittedCluster = decisions.WithLabelValues(decisionAdmitted, string(space.BucketClusterActivation))
 	m.admittedClient = decisions.WithLabelValues(decisionAdmitted, string(space.BucketClientActivation))
@@ -430,25 +429,6 @@ func (m *admissionMetrics) errored(client bool) {
 
 func (m *admissionMetrics) count(decision string, bucket space.Bucket) {
 	m.decisions.WithLabelValues(decision, string(bucket)).Inc()
-}
-
-// register registers c, or returns the collector already registered under its name,
-// so that two components built on one registry (two Admitters in a test, a restart of
-// a component) share the series instead of failing.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if reg == nil {
-		return c, nil
-	}
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, fmt.Errorf("admission: register metrics: %w", err)
-	}
-	return c, nil
 }
 
 // throttledLog logs a repeated failure at most once per interval, with the number of

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -503,7 +504,7 @@ func TestRefill(t *testing.T) {
 		t.Parallel()
 		// Empty 1.25 s ago by the server's clock, at 2 tokens/s: 2.5 tokens now.
 		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: 1000, Burst: 1000}))
-		b.writeStored(b.clientKey("acme"), 0, b.redisTime().Add(-1250*time.Millisecond))
+		b.writeStored(b.clientKey("acme"), 0, b.redisTime().Add(-1250*time.Millisecond), time.Hour)
 		n, d := b.drain("acme", rate(2, 10))
 		if n != 2 || d.Client.Remaining < 0.5 || d.Client.Remaining > 0.6 {
 			t.Fatalf("admitted %d, %v left; want 2 and about 0.5", n, d.Client.Remaining)
@@ -518,7 +519,7 @@ func TestRefill(t *testing.T) {
 		// A state written an hour in the future, as after a failover to a server whose
 		// clock is behind.
 		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: 1000, Burst: 2}))
-		b.writeStored(b.clusterKey(), 0.5, b.redisTime().Add(time.Hour))
+		b.writeStored(b.clusterKey(), 0.5, b.redisTime().Add(time.Hour), 2*time.Hour)
 		if n, d := b.drain("", nil); n != 0 || !near(d.Cluster.Remaining, 0.5, 1e-6) {
 			t.Fatalf("admitted %d with %v tokens after the clock went back", n, d.Cluster.Remaining)
 		}
@@ -633,6 +634,87 @@ func TestExpiry(t *testing.T) {
 		d := b.admit("acme", zero)
 		if d.Admitted || d.Bucket != space.BucketClientActivation || d.RetryAfter != time.Duration(math.MaxInt64) {
 			t.Fatalf("second decision = %+v, want rejected by client_activation, never refilling", d)
+		}
+	})
+}
+
+func TestExpiryFollowsTheRateInForce(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a refusal under a lowered rate extends an empty bucket's key to its new refill", func(t *testing.T) {
+		t.Parallel()
+		topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
+			b := setup(t, rdb, enabled(space.Rate{RefillRPS: 10, Burst: 10}))
+			fast, slow := rate(10, 10), rate(0.001, 10)
+			if n, _ := b.drain("acme", fast); n != 10 {
+				t.Fatalf("drained %d, want the burst of 10", n)
+			}
+			if ttl := b.pttl(b.clientKey("acme")); ttl > time.Second {
+				t.Fatalf("after the fast rate the key lives %v, want at most 1s", ttl)
+			}
+			if d := b.admit("acme", slow); d.Admitted {
+				t.Fatalf("admitted at the lowered rate: %+v", d)
+			}
+			// Refilling 10 tokens at 0.001/s takes 10,000 s; the key must outlive that.
+			if ttl := b.pttl(b.clientKey("acme")); ttl < 9900*time.Second || ttl > 10000*time.Second {
+				t.Fatalf("after a refusal at the lowered rate the key lives %v, want about 10,000s", ttl)
+			}
+		})
+	})
+
+	t.Run("refusals at an unchanged rate write nothing", func(t *testing.T) {
+		t.Parallel()
+		topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
+			b := setup(t, rdb, enabled(space.Rate{RefillRPS: neverRefills, Burst: 100}))
+			r := rate(0.5, 2)
+			b.drain("acme", r)
+			before := b.stored(b.clientKey("acme"))
+			for range 5 {
+				if d := b.admit("acme", r); d.Admitted {
+					t.Fatal("admitted an empty bucket")
+				}
+				if d, err := b.adm.Peek(b.ctx, "acme", r); err != nil || d.Admitted {
+					t.Fatalf("peek = %+v, %v", d, err)
+				}
+			}
+			if after := b.stored(b.clientKey("acme")); after.raw != before.raw {
+				t.Fatalf("a refusal rewrote the key: %+v -> %+v", before, after)
+			}
+		})
+	})
+
+	t.Run("a bucket that never refills is not rewritten by every refusal", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: neverRefills, Burst: 100}))
+		zero := rate(0, 1)
+		b.admit("acme", zero)
+		before := b.stored(b.clientKey("acme"))
+		time.Sleep(2 * time.Millisecond) // a later Redis TIME, which a rewrite would record
+		b.admit("acme", zero)
+		if after := b.stored(b.clientKey("acme")); after.raw != before.raw {
+			t.Fatalf("a refusal of a never-refilling bucket rewrote it: %+v -> %+v", before, after)
+		}
+	})
+
+	t.Run("a key of the old 16-byte layout keeps its tokens and gains an expiry on its first refusal", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: neverRefills, Burst: 100}))
+		var raw [16]byte
+		binary.LittleEndian.PutUint64(raw[:8], math.Float64bits(0.25))
+		binary.LittleEndian.PutUint64(raw[8:], math.Float64bits(float64(b.redisTime().UnixMicro())))
+		if err := b.rdb.Set(b.ctx, b.clientKey("acme"), string(raw[:]), time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r := rate(0.001, 5)
+		if d := b.admit("acme", r); d.Admitted || d.Bucket != space.BucketClientActivation {
+			t.Fatalf("decision = %+v, want a refusal of the 0.25-token bucket", d)
+		}
+		s := b.stored(b.clientKey("acme"))
+		if !near(s.tokens, 0.25, 1e-3) {
+			t.Fatalf("tokens = %v, want the stored 0.25", s.tokens)
+		}
+		if ttl := b.pttl(b.clientKey("acme")); ttl < 4700*time.Second {
+			t.Fatalf("the rewritten key lives %v, want the ~4,750s refill", ttl)
 		}
 	})
 }
@@ -796,7 +878,7 @@ func TestMetrics(t *testing.T) {
 				t.Errorf("decisions{decision=%q,bucket=%q} = %v, want %v", decision, bucket, got, n)
 			}
 		}
-		if n := metric(t, b.reg, "space_sandbox_admission_script_seconds"); n != 5 {
+		if n := metricValue(t, b.reg, "space_sandbox_admission_script_seconds"); n != 5 {
 			t.Errorf("script_seconds observed %v calls, want 5", n)
 		}
 		families, err := b.reg.Gather()

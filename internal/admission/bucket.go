@@ -46,10 +46,11 @@ const (
 	peek = "0"
 )
 
-// runner runs the bucket script with a per-call timeout.
+// runner runs Redis calls with a per-call timeout, through the replica's Breaker.
 type runner struct {
 	rdb     redis.UniversalClient
 	timeout time.Duration
+	breaker *Breaker
 	// direct is true when rdb applies context deadlines to its socket reads
 	// (ContextTimeoutEnabled). Otherwise a call is raced against the deadline in a
 	// goroutine, because go-redis would wait for its own ReadTimeout (seconds) on a
@@ -57,11 +58,11 @@ type runner struct {
 	direct bool
 }
 
-func newRunner(rdb redis.UniversalClient, timeout time.Duration) runner {
+func newRunner(rdb redis.UniversalClient, timeout time.Duration, breaker *Breaker) runner {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	return runner{rdb: rdb, timeout: timeout, direct: honoursContext(rdb)}
+	return runner{rdb: rdb, timeout: timeout, breaker: breaker, direct: honoursContext(rdb)}
 }
 
 // honoursContext reports whether the client's own socket deadlines follow the
@@ -78,9 +79,13 @@ func honoursContext(rdb redis.UniversalClient) bool {
 	return false
 }
 
-// run calls fn with a context bounded by the timeout and returns no later than the
-// deadline, whatever the client does.
+// run calls fn through the breaker with a context bounded by the timeout, and returns
+// no later than the deadline, whatever the client does.
 func (r runner) run(ctx context.Context, fn func(ctx context.Context) (any, error)) (any, error) {
+	return r.breaker.do(func() (any, error) { return r.call(ctx, fn) })
+}
+
+func (r runner) call(ctx context.Context, fn func(ctx context.Context) (any, error)) (any, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	if r.direct {

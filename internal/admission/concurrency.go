@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/metric"
 )
 
 var (
@@ -55,6 +56,9 @@ type ConcurrencyOptions struct {
 	LeaseTTL time.Duration
 	// Timeout bounds each Redis call, default DefaultTimeout (100ms).
 	Timeout time.Duration
+	// Breaker, shared by a replica's Redis components, fails calls at once while Redis
+	// is known to be down (see Breaker); nil calls Redis every time.
+	Breaker *Breaker
 	// FailClosed: on a Redis error or timeout, false (the default) lets the request
 	// through with a no-op release; true returns an error wrapping ErrUnavailable.
 	// Both are counted as decision="error".
@@ -126,7 +130,7 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &ConcurrencyLimiter{
-		run:        newRunner(opts.Redis, opts.Timeout),
+		run:        newRunner(opts.Redis, opts.Timeout, opts.Breaker),
 		prefix:     prefix + ":client_concurrency:",
 		ttl:        ttl,
 		ttlArg:     strconv.FormatInt(ttl.Milliseconds(), 10),
@@ -342,13 +346,8 @@ func newConcurrencyMetrics(reg prometheus.Registerer) (*concurrencyMetrics, erro
 		Name: "space_client_concurrency_lease_renewals_total",
 		Help: "Concurrency lease renewals, by result (renewed, lost, error).",
 	}, []string{"result"})
-	var err error
-	if decisions, err = register(reg, decisions); err != nil {
-		return nil, err
-	}
-	if renewals, err = register(reg, renewals); err != nil {
-		return nil, err
-	}
+	decisions = metric.Register(reg, decisions)
+	renewals = metric.Register(reg, renewals)
 	for _, d := range []string{decisionAdmitted, decisionRejected, decisionError} {
 		decisions.WithLabelValues(d)
 	}

@@ -195,7 +195,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 		if got := other.inFlight("acme"); got != 1 {
 			t.Fatalf("InFlight = %d, want 1", got)
 		}
-		if n := metric(t, holder.reg, "space_client_concurrency_lease_renewals_total", "result", "renewed"); n < 2 {
+		if n := metricValue(t, holder.reg, "space_client_concurrency_lease_renewals_total", "result", "renewed"); n < 2 {
 			t.Fatalf("renewed %v times, want at least 2", n)
 		}
 		release()
@@ -225,7 +225,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 			t.Fatalf("Acquire with cap 0 = %v after %v", err, time.Since(start))
 		}
 		release()
-		if n := metric(t, b.reg, "space_client_concurrency_decisions_total", "decision", "admitted"); n != 0 {
+		if n := metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", "admitted"); n != 0 {
 			t.Fatalf("an unlimited acquire was counted: %v", n)
 		}
 	})
@@ -242,7 +242,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 			t.Fatalf("fail-open Acquire = %v", err)
 		}
 		release()
-		if n := metric(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error"); n != 1 {
+		if n := metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error"); n != 1 {
 			t.Fatalf("error decisions = %v, want 1", n)
 		}
 	})
@@ -263,7 +263,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 		if _, err := b.lim.InFlight(b.ctx, "acme"); !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("InFlight = %v, want ErrUnavailable", err)
 		}
-		if n := metric(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error"); n != 1 {
+		if n := metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error"); n != 1 {
 			t.Fatalf("error decisions = %v, want 1", n)
 		}
 	})
@@ -274,7 +274,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 		b.acquire("acme", 1)
 		b.lim.Acquire(b.ctx, "acme", 1)
 		for decision, want := range map[string]float64{"admitted": 1, "rejected": 1, "error": 0} {
-			if n := metric(t, b.reg, "space_client_concurrency_decisions_total", "decision", decision); n != want {
+			if n := metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", decision); n != want {
 				t.Errorf("%s = %v, want %v", decision, n, want)
 			}
 		}

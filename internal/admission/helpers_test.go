@@ -98,6 +98,8 @@ type stored struct {
 	raw    string
 	tokens float64
 	micros float64
+	// expires is when the script last set the key to expire (microseconds).
+	expires float64
 }
 
 func (b *bundle) stored(key string) stored {
@@ -105,8 +107,8 @@ func (b *bundle) stored(key string) stored {
 	return readStored(b.t, b.ctx, b.rdb, key)
 }
 
-// readStored decodes the script's state: two little-endian doubles, tokens and Redis
-// time in microseconds.
+// readStored decodes the script's state: three little-endian doubles, tokens, the
+// Redis time they were counted at and the key's expiry, both in microseconds.
 func readStored(t *testing.T, ctx context.Context, rdb redis.UniversalClient, key string) stored {
 	t.Helper()
 	raw, err := rdb.Get(ctx, key).Result()
@@ -116,24 +118,27 @@ func readStored(t *testing.T, ctx context.Context, rdb redis.UniversalClient, ke
 	if err != nil {
 		t.Fatalf("GET %s: %v", key, err)
 	}
-	if len(raw) != 16 {
-		t.Fatalf("GET %s = %q, not 16 bytes of state", key, raw)
+	if len(raw) != 24 {
+		t.Fatalf("GET %s = %q, not 24 bytes of state", key, raw)
 	}
 	return stored{
-		exists: true,
-		raw:    raw,
-		tokens: math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[:8]))),
-		micros: math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[8:]))),
+		exists:  true,
+		raw:     raw,
+		tokens:  math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[:8]))),
+		micros:  math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[8:16]))),
+		expires: math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[16:]))),
 	}
 }
 
-// writeStored sets a bucket's state as the script would have written it.
-func (b *bundle) writeStored(key string, tokens float64, at time.Time) {
+// writeStored sets a bucket's state as the script would have written it, expiring in
+// ttl.
+func (b *bundle) writeStored(key string, tokens float64, at time.Time, ttl time.Duration) {
 	b.t.Helper()
-	var raw [16]byte
+	var raw [24]byte
 	binary.LittleEndian.PutUint64(raw[:8], math.Float64bits(tokens))
-	binary.LittleEndian.PutUint64(raw[8:], math.Float64bits(float64(at.UnixMicro())))
-	if err := b.rdb.Set(b.ctx, key, string(raw[:]), time.Hour).Err(); err != nil {
+	binary.LittleEndian.PutUint64(raw[8:16], math.Float64bits(float64(at.UnixMicro())))
+	binary.LittleEndian.PutUint64(raw[16:], math.Float64bits(float64(at.Add(ttl).UnixMicro())))
+	if err := b.rdb.Set(b.ctx, key, string(raw[:]), ttl).Err(); err != nil {
 		b.t.Fatalf("SET %s: %v", key, err)
 	}
 }
@@ -158,9 +163,9 @@ func (b *bundle) pttl(key string) time.Duration {
 	return d
 }
 
-// metric reads a counter's value, or a histogram's sample count, from reg by name and
+// metricValue reads a counter's or a gauge's value, or a histogram's sample count, from reg by name and
 // labels; 0 when the series does not exist.
-func metric(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
+func metricValue(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
 	families, err := reg.Gather()
 	if err != nil {
@@ -183,6 +188,8 @@ func metric(t *testing.T, reg prometheus.Gatherer, name string, labels ...string
 				return m.GetCounter().GetValue()
 			case m.GetHistogram() != nil:
 				return float64(m.GetHistogram().GetSampleCount())
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
 			}
 		}
 	}
@@ -205,7 +212,7 @@ func hasLabels(m *dto.Metric, want map[string]string) bool {
 // decisions reads space_sandbox_admission_rate_decisions_total{decision, bucket}.
 func (b *bundle) decisions(decision string, bucket space.Bucket) float64 {
 	b.t.Helper()
-	return metric(b.t, b.reg, "space_sandbox_admission_rate_decisions_total", "decision", decision, "bucket", string(bucket))
+	return metricValue(b.t, b.reg, "space_sandbox_admission_rate_decisions_total", "decision", decision, "bucket", string(bucket))
 }
 
 // near reports whether a and b differ by less than eps.

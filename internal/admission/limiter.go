@@ -22,6 +22,9 @@ type LimiterOptions struct {
 	Rate space.Rate
 	// Timeout bounds each Redis call, default DefaultTimeout (100ms).
 	Timeout time.Duration
+	// Breaker, shared by a replica's Redis components, fails calls at once while Redis
+	// is known to be down (see Breaker); nil calls Redis every time.
+	Breaker *Breaker
 }
 
 // Limiter is one token bucket per key, on the Admitter's script with a single key: the
@@ -47,7 +50,7 @@ func NewLimiter(opts LimiterOptions) (*Limiter, error) {
 	if err := opts.Rate.Validate(); err != nil {
 		return nil, fmt.Errorf("limiter: rate: %w", err)
 	}
-	return &Limiter{run: newRunner(opts.Redis, opts.Timeout), prefix: opts.Prefix + ":", rate: opts.Rate, args: argsOf(opts.Rate)}, nil
+	return &Limiter{run: newRunner(opts.Redis, opts.Timeout, opts.Breaker), prefix: opts.Prefix + ":", rate: opts.Rate, args: argsOf(opts.Rate)}, nil
 }
 
 // Allow takes one token from key's bucket if it holds one. state is the bucket after

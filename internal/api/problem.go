@@ -95,19 +95,25 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 	_ = json.NewEncoder(w).Encode(p)
 }
 
-// maxRetryAfter caps Retry-After.
-const maxRetryAfter = 24 * time.Hour
+// NeverRetryAfter is the Retry-After of a bucket that never refills (rate 0): its
+// true answer is "never", and a day keeps clients' arithmetic sane. Every finite
+// refill is told as it is, however long: a Retry-After is never earlier than the
+// refill.
+const NeverRetryAfter = 24 * time.Hour
 
 // setLimitHeaders sets Retry-After and the RateLimit-Policy / RateLimit fields of
 // draft-ietf-httpapi-ratelimit-headers for a turned-away request. For a token bucket the
 // quota q is the burst and the window w the time an empty bucket takes to refill; r is
 // what remains and t the seconds until it is useful again.
 func setLimitHeaders(h http.Header, le *space.LimitError, rnd func() float64) {
-	// A bucket that never refills (rate 0) would say "retry in 292 years"; a day is
-	// as good an answer and keeps clients' arithmetic sane. An operator who raises the
-	// rate meanwhile is not waited for.
-	retry := int(min(admission.RetryAfter(le.RetryAfter, rnd), maxRetryAfter) / time.Second)
-	h.Set("Retry-After", strconv.Itoa(retry))
+	// A bucket that never refills reports the longest Duration (see NeverRetryAfter).
+	var retry int64
+	if le.RetryAfter == time.Duration(math.MaxInt64) {
+		retry = int64(NeverRetryAfter / time.Second)
+	} else {
+		retry = int64(admission.RetryAfter(le.RetryAfter, rnd) / time.Second)
+	}
+	h.Set("Retry-After", strconv.FormatInt(retry, 10))
 	name := string(le.Bucket)
 	remaining := int64(math.Max(0, math.Floor(le.Remaining)))
 	switch {

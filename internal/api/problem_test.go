@@ -25,7 +25,8 @@ func TestLimitHeaders(t *testing.T) {
 
 	t.Run("Retry-After is never earlier than the refill and at least one second", func(t *testing.T) {
 		t.Parallel()
-		for _, refill := range []time.Duration{0, time.Millisecond, 999 * time.Millisecond, time.Second, 2500 * time.Millisecond, time.Minute} {
+		for _, refill := range []time.Duration{0, time.Millisecond, 999 * time.Millisecond, time.Second, 2500 * time.Millisecond, time.Minute,
+			25 * time.Hour, 7 * 24 * time.Hour, 10 * 365 * 24 * time.Hour} {
 			for _, rnd := range []float64{0, 0.5, 0.999} {
 				got := retryAfter(&space.LimitError{Bucket: space.BucketClientActivation, RetryAfter: refill}, rnd)
 				if got < 1 || float64(got) < refill.Seconds() {
@@ -40,6 +41,16 @@ func TestLimitHeaders(t *testing.T) {
 		le := &space.LimitError{Bucket: space.BucketClusterActivation, RetryAfter: 10 * time.Second}
 		if lo, hi := retryAfter(le, 0), retryAfter(le, 0.999); lo != 10 || hi <= lo {
 			t.Fatalf("Retry-After spans %d..%d, want 10 up to more than 10", lo, hi)
+		}
+	})
+
+	t.Run("a bucket that refills once a week says at least a week", func(t *testing.T) {
+		t.Parallel()
+		week := 7 * 24 * time.Hour
+		for _, rnd := range []float64{0, 0.999} {
+			if got := retryAfter(&space.LimitError{Bucket: space.BucketClientActivation, RetryAfter: week}, rnd); got < int(week/time.Second) {
+				t.Fatalf("Retry-After = %d, want at least a week (%d)", got, int(week/time.Second))
+			}
 		}
 	})
 

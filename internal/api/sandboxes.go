@@ -110,9 +110,17 @@ func (s *Server) restoreSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, sb)
 }
 
+// deleteSandbox terminates the caller's sandbox: 204, or 202 when it was still
+// starting, restoring or pausing (it is terminated, and what the substrate was making
+// for it is being stopped).
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
-	if err := s.sandboxes.Delete(r.Context(), callerFrom(r.Context()).ID, chi.URLParam(r, "id")); err != nil {
+	teardown, err := s.sandboxes.Delete(r.Context(), callerFrom(r.Context()).ID, chi.URLParam(r, "id"))
+	if err != nil {
 		s.writeError(w, r, err)
+		return
+	}
+	if teardown {
+		w.WriteHeader(http.StatusAccepted)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

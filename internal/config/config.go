@@ -40,6 +40,19 @@ type Config struct {
 	Flags      Flags
 	Sandbox    Sandbox
 	Dispatcher Dispatcher
+	Reconcile  Reconcile
+}
+
+// Reconcile configures the reconciler that settles what crashes and outages leave
+// behind (internal/sandbox.Reconciler).
+type Reconcile struct {
+	// Interval is how often the replica holding the reconciler's lock looks
+	// (SPACE_RECONCILE_INTERVAL, default 10s).
+	Interval time.Duration
+	// Grace is added to the substrate's timeout to get the bound after which a
+	// sandbox still starting, restoring or pausing is settled; resources younger than
+	// it are never taken for orphans (SPACE_RECONCILE_GRACE, default 30s).
+	Grace time.Duration
 }
 
 // Auth decides how a caller's client id is established.
@@ -73,6 +86,11 @@ type Redis struct {
 	// Timeout bounds every Redis call on the request path (SPACE_REDIS_TIMEOUT, default
 	// 100ms): a slow Redis must not make every create slow.
 	Timeout time.Duration
+	// KeyPrefix namespaces every Redis key (SPACE_REDIS_KEY_PREFIX, default "space",
+	// which gives exactly the keys of the design): deployments sharing one Redis (a
+	// staging beside a production) each set their own. No braces: the cluster key is
+	// the client keys' Redis Cluster hash tag.
+	KeyPrefix string
 }
 
 // FailureMode says what admission does when Redis cannot answer.
@@ -130,6 +148,14 @@ type Sandbox struct {
 	// warm, snapshot or restore a sandbox (SPACE_SIMULATED_COLD_START, default 0; make
 	// run uses 300ms so that warm hits visibly win). Adopting a warm slot takes a tenth.
 	SimulatedColdStart time.Duration
+	// SimulatedTimeout is the simulated substrate's timeout, from which the recovery
+	// bounds are counted (SPACE_SIMULATED_TIMEOUT, default the cold start plus 5s).
+	SimulatedTimeout time.Duration
+	// SimulatedStateDir, when set, keeps what the simulated substrate runs in a file
+	// there, shared by every process pointed at it (SPACE_SIMULATED_STATE_DIR): replicas
+	// of one test share one simulated cluster, and a killed one leaves its sandboxes
+	// behind as a real substrate would.
+	SimulatedStateDir string
 }
 
 // Dispatcher configures queued operations.
@@ -148,6 +174,10 @@ type Dispatcher struct {
 	// MaxAttempts is how many real attempts a queued operation gets before it fails
 	// (SPACE_DISPATCHER_MAX_ATTEMPTS, default 5); admission snoozes are not attempts.
 	MaxAttempts int
+	// JobTimeout bounds one run of a queued operation (SPACE_DISPATCHER_JOB_TIMEOUT);
+	// zero, the default, is the substrate's own timeout plus 20s, which no run of a live
+	// replica outlasts. A dead replica's runs are run again 10s after it.
+	JobTimeout time.Duration
 }
 
 // Substrates are the accepted values of SPACE_SUBSTRATE.
@@ -162,7 +192,7 @@ func Default() Config {
 		LogLevel:         "info",
 		ShutdownTimeout:  25 * time.Second,
 		Auth:             Auth{Mode: AuthAPIKey, FailureRate: space.Rate{RefillRPS: 0.2, Burst: 20}},
-		Redis:            Redis{Timeout: 100 * time.Millisecond},
+		Redis:            Redis{Timeout: 100 * time.Millisecond, KeyPrefix: "space"},
 		Admission: Admission{
 			Enabled:     true,
 			Cluster:     space.Rate{RefillRPS: 100, Burst: 200},
@@ -175,6 +205,7 @@ func Default() Config {
 			MaxBodyBytes: 64 << 10,
 		},
 		Dispatcher: Dispatcher{Workers: 10, AdmissionDeadline: 10 * time.Minute, MaxSnooze: time.Minute, MaxAttempts: 5},
+		Reconcile:  Reconcile{Interval: 10 * time.Second, Grace: 30 * time.Second},
 	}
 }
 
@@ -210,6 +241,12 @@ func Load(getenv func(string) string) (Config, error) {
 		r.required("SPACE_REDIS_ADDRS", "", "host:port, or several comma separated for a Redis Cluster")
 	}
 	r.duration("SPACE_REDIS_TIMEOUT", &c.Redis.Timeout)
+	r.str("SPACE_REDIS_KEY_PREFIX", &c.Redis.KeyPrefix, func(v string) string {
+		if strings.ContainsAny(v, "{} ") {
+			return "a key prefix without braces or spaces, such as space-staging"
+		}
+		return ""
+	})
 
 	r.boolean("SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED", &c.Admission.Enabled)
 	r.rate("SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS", &c.Admission.Cluster.RefillRPS)
@@ -234,11 +271,17 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 
 	r.duration("SPACE_SIMULATED_COLD_START", &c.Sandbox.SimulatedColdStart)
+	r.duration("SPACE_SIMULATED_TIMEOUT", &c.Sandbox.SimulatedTimeout)
+	r.str("SPACE_SIMULATED_STATE_DIR", &c.Sandbox.SimulatedStateDir, nil)
+
+	r.duration("SPACE_RECONCILE_INTERVAL", &c.Reconcile.Interval)
+	r.duration("SPACE_RECONCILE_GRACE", &c.Reconcile.Grace)
 
 	r.nonNegative("SPACE_DISPATCHER_WORKERS", &c.Dispatcher.Workers)
 	r.duration("SPACE_DISPATCHER_ADMISSION_DEADLINE", &c.Dispatcher.AdmissionDeadline)
 	r.duration("SPACE_DISPATCHER_MAX_SNOOZE", &c.Dispatcher.MaxSnooze)
 	r.positive("SPACE_DISPATCHER_MAX_ATTEMPTS", &c.Dispatcher.MaxAttempts)
+	r.duration("SPACE_DISPATCHER_JOB_TIMEOUT", &c.Dispatcher.JobTimeout)
 
 	if r.err != nil {
 		return Config{}, r.err

@@ -49,9 +49,13 @@ const (
 	// (SPACE_DISPATCHER_MAX_ATTEMPTS). With River's backoff (attempt^4 seconds) five
 	// attempts span about six minutes.
 	DefaultMaxAttempts = 5
-	// DefaultJobTimeout bounds one run; above the sandbox flow's own cold start timeout
-	// (5m), so that River never cancels a run the flow would still finish.
+	// DefaultJobTimeout bounds one run when Options.JobTimeout is not set. space-api
+	// sets it from the substrate's own timeout (see Options.JobTimeout).
 	DefaultJobTimeout = 10 * time.Minute
+	// DefaultSettleWait is how long a run that found its sandbox still settling (an
+	// earlier attempt died with its replica) waits before looking again: about one
+	// round of the reconciler.
+	DefaultSettleWait = 10 * time.Second
 )
 
 // Queue is the River queue of every operation. One queue is enough for fairness: a
@@ -93,8 +97,18 @@ type Options struct {
 	// Backoff is the wait after failed attempt n (1 for the first) before the next;
 	// nil is River's default policy (n^4 seconds, jittered by 10%).
 	Backoff func(attempt int) time.Duration
-	// JobTimeout bounds one run (default DefaultJobTimeout).
+	// JobTimeout bounds one run (default DefaultJobTimeout). space-api sets it to the
+	// substrate's timeout plus a margin for the writes around it: above anything the
+	// flow itself would still finish, so River never cuts a run short.
 	JobTimeout time.Duration
+	// RescueAfter is how long a run may stay running before River's rescuer takes it
+	// as abandoned by a dead replica and runs it again (default JobTimeout + 1m; River's
+	// own default is an hour). Above JobTimeout, so a live replica's run is never
+	// rescued from under it. The rescuer looks every 30 seconds.
+	RescueAfter time.Duration
+	// SettleWait is how long a run that found its sandbox still settling waits before
+	// trying again (default DefaultSettleWait); such waits spend no attempt.
+	SettleWait time.Duration
 	// Rand returns a float in [0, 1) for snooze jitter (default math/rand/v2.Float64).
 	Rand       func() float64
 	Registerer prometheus.Registerer
@@ -140,6 +154,12 @@ func New(opts Options) (*Dispatcher, error) {
 	if opts.JobTimeout <= 0 {
 		opts.JobTimeout = DefaultJobTimeout
 	}
+	if opts.RescueAfter <= opts.JobTimeout {
+		opts.RescueAfter = opts.JobTimeout + time.Minute
+	}
+	if opts.SettleWait <= 0 {
+		opts.SettleWait = DefaultSettleWait
+	}
 	if opts.Rand == nil {
 		opts.Rand = rand.Float64
 	}
@@ -163,10 +183,11 @@ func New(opts Options) (*Dispatcher, error) {
 		}
 	}
 	cfg := &river.Config{
-		Logger:      opts.Logger,
-		MaxAttempts: opts.MaxAttempts,
-		JobTimeout:  opts.JobTimeout,
-		Workers:     workers,
+		Logger:               opts.Logger,
+		MaxAttempts:          opts.MaxAttempts,
+		JobTimeout:           opts.JobTimeout,
+		RescueStuckJobsAfter: opts.RescueAfter,
+		Workers:              workers,
 	}
 	if opts.Backoff != nil {
 		cfg.RetryPolicy = backoffPolicy(opts.Backoff)
@@ -455,4 +476,23 @@ func quote(s string) string {
 		s = s[:40] + "..."
 	}
 	return fmt.Sprintf("%q", s)
+}
+
+// SettleLost fails, with the reason, every operation whose River job ended without the
+// operation reaching a final state: a job rescued from dead replicas until it ran out
+// of attempts is discarded by River, and its operation would otherwise stay running for
+// ever. The reconciler calls it each round, on one replica at a time. It returns how
+// many it failed.
+func (d *Dispatcher) SettleLost(ctx context.Context) (int, error) {
+	lost, err := failLost(ctx, d.opts.DB)
+	n := 0
+	for kind, c := range lost {
+		d.metrics.lost.WithLabelValues(string(kind)).Add(float64(c))
+		d.metrics.finished.WithLabelValues(string(kind), string(space.OperationFailed)).Add(float64(c))
+		n += c
+	}
+	if n > 0 {
+		d.logger.WarnContext(ctx, "failed operations whose job ended without an outcome", "count", n)
+	}
+	return n, err
 }

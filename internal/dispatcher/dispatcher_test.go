@@ -180,7 +180,7 @@ func TestRetries(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := b.svc.Delete(b.ctx, "acme", sb.ID); err != nil { // before a worker gets to it
+		if _, err := b.svc.Delete(b.ctx, "acme", sb.ID); err != nil { // before a worker gets to it
 			t.Fatal(err)
 		}
 		b.dispatcher(setupOptions{})
@@ -348,6 +348,78 @@ func TestDurability(t *testing.T) {
 		var de *space.Error
 		if !errors.As(err, &de) || de.Code != space.ECONFLICT || de.Field != dispatcher.IdempotencyKeyHeader {
 			t.Fatalf("err = %v, want a conflict naming %s", err, dispatcher.IdempotencyKeyHeader)
+		}
+	})
+}
+
+func TestRecovery(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a queued create whose replica died mid cold start is rescued, waits for the reconciler and succeeds once", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{workers: -1})
+		op := b.create("acme", "")
+		// A replica took the job, reserved the sandbox and died mid cold start: its job
+		// is running under a client that is gone, its sandbox starting for a day.
+		for _, sql := range []string{
+			`UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1 hour',
+				attempted_by = ARRAY['a-dead-replica'] WHERE id = (SELECT job_id FROM operations WHERE id = $1)`,
+			`UPDATE operations SET state = 'running', started_at = now() - interval '1 hour' WHERE id = $1`,
+			`INSERT INTO sandboxes (id, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib, updated_at)
+				SELECT sandbox_id, 'acme', 'acme', 'starting', 'python-3.12', 1000, 2048, 10, now() - interval '1 day'
+				FROM operations WHERE id = $1`,
+		} {
+			if _, err := b.db.Exec(b.ctx, sql, op.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A surviving replica: River rescues the job, a run finds the sandbox still
+		// settling and waits, the reconciler settles it, the next run creates it.
+		b.dispatcher(setupOptions{jobTimeout: time.Second, rescueAfter: 2 * time.Second, settleWait: 100 * time.Millisecond})
+		rec := sandbox.NewReconciler(sandbox.ReconcilerOptions{Service: b.svc, Grace: time.Hour})
+		done := b.wait(op.ID, "the rescued operation to finish", func(got *space.Operation) bool {
+			if got.State == space.OperationQueued && got.LastError != "" {
+				if _, err := rec.Round(b.ctx); err != nil {
+					t.Fatalf("reconcile: %v", err)
+				}
+			}
+			return got.State.Done()
+		})
+		if done.State != space.OperationSucceeded || done.Sandbox == nil || done.Sandbox.State != space.StateRunning {
+			t.Fatalf("rescued operation %+v, want succeeded with its sandbox running", done)
+		}
+		starts := 0
+		for _, c := range b.sim.Calls() {
+			if c.Op == substrate.OpStartCold && c.SandboxID == op.SandboxID {
+				starts++
+			}
+		}
+		if starts != 1 || b.count("SELECT count(*) FROM sandboxes") != 1 {
+			t.Fatalf("%d cold starts and %d sandboxes for one operation, want one each", starts, b.count("SELECT count(*) FROM sandboxes"))
+		}
+	})
+
+	t.Run("an operation whose job river discarded is failed with the reason", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{workers: -1})
+		op := b.create("acme", "")
+		if _, err := b.db.Exec(b.ctx, `UPDATE river_job SET state = 'discarded', finalized_at = now() - interval '1 hour'
+			WHERE id = (SELECT job_id FROM operations WHERE id = $1)`, op.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.db.Exec(b.ctx, `UPDATE operations SET state = 'running', updated_at = now() - interval '1 hour' WHERE id = $1`, op.ID); err != nil {
+			t.Fatal(err)
+		}
+		n, err := b.d.SettleLost(b.ctx)
+		if err != nil || n != 1 {
+			t.Fatalf("SettleLost = %d, %v; want 1", n, err)
+		}
+		got := b.get(op.ID)
+		if got.State != space.OperationFailed || got.ErrorCode != space.EUNAVAILABLE || !strings.Contains(got.LastError, "discarded") {
+			t.Fatalf("lost operation %+v, want failed saying its job was discarded", got)
+		}
+		if n, _ := b.d.SettleLost(b.ctx); n != 0 {
+			t.Fatalf("a second pass failed %d more", n)
 		}
 	})
 }

@@ -85,6 +85,9 @@ type setupOptions struct {
 	maxSnooze   time.Duration
 	maxAttempts int
 	latency     time.Duration // of every substrate call
+	jobTimeout  time.Duration
+	rescueAfter time.Duration
+	settleWait  time.Duration
 }
 
 func setup(t *testing.T, o setupOptions) *bundle {
@@ -106,9 +109,10 @@ func setup(t *testing.T, o setupOptions) *bundle {
 	}
 	b.sim = substrate.NewSimulated(substrate.SimulatedOptions{Latency: lat, Fail: func(c substrate.Call) error {
 		b.failMu.Lock()
-		defer b.failMu.Unlock()
-		if b.fail != nil {
-			return b.fail(c)
+		fail := b.fail
+		b.failMu.Unlock()
+		if fail != nil {
+			return fail(c) // unlocked: a hook may block one call while others go on
 		}
 		return nil
 	}})
@@ -137,6 +141,9 @@ func (b *bundle) dispatcher(o setupOptions) *dispatcher.Dispatcher {
 		AdmissionDeadline: o.deadline,
 		MaxSnooze:         o.maxSnooze,
 		MaxAttempts:       o.maxAttempts,
+		JobTimeout:        o.jobTimeout,
+		RescueAfter:       o.rescueAfter,
+		SettleWait:        o.settleWait,
 		Backoff:           func(int) time.Duration { return 100 * time.Millisecond },
 		River: func(c *river.Config) {
 			c.TestOnly = true

@@ -14,6 +14,8 @@ type metrics struct {
 	enqueued *prometheus.CounterVec   // {kind}
 	finished *prometheus.CounterVec   // {kind, state}
 	snoozes  *prometheus.CounterVec   // {kind, bucket}
+	settles  *prometheus.CounterVec   // {kind}
+	lost     *prometheus.CounterVec   // {kind}
 	retries  *prometheus.CounterVec   // {kind, code}
 	queue    *prometheus.HistogramVec // {kind}
 }
@@ -32,6 +34,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "space_dispatcher_snoozes_total",
 			Help: "Operations turned away by a limit and put back in the queue without spending an attempt, by kind and the bucket that turned them away.",
 		}, []string{"kind", "bucket"}),
+		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_dispatcher_settle_waits_total",
+			Help: "Runs that found their sandbox still starting from an attempt that died with its replica and waited for the reconciler, spending no attempt, by kind.",
+		}, []string{"kind"}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_dispatcher_lost_operations_total",
+			Help: "Operations failed by the reconciler because their job ended without recording an outcome (rescued from dead replicas until out of attempts), by kind.",
+		}, []string{"kind"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "space_dispatcher_attempt_errors_total",
 			Help: "Attempts that failed and spent a retry (or ended the operation), by kind and error code.",
@@ -46,6 +56,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// exists from the start rather than from the first event.
 	for _, k := range space.OperationKinds {
 		m.enqueued.WithLabelValues(string(k))
+		m.settles.WithLabelValues(string(k))
+		m.lost.WithLabelValues(string(k))
 		for _, s := range []space.OperationState{space.OperationSucceeded, space.OperationFailed} {
 			m.finished.WithLabelValues(string(k), string(s))
 		}
@@ -56,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.enqueued, m.finished, m.snoozes, m.retries, m.queue} {
+	for _, c := range []prometheus.Collector{m.enqueued, m.finished, m.snoozes, m.settles, m.lost, m.retries, m.queue} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register dispatcher metrics (one Dispatcher per registry): %w", err)
 		}

@@ -16,6 +16,7 @@ import (
 // querier is what the queries need: a pool or a transaction.
 type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
@@ -177,4 +178,35 @@ func seconds(s float64) time.Duration {
 		return math.MinInt64
 	}
 	return time.Duration(s * float64(time.Second))
+}
+
+// lostAfter is how long an operation's job may have been final while the operation is
+// not, before the operation is taken as lost: a run records its outcome and completes
+// its job in one transaction, so any gap is a job River ended on its own (rescued from
+// dead replicas until out of attempts) or one already cleaned up.
+const lostAfter = time.Minute
+
+// failLost fails every operation still queued or running whose River job is final or
+// gone, with the reason, and returns them by kind.
+func failLost(ctx context.Context, q querier) (map[space.OperationKind]int, error) {
+	rows, err := q.Query(ctx, `UPDATE operations o SET state = 'failed', error_code = $1,
+			last_error = 'the operation''s job ended (' || coalesce(j.state::text, 'deleted') ||
+				') without recording an outcome: the replicas running it stopped mid-run until its attempts ran out',
+			finished_at = now(), updated_at = now()
+		FROM operations o2 LEFT JOIN river_job j ON j.id = o2.job_id
+		WHERE o.id = o2.id AND o.state IN ('queued', 'running') AND o.updated_at < now() - make_interval(secs => $2)
+			AND (j.id IS NULL OR (j.state IN ('completed', 'cancelled', 'discarded') AND j.finalized_at < now() - make_interval(secs => $2)))
+		RETURNING o.kind`, space.EUNAVAILABLE, lostAfter.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("fail lost operations: %w", err)
+	}
+	kinds, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("fail lost operations: %w", err)
+	}
+	out := map[space.OperationKind]int{}
+	for _, k := range kinds {
+		out[space.OperationKind(k)]++
+	}
+	return out, nil
 }

@@ -122,6 +122,17 @@ func (d *Dispatcher) work(ctx context.Context, job *rivertype.JobRow, id string,
 	case errors.As(runErr, &le):
 		return d.snooze(rctx, op, le)
 
+	case errors.Is(runErr, sandbox.ErrSettling):
+		// An earlier attempt's sandbox is still starting: its replica died mid cold
+		// start and the job was rescued. The reconciler settles the sandbox (running:
+		// the next run returns it; failed: the next run retries into it) within its
+		// bound; wait for that, spending no attempt.
+		if err := finishOperation(rctx, d.opts.DB, op.ID, outcome{State: space.OperationQueued, LastError: space.ErrorMessage(runErr)}); err != nil {
+			return err
+		}
+		d.metrics.settles.WithLabelValues(kind).Inc()
+		return river.JobSnooze(d.opts.SettleWait)
+
 	case errors.Is(ctx.Err(), context.Canceled) && errors.Is(runErr, context.Canceled):
 		// Cut short by a hard stop before anything was reserved: back to the queue for
 		// the next worker, no attempt spent (River's documented use of a zero snooze).

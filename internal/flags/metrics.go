@@ -1,10 +1,11 @@
 package flags
 
 import (
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space/internal/metric"
 )
 
 // providerMetrics are the file provider's series. An operator alerts on
@@ -16,18 +17,18 @@ type providerMetrics struct {
 }
 
 func newProviderMetrics(reg prometheus.Registerer) providerMetrics {
-	reloads := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	reloads := metric.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "space_flags_reloads_total",
 		Help: "Reloads of the flags file after a change, by result (success, error). On error the last good flags stay in service.",
 	}, []string{"result"}))
 	return providerMetrics{
 		success: reloads.WithLabelValues("success"),
 		failure: reloads.WithLabelValues("error"),
-		lastOK: register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+		lastOK: metric.Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "space_flags_last_reload_successful",
 			Help: "1 when the last load of the flags file succeeded, 0 when the flags in service are an older good file.",
 		})),
-		lastOKTime: register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+		lastOKTime: metric.Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "space_flags_last_reload_success_timestamp_seconds",
 			Help: "When the flags file was last loaded successfully (Unix seconds).",
 		})),
@@ -58,38 +59,16 @@ type resolverMetrics struct {
 }
 
 func newResolverMetrics(reg prometheus.Registerer) resolverMetrics {
-	fallbacks := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	fallbacks := metric.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "space_flags_quota_fallbacks_total",
 		Help: "Quota flag evaluations answered from the last good value, by reason (evaluation_error: the provider failed; malformed: the provider's value is not a valid quota flag).",
 	}, []string{"reason"}))
 	return resolverMetrics{
 		evalError: fallbacks.WithLabelValues("evaluation_error"),
 		malformed: fallbacks.WithLabelValues("malformed"),
-		rateFallback: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		rateFallback: metric.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "space_flags_rate_entry_fallbacks_total",
 			Help: "Requests whose client key stayed on the env client rate because its entry in the quota flag's rate object is malformed. The client label is a bounded key (allowlisted or unknown).",
 		}, []string{"client"})),
 	}
-}
-
-// register registers c, or returns the collector already registered under the same
-// description (a second provider or resolver on one registry shares the series). With
-// a nil registerer c is returned unregistered.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if reg == nil {
-		return c
-	}
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		// A conflicting registration (same name, other labels) is a programming error
-		// of the wiring; the series still count, unexported, rather than stopping the
-		// service over a metric.
-		return c
-	}
-	return c
 }

@@ -216,16 +216,36 @@ func (p *Pool) retire(ctx context.Context, shape space.Shape, n int) (int, error
 	return len(refs), nil
 }
 
-// reapStale forgets slots stuck in warming or claimed for longer than age: the
-// replica that was warming or adopting them died. A stuck claimed slot is not stopped,
-// since its sandbox may have adopted it before the crash.
-func (p *Pool) reapStale(ctx context.Context, age time.Duration) (int64, error) {
+// ReapStale forgets slots stuck in warming or claimed for longer than age: the replica
+// that was warming or adopting them died. It stops nothing itself: a warming slot's
+// half-made resource, and a claimed slot's resource that no sandbox ended up running,
+// are stopped by the reconciler's sweep as resources no row accounts for, while one
+// its sandbox did adopt is that sandbox's (the reconciler settles the sandbox).
+func (p *Pool) ReapStale(ctx context.Context, age time.Duration) (int64, error) {
 	tag, err := p.db.Exec(ctx, `DELETE FROM pool_slots
 		WHERE state IN ('warming', 'claimed') AND updated_at < now() - make_interval(secs => $1)`, age.Seconds())
 	if err != nil {
 		return 0, fmt.Errorf("reap stale slots: %w", err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// Slots returns which of ids are slot rows, in any state: the reconciler's sweep
+// stops a slot resource only when its row is gone.
+func (p *Pool) Slots(ctx context.Context, ids []string) (map[string]bool, error) {
+	rows, err := p.db.Query(ctx, "SELECT id::text FROM pool_slots WHERE id = ANY($1::uuid[])", ids)
+	if err != nil {
+		return nil, fmt.Errorf("look up slots: %w", err)
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("look up slots: %w", err)
+	}
+	out := make(map[string]bool, len(found))
+	for _, id := range found {
+		out[id] = true
+	}
+	return out, nil
 }
 
 var readyDesc = prometheus.NewDesc("space_pool_ready_slots",

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/store"
 	"github.com/space-sandbox/space/internal/substrate"
 )
 
@@ -43,9 +44,7 @@ type ReplenisherOptions struct {
 	// the refill time the bucket reported.
 	MinBackoff, MaxBackoff time.Duration
 	// Parallel is how many warm-ups run at once (default 4).
-	Parallel int
-	// StaleAfter forgets slots stuck warming or claimed this long (default 5m).
-	StaleAfter time.Duration
+	Parallel   int
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 	// Now is the clock for backoff (default time.Now).
@@ -79,9 +78,6 @@ type RoundResult struct {
 	BackoffUntil time.Time
 }
 
-// replenishLockID is the advisory lock held by the replenishing replica.
-const replenishLockID = 0x5ace_0002
-
 // NewReplenisher returns a Replenisher.
 func NewReplenisher(opts ReplenisherOptions) *Replenisher {
 	if opts.Interval <= 0 {
@@ -95,9 +91,6 @@ func NewReplenisher(opts ReplenisherOptions) *Replenisher {
 	}
 	if opts.Parallel <= 0 {
 		opts.Parallel = 4
-	}
-	if opts.StaleAfter <= 0 {
-		opts.StaleAfter = 5 * time.Minute
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -149,39 +142,24 @@ func (r *Replenisher) Run(ctx context.Context, onRound func(RoundResult, error))
 // Round runs one replenishing pass if this replica can take the lock.
 func (r *Replenisher) Round(ctx context.Context) (RoundResult, error) {
 	var res RoundResult
-	conn, err := r.opts.Pool.db.Acquire(ctx)
+	leader, err := store.WhileLocked(ctx, r.opts.Pool.db, store.ReplenishLockID, func(ctx context.Context) error {
+		return r.round(ctx, &res)
+	})
+	res.Leader = leader
 	if err != nil {
-		return res, fmt.Errorf("replenish: acquire: %w", err)
+		return res, fmt.Errorf("replenish: %w", err)
 	}
-	defer conn.Release()
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", replenishLockID).Scan(&res.Leader); err != nil {
-		return res, fmt.Errorf("replenish: lock: %w", err)
-	}
-	if !res.Leader {
-		return res, nil
-	}
-	defer func() {
-		// Unlock on a context that outlives a cancelled round; if even that fails,
-		// the lock goes with the connection.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", replenishLockID); err != nil {
-			conn.Conn().Close(uctx)
-		}
-	}()
+	return res, nil
+}
 
-	if n, err := r.opts.Pool.reapStale(ctx, r.opts.StaleAfter); err != nil {
-		return res, err
-	} else if n > 0 {
-		r.logger.WarnContext(ctx, "forgot stale warm pool slots", "count", n)
-	}
+func (r *Replenisher) round(ctx context.Context, res *RoundResult) error {
 	targets, err := r.opts.Targets(ctx)
 	if err != nil {
-		return res, fmt.Errorf("replenish: targets: %w", err)
+		return fmt.Errorf("targets: %w", err)
 	}
 	ready, warming, err := r.opts.Pool.counts(ctx)
 	if err != nil {
-		return res, err
+		return err
 	}
 
 	want := make(map[space.Shape]int, len(targets))
@@ -196,18 +174,16 @@ func (r *Replenisher) Round(ctx context.Context) (RoundResult, error) {
 			res.Retired += retired
 			r.warmups.WithLabelValues("retired").Add(float64(retired))
 			if err != nil {
-				return res, err
+				return err
 			}
 		}
 	}
 
 	if until := r.backoffUntil(); r.opts.Now().Before(until) {
 		res.BackoffUntil = until
-		return res, nil
+		return nil
 	}
-
-	err = r.fill(ctx, targets, ready, warming, &res)
-	return res, err
+	return r.fill(ctx, targets, ready, warming, res)
 }
 
 // fill starts warm-ups for every shape below its target, charging the cluster bucket

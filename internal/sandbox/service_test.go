@@ -88,9 +88,10 @@ func setup(t *testing.T) *bundle {
 	b.sim = substrate.NewSimulated(substrate.SimulatedOptions{Fail: func(c substrate.Call) error {
 		b.events.add(string(c.Op))
 		b.failMu.Lock()
-		defer b.failMu.Unlock()
-		if b.fail != nil {
-			return b.fail(c)
+		fail := b.fail
+		b.failMu.Unlock()
+		if fail != nil {
+			return fail(c) // unlocked: a hook may block one call while others go on
 		}
 		return nil
 	}})
@@ -123,7 +124,7 @@ func (b *bundle) addReadySlots(t *testing.T, shape space.Shape, n int) {
 			t.Fatal(err)
 		}
 		if _, err := b.db.Exec(b.ctx, `INSERT INTO pool_slots (id, template, cpu_millis, memory_mib, disk_gib, state, substrate_ref)
-			VALUES (gen_random_uuid(), $1, $2, $3, $4, 'ready', $5)`, shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB, ref); err != nil {
+			VALUES ($6, $1, $2, $3, $4, 'ready', $5)`, shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB, ref, id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -508,7 +509,7 @@ func TestLifecycle(t *testing.T) {
 		_, checks["get"] = b.svc.Get(b.ctx, "globex", sb.ID)
 		_, checks["pause"] = b.svc.Pause(b.ctx, "globex", sb.ID)
 		_, checks["restore"] = b.svc.Restore(b.ctx, globex, sb.ID)
-		checks["delete"] = b.svc.Delete(b.ctx, "globex", sb.ID)
+		_, checks["delete"] = b.svc.Delete(b.ctx, "globex", sb.ID)
 		for op, err := range checks {
 			if space.ErrorCode(err) != space.ENOTFOUND {
 				t.Errorf("%s of another client's sandbox = %v, want not found", op, err)
@@ -524,7 +525,7 @@ func TestLifecycle(t *testing.T) {
 		b := setup(t)
 		sb, _ := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		for range 2 {
-			if err := b.svc.Delete(b.ctx, "acme", sb.ID); err != nil {
+			if _, err := b.svc.Delete(b.ctx, "acme", sb.ID); err != nil {
 				t.Fatal(err)
 			}
 		}

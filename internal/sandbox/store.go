@@ -157,9 +157,10 @@ func getSandbox(ctx context.Context, q querier, id string, client space.ClientID
 	return sb, nil
 }
 
-// setState moves a sandbox to state, recording what the substrate said. Empty refs
-// leave the stored ones alone; clearRef forgets the substrate ref (a paused sandbox
-// runs nowhere).
+// stateChange moves a sandbox to State, recording what the substrate said. Empty refs
+// leave the stored ones alone; ClearRef forgets the substrate ref (a paused sandbox
+// runs nowhere). With From set, the change applies only while the sandbox is in one of
+// those states.
 type stateChange struct {
 	State        space.SandboxState
 	SubstrateRef string
@@ -167,9 +168,39 @@ type stateChange struct {
 	SnapshotRef  string
 	Warm         *bool
 	LastError    *string
+	From         []space.SandboxState
+	// Seen, when set, applies the change only if the sandbox was not changed since it
+	// was read with this updated_at (the reconciler's optimistic guard).
+	Seen time.Time
+}
+
+// movedError is setState's answer to a guarded change of a sandbox that has left the
+// states it was guarded on: cur is the sandbox as it now is.
+type movedError struct{ cur *space.Sandbox }
+
+func (e *movedError) Error() string {
+	return fmt.Sprintf("sandbox %s is %s now", e.cur.ID, e.cur.State)
+}
+
+// ignoreMoved is err unless it only says the sandbox moved on, which a write that
+// records an abandoned attempt's outcome need not care about.
+func ignoreMoved(err error) error {
+	var moved *movedError
+	if errors.As(err, &moved) {
+		return nil
+	}
+	return err
 }
 
 func setState(ctx context.Context, q querier, id string, c stateChange) (*space.Sandbox, error) {
+	var from []string
+	for _, st := range c.From {
+		from = append(from, string(st))
+	}
+	var seen *time.Time
+	if !c.Seen.IsZero() {
+		seen = &c.Seen
+	}
 	sb, err := scanSandbox(q.QueryRow(ctx, `UPDATE sandboxes SET
 			state = $2,
 			substrate_ref = CASE WHEN $4 THEN NULL WHEN $3 <> '' THEN $3 ELSE substrate_ref END,
@@ -177,11 +208,15 @@ func setState(ctx context.Context, q querier, id string, c stateChange) (*space.
 			warm = coalesce($6, warm),
 			last_error = CASE WHEN $7::text IS NULL THEN last_error ELSE nullif($7, '') END,
 			updated_at = now()
-		WHERE id = $1
+		WHERE id = $1 AND ($8::text[] IS NULL OR state = ANY($8)) AND ($9::timestamptz IS NULL OR updated_at = $9)
 		RETURNING `+sandboxColumns,
-		id, string(c.State), c.SubstrateRef, c.ClearRef, c.SnapshotRef, c.Warm, c.LastError))
+		id, string(c.State), c.SubstrateRef, c.ClearRef, c.SnapshotRef, c.Warm, c.LastError, from, seen))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, space.Errorf(space.ENOTFOUND, "no sandbox %s", id)
+		cur, gerr := getSandbox(ctx, q, id, "", false)
+		if gerr != nil {
+			return nil, gerr
+		}
+		return nil, &movedError{cur: cur}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("set sandbox %s %s: %w", id, c.State, err)
@@ -235,8 +270,11 @@ func setBudgetKey(ctx context.Context, q querier, sb *space.Sandbox, key space.C
 	return nil
 }
 
-func deleteSandbox(ctx context.Context, q querier, id string) error {
-	_, err := q.Exec(ctx, "DELETE FROM sandboxes WHERE id = $1", id)
+// deleteReservation deletes the row of a create refused before anything was started,
+// while it is still starting: a row deleted by its owner meanwhile (now terminated)
+// stays, as the record of that delete.
+func deleteReservation(ctx context.Context, q querier, id string) error {
+	_, err := q.Exec(ctx, "DELETE FROM sandboxes WHERE id = $1 AND state = 'starting'", id)
 	if err != nil {
 		return fmt.Errorf("delete sandbox reservation %s: %w", id, err)
 	}
@@ -305,4 +343,30 @@ func listSandboxes(ctx context.Context, q querier, client space.ClientID, limit 
 		page.NextPageToken = encodePageToken(page.Sandboxes[limit-1])
 	}
 	return page, nil
+}
+
+// ownership is what the reconciler's sweep needs of a sandbox row: whether it still
+// owns a resource labelled with its id.
+type ownership struct {
+	state space.SandboxState
+	ref   string
+}
+
+// sandboxOwnership reads the state and substrate ref of the sandboxes ids, by id.
+func sandboxOwnership(ctx context.Context, q querier, ids []string) (map[string]ownership, error) {
+	rows, err := q.Query(ctx, "SELECT id::text, state, coalesce(substrate_ref, '') FROM sandboxes WHERE id = ANY($1::uuid[])", ids)
+	if err != nil {
+		return nil, fmt.Errorf("look up sandboxes: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[string]ownership, len(ids))
+	for rows.Next() {
+		var id string
+		var o ownership
+		if err := rows.Scan(&id, &o.state, &o.ref); err != nil {
+			return nil, fmt.Errorf("look up sandboxes: %w", err)
+		}
+		out[id] = o
+	}
+	return out, rows.Err()
 }

@@ -11,6 +11,7 @@ package substrate
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/space-sandbox/space"
 )
@@ -57,6 +58,58 @@ type Substrate interface {
 	// Describe is a one-line description shown in /readyz, honest about what the
 	// substrate is (the simulated one says it starts nothing real).
 	Describe() string
+
+	// Find returns what the substrate holds for sandbox id: every resource labelled or
+	// named with it (a cold-started sandbox, an adopted slot, one half made by an
+	// attempt that died), and its newest snapshot when the substrate can tell. It is how
+	// a sandbox left in a transitional state is settled (internal/sandbox's reconciler):
+	// a resource is always found by the sandbox or slot id it was made for, never by a
+	// reference only the process that made it knew.
+	Find(ctx context.Context, sandboxID string) (Finding, error)
+
+	// List returns every resource the substrate runs for space, sandboxes and slots,
+	// for the reconciler to stop what no row accounts for.
+	List(ctx context.Context) ([]Resource, error)
+
+	// Timeout is the longest one call (StartCold, Warm, Adopt, Snapshot, Restore) takes
+	// before it fails on its own. A sandbox asked for longer ago than that, and still
+	// transitional, was abandoned by the replica that asked: the bounds of recovery
+	// (the reconciler's, River's job timeout) are counted from it.
+	Timeout() time.Duration
+}
+
+// Resource is one thing a substrate runs for space: a sandbox, or a warm pool slot,
+// adopted or not.
+type Resource struct {
+	// Ref is what Stop takes.
+	Ref string `json:"ref"`
+	// SandboxID is the sandbox it runs (a cold start, a restore, or an adopted slot);
+	// empty for a slot no sandbox adopted.
+	SandboxID string `json:"sandbox_id,omitempty"`
+	// SlotID is the pool slot it was warmed as; empty for a cold-started sandbox.
+	SlotID string `json:"slot_id,omitempty"`
+	// Ready is true when it serves (a Ready Pod, a running VM); false while it is still
+	// starting, or failed, or stopping: half made.
+	Ready   bool      `json:"ready"`
+	Created time.Time `json:"created"`
+}
+
+// Finding is what a substrate holds for one sandbox id (Substrate.Find).
+type Finding struct {
+	Resources []Resource
+	// Snapshot is the sandbox's newest snapshot, when the substrate can tell; empty
+	// otherwise (the Kubernetes substrate delegates snapshots and cannot).
+	Snapshot string
+}
+
+// Ready returns the first resource that serves, if any.
+func (f Finding) Ready() (Resource, bool) {
+	for _, r := range f.Resources {
+		if r.Ready {
+			return r, true
+		}
+	}
+	return Resource{}, false
 }
 
 var (

@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -84,6 +86,30 @@ func (s *RedisServer) Stop() {
 	s.cmd = nil
 }
 
+// Pause stops the server with SIGSTOP: connections stay open and every call hangs
+// until its timeout, as a Redis stuck in a long command or a partitioned network does.
+// A paused server is resumed when the test ends.
+func (s *RedisServer) Pause() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		s.t.Fatal("pause: the redis-server is not running")
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("pause redis-server: %v", err)
+	}
+	s.t.Cleanup(s.Resume)
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *RedisServer) Resume() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
 // Proxy is a TCP proxy in front of a real server that a test can cut, to see what a
 // component does when its Postgres or Redis goes away, without stopping the shared
 // server under every other test.
@@ -96,7 +122,14 @@ type Proxy struct {
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
 	closed bool
+	// sent counts the chunks clients sent through the proxy: for Redis, about one per
+	// command (a pipeline is one).
+	sent atomic.Int64
 }
+
+// Sent is how many chunks clients have sent through the proxy to the server: with
+// Redis, the commands that reached the network.
+func (p *Proxy) Sent() int64 { return p.sent.Load() }
 
 // StartProxy listens on a free loopback port and forwards to target (host:port).
 func StartProxy(t testing.TB, target string) *Proxy {
@@ -171,13 +204,29 @@ func (p *Proxy) serve(ln net.Listener) {
 		p.conns[c] = struct{}{}
 		p.conns[up] = struct{}{}
 		p.mu.Unlock()
-		go p.pipe(c, up)
-		go p.pipe(up, c)
+		go p.pipe(c, up, nil)
+		go p.pipe(up, c, &p.sent)
 	}
 }
 
-func (p *Proxy) pipe(dst, src net.Conn) {
-	_, _ = io.Copy(dst, src)
+func (p *Proxy) pipe(dst, src net.Conn, chunks *atomic.Int64) {
+	if chunks == nil {
+		_, _ = io.Copy(dst, src)
+	} else {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				chunks.Add(1)
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+	}
 	dst.Close()
 	src.Close()
 	p.mu.Lock()

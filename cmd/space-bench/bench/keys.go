@@ -202,7 +202,8 @@ end
 return 1`)
 
 // populate writes n idle client buckets, full (burst tokens), in the state format of
-// bucket.lua (two little-endian doubles: tokens, and the Redis time in µs), under the
+// bucket.lua (three little-endian doubles: tokens, the Redis time and the key's expiry
+// in µs), under the
 // production client keys ("{space:cluster_admission:sandbox_activation}:client:c<i>"),
 // expiring in ten minutes. The decisions then find real, full buckets.
 func populate(ctx context.Context, rdb *redis.Client, n int) error {
@@ -210,9 +211,10 @@ func populate(ctx context.Context, rdb *redis.Client, n int) error {
 	if err != nil {
 		return err
 	}
-	var state [16]byte
+	var state [24]byte
 	binary.LittleEndian.PutUint64(state[:8], math.Float64bits(float64(keysClientRate.Burst)))
-	binary.LittleEndian.PutUint64(state[8:], math.Float64bits(float64(now.UnixMicro())))
+	binary.LittleEndian.PutUint64(state[8:16], math.Float64bits(float64(now.UnixMicro())))
+	binary.LittleEndian.PutUint64(state[16:], math.Float64bits(float64(now.Add(10*time.Minute).UnixMicro())))
 	const chunk = 100_000
 	for _, k := range []struct{ prefix, state string }{
 		{admission.ClientKey(admission.DefaultPrefix, "c"), string(state[:])},

@@ -141,13 +141,13 @@ func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasRe
 		if err != nil {
 			return nil, fmt.Errorf("GET %s after the flood: %w", clusterKey, err)
 		}
-		if len(raw) != 16 {
-			return nil, fmt.Errorf("%s holds %d bytes, not bucket.lua's 16", clusterKey, len(raw))
+		if len(raw) != 24 {
+			return nil, fmt.Errorf("%s holds %d bytes, not bucket.lua's 24", clusterKey, len(raw))
 		}
 		// bucket.lua's state: the tokens left and the Redis time (µs) of the last
-		// decision that wrote, i.e. the last admission.
+		// decision that wrote, i.e. the last admission (then the key's expiry).
 		tokens := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[:8])))
-		lastMicros := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[8:])))
+		lastMicros := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[8:16])))
 
 		run := ReplicasRun{PerReplica: make([]int, len(servers))}
 		for i, r := range results {

@@ -368,3 +368,54 @@ func (s *Substrate) cleanup(ctx context.Context, name, why string) {
 	}
 	s.log.WarnContext(ctx, "deleted a pod that failed to start", "pod", name, "reason", why)
 }
+
+// callSlack is added to the ready timeout in Timeout: the API calls around the wait
+// (create, list, relabel, the snapshotter's own) and the deletion of a Pod that failed.
+const callSlack = 30 * time.Second
+
+// Timeout is the ready timeout plus the cleanup of a Pod that failed and the API calls
+// around them: no call of this substrate outlives it (Substrate.Timeout).
+func (s *Substrate) Timeout() time.Duration { return s.readyTimeout + cleanupTimeout + callSlack }
+
+// Find returns the Pods labelled with sandbox id (a cold-started sandbox, an adopted
+// slot, or one half made by an attempt that died), from a quorum read: the reconciler
+// decides on it. Snapshots are the Snapshotter's and cannot be found here.
+func (s *Substrate) Find(ctx context.Context, sandboxID string) (substrate.Finding, error) {
+	list, err := s.pods().List(ctx, metav1.ListOptions{LabelSelector: labelSandboxID + "=" + labelValue(sandboxID)})
+	if err != nil {
+		return substrate.Finding{}, fmt.Errorf("find sandbox %s: list pods: %w", sandboxID, err)
+	}
+	var f substrate.Finding
+	for i := range list.Items {
+		p := &list.Items[i]
+		if p.Annotations[annotationSandboxID] == sandboxID {
+			f.Resources = append(f.Resources, resourceOf(p))
+		}
+	}
+	return f, nil
+}
+
+// List returns every Pod this substrate manages in its namespace.
+func (s *Substrate) List(ctx context.Context) ([]substrate.Resource, error) {
+	list, err := s.pods().List(ctx, metav1.ListOptions{LabelSelector: labelManagedBy + "=" + managedBy})
+	if err != nil {
+		return nil, fmt.Errorf("list pods: %w", err)
+	}
+	out := make([]substrate.Resource, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, resourceOf(&list.Items[i]))
+	}
+	return out, nil
+}
+
+// resourceOf describes a Pod as a substrate.Resource, its ids from the annotations
+// that keep them exactly (labels may hold encodings).
+func resourceOf(p *corev1.Pod) substrate.Resource {
+	return substrate.Resource{
+		Ref:       p.Name,
+		SandboxID: p.Annotations[annotationSandboxID],
+		SlotID:    p.Annotations[annotationSlotID],
+		Ready:     p.DeletionTimestamp == nil && !podFinished(p) && podReady(p),
+		Created:   p.CreationTimestamp.Time,
+	}
+}

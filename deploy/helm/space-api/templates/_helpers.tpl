@@ -170,6 +170,8 @@ chartEnv, what the values render, then extraEnv.
       key: {{ ternary .Values.redis.existingSecretKey "redis-addrs" (ne .Values.redis.existingSecret "") }}
 - name: SPACE_REDIS_TIMEOUT
   value: {{ .Values.redis.timeout | quote }}
+- name: SPACE_REDIS_KEY_PREFIX
+  value: {{ .Values.redis.keyPrefix | quote }}
 - name: SPACE_REDIS_MODE
   value: {{ .Values.redis.mode | quote }}
 {{- with .Values.redis.auth.username }}
@@ -231,6 +233,18 @@ chartEnv, what the values render, then extraEnv.
 - name: SPACE_SIMULATED_COLD_START
   value: {{ . | quote }}
 {{- end }}
+{{- with .Values.simulated.timeout }}
+- name: SPACE_SIMULATED_TIMEOUT
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.simulated.stateDir }}
+- name: SPACE_SIMULATED_STATE_DIR
+  value: {{ . | quote }}
+{{- end }}
+- name: SPACE_RECONCILE_INTERVAL
+  value: {{ .Values.reconcile.interval | quote }}
+- name: SPACE_RECONCILE_GRACE
+  value: {{ .Values.reconcile.grace | quote }}
 {{- if eq .Values.substrate "kubernetes" }}
 - name: SPACE_KUBERNETES_NAMESPACE
   value: {{ include "space-api.sandboxNamespace" . | quote }}
@@ -257,6 +271,10 @@ chartEnv, what the values render, then extraEnv.
   value: {{ .Values.dispatcher.maxSnooze | quote }}
 - name: SPACE_DISPATCHER_MAX_ATTEMPTS
   value: {{ int64 .Values.dispatcher.maxAttempts | toString | quote }}
+{{- with .Values.dispatcher.jobTimeout }}
+- name: SPACE_DISPATCHER_JOB_TIMEOUT
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 
 {{/*

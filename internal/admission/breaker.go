@@ -1,0 +1,128 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/space-sandbox/space/internal/metric"
+)
+
+// Defaults of BreakerOptions.
+const (
+	// DefaultBreakerFailures is how many Redis calls in a row must fail or time out
+	// before the breaker opens.
+	DefaultBreakerFailures = 3
+	// DefaultBreakerOpenFor is how long the breaker stays open before it lets one
+	// probe through: one Redis timeout a second is what an outage then costs.
+	DefaultBreakerOpenFor = time.Second
+)
+
+// BreakerOptions configure a Breaker.
+type BreakerOptions struct {
+	// Failures in a row that open the breaker (default DefaultBreakerFailures).
+	Failures int
+	// OpenFor is how long it stays open before a probe (default DefaultBreakerOpenFor).
+	OpenFor    time.Duration
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Breaker is the circuit breaker over one replica's Redis calls on the request path:
+// the failed-authentication limiter, the concurrency leases and the admission script
+// share it. Without it, each create during a Redis outage waits out one timeout per
+// call, three in a row; once Redis has failed Failures times in a row the breaker
+// opens, and every call fails at once with an error wrapping ErrUnavailable, so the
+// failure mode (fail open: admit and count; fail closed: 503) applies without waiting.
+// After OpenFor one call is let through as a probe: its success closes the breaker,
+// its failure keeps it open for another OpenFor.
+//
+// It is github.com/sony/gobreaker, which is small, dependency-free and widely used:
+// counting, the half-open probe and the state machine are easy to get subtly wrong.
+// A call the caller itself abandoned (its context cancelled) counts neither way.
+type Breaker struct {
+	cb          *gobreaker.CircuitBreaker[any]
+	state       *prometheus.GaugeVec
+	transitions *prometheus.CounterVec
+}
+
+// Breaker states, as the space_redis_circuit_breaker_state label names them.
+var breakerStates = []gobreaker.State{gobreaker.StateClosed, gobreaker.StateHalfOpen, gobreaker.StateOpen}
+
+func stateName(s gobreaker.State) string {
+	switch s {
+	case gobreaker.StateHalfOpen:
+		return "half_open"
+	case gobreaker.StateOpen:
+		return "open"
+	}
+	return "closed"
+}
+
+// NewBreaker returns a closed Breaker.
+func NewBreaker(opts BreakerOptions) *Breaker {
+	if opts.Failures <= 0 {
+		opts.Failures = DefaultBreakerFailures
+	}
+	if opts.OpenFor <= 0 {
+		opts.OpenFor = DefaultBreakerOpenFor
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	b := &Breaker{
+		state: metric.Register(opts.Registerer, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "space_redis_circuit_breaker_state",
+			Help: "1 for the state the Redis circuit breaker is in (closed, half_open, open), 0 for the others. Open: Redis calls on the request path fail at once and the admission failure mode applies.",
+		}, []string{"state"})),
+		transitions: metric.Register(opts.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_redis_circuit_breaker_transitions_total",
+			Help: "Changes of the Redis circuit breaker's state, by the state entered.",
+		}, []string{"to"})),
+	}
+	for _, s := range breakerStates {
+		b.transitions.WithLabelValues(stateName(s))
+	}
+	b.set(gobreaker.StateClosed)
+	failures := uint32(opts.Failures)
+	b.cb = gobreaker.NewCircuitBreaker[any](gobreaker.Settings{
+		Name:        "redis",
+		MaxRequests: 1,
+		Timeout:     opts.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
+		IsExcluded:  func(err error) bool { return errors.Is(err, context.Canceled) },
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			b.set(to)
+			b.transitions.WithLabelValues(stateName(to)).Inc()
+			logger.Warn("redis circuit breaker", "from", stateName(from), "to", stateName(to))
+		},
+	})
+	return b
+}
+
+func (b *Breaker) set(to gobreaker.State) {
+	for _, s := range breakerStates {
+		v := 0.0
+		if s == to {
+			v = 1
+		}
+		b.state.WithLabelValues(stateName(s)).Set(v)
+	}
+}
+
+// State is the breaker's state: "closed", "half_open" or "open".
+func (b *Breaker) State() string { return stateName(b.cb.State()) }
+
+// do runs fn through the breaker; a nil Breaker runs it directly. An open breaker
+// answers gobreaker.ErrOpenState (or ErrTooManyRequests while a probe is out) at once.
+func (b *Breaker) do(fn func() (any, error)) (any, error) {
+	if b == nil {
+		return fn()
+	}
+	return b.cb.Execute(fn)
+}

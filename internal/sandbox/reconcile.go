@@ -1,0 +1,356 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/metric"
+	"github.com/space-sandbox/space/internal/store"
+	"github.com/space-sandbox/space/internal/substrate"
+)
+
+// Defaults of ReconcilerOptions.
+const (
+	// DefaultReconcileInterval is how often the reconciler looks for what to settle.
+	DefaultReconcileInterval = 10 * time.Second
+	// DefaultReconcileGrace is added to the substrate's timeout to get the bound after
+	// which a transitional sandbox is settled, and is the age under which a resource
+	// is never taken for an orphan (its row may not be visible yet).
+	DefaultReconcileGrace = 30 * time.Second
+	// sweepEvery is how many rounds pass between two sweeps of the substrate's
+	// resources (a list of every resource is costlier than a query for stale rows).
+	sweepEvery = 6
+	// settleBatch bounds the sandboxes settled in one round.
+	settleBatch = 200
+)
+
+// ReconcilerOptions configure a Reconciler.
+type ReconcilerOptions struct {
+	// Service is the flow whose sandboxes, pool and substrate are reconciled.
+	Service *Service
+	// Grace, added to the substrate's Timeout, is how long a sandbox may stay
+	// starting, restoring or pausing before it is settled (default
+	// DefaultReconcileGrace). No live replica keeps a sandbox transitional longer than
+	// the substrate's timeout: its calls fail on their own by then.
+	Grace time.Duration
+	// Interval between rounds (default DefaultReconcileInterval).
+	Interval time.Duration
+	// Also runs at the end of each round, under the same lock: the dispatcher's
+	// SettleLost.
+	Also       []func(ctx context.Context) (int, error)
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Reconciler settles what crashes, outages and cut drains leave behind, so that no
+// operator ever has to:
+//
+//   - a sandbox starting, restoring or pausing for longer than its operation could take
+//     is settled from what the substrate holds for it (found by its id): running,
+//     paused or failed with a reason, and what was half made is stopped;
+//   - a pool slot row stuck warming or claimed is forgotten;
+//   - a resource on the substrate that no row accounts for (a slot whose row is gone,
+//     a sandbox that is terminated, failed or paused, a second resource of one sandbox)
+//     is stopped;
+//   - whatever Also settles (operations whose job ended without an outcome).
+//
+// It runs on one replica at a time: a round runs under a Postgres advisory lock, and a
+// replica that cannot take it skips its round, as the replenisher does.
+//
+// The bound: a sandbox left transitional by a crash is settled at most Bound() after
+// it was last changed, plus one Interval.
+type Reconciler struct {
+	opts    ReconcilerOptions
+	svc     *Service
+	logger  *slog.Logger
+	rounds  int
+	settled *prometheus.CounterVec
+	orphans *prometheus.CounterVec
+}
+
+// ReconcileResult says what one round did.
+type ReconcileResult struct {
+	// Leader is false when another replica holds the lock and this round did nothing.
+	Leader bool
+	// Settled counts the sandboxes settled, by the state they were settled in.
+	Settled map[space.SandboxState]int
+	// SlotsReaped counts the slot rows forgotten; Orphans the resources stopped.
+	SlotsReaped int64
+	Orphans     int
+	// Swept is true when the round listed the substrate's resources.
+	Swept bool
+	// Also counts what the Also functions settled.
+	Also int
+}
+
+// NewReconciler returns a Reconciler.
+func NewReconciler(opts ReconcilerOptions) *Reconciler {
+	if opts.Grace <= 0 {
+		opts.Grace = DefaultReconcileGrace
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = DefaultReconcileInterval
+	}
+	r := &Reconciler{opts: opts, svc: opts.Service, logger: opts.Logger}
+	if r.logger == nil {
+		r.logger = slog.New(slog.DiscardHandler)
+	}
+	r.settled = metric.Register(opts.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "space_reconciler_settled_total",
+		Help: "Sandboxes left starting, restoring or pausing past the bound and settled by the reconciler, by the state they were in and the one they were settled in.",
+	}, []string{"from", "to"}))
+	r.orphans = metric.Register(opts.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "space_reconciler_orphans_stopped_total",
+		Help: "Substrate resources no row accounted for, stopped by the reconciler, by kind (sandbox, slot).",
+	}, []string{"kind"}))
+	for _, k := range []string{"sandbox", "slot"} {
+		r.orphans.WithLabelValues(k)
+	}
+	return r
+}
+
+// Bound is how long a sandbox may stay transitional before it is settled: the
+// substrate's timeout plus the grace.
+func (r *Reconciler) Bound() time.Duration {
+	return r.svc.opts.Substrate.Timeout() + r.opts.Grace
+}
+
+// Run reconciles every Interval until ctx ends. onRound, when not nil, is told each
+// round's result: tests wait on it instead of sleeping.
+func (r *Reconciler) Run(ctx context.Context, onRound func(ReconcileResult, error)) {
+	t := time.NewTicker(r.opts.Interval)
+	defer t.Stop()
+	for {
+		res, err := r.Round(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.logger.WarnContext(ctx, "reconcile round failed", "err", err)
+		}
+		if onRound != nil {
+			onRound(res, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Round runs one reconciling pass if this replica can take the lock. Every sixth
+// round, and the first, also sweeps the substrate for orphans.
+func (r *Reconciler) Round(ctx context.Context) (ReconcileResult, error) {
+	res := ReconcileResult{Settled: map[space.SandboxState]int{}}
+	leader, err := store.WhileLocked(ctx, r.svc.opts.DB, store.ReconcileLockID, func(ctx context.Context) error {
+		var errs []error
+		errs = append(errs, r.settle(ctx, &res))
+		n, err := r.svc.opts.Pool.ReapStale(ctx, r.Bound())
+		res.SlotsReaped = n
+		errs = append(errs, err)
+		if r.rounds%sweepEvery == 0 {
+			res.Swept = true
+			errs = append(errs, r.sweep(ctx, &res))
+		}
+		r.rounds++
+		for _, f := range r.opts.Also {
+			n, err := f(ctx)
+			res.Also += n
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	})
+	res.Leader = leader
+	if err != nil {
+		return res, fmt.Errorf("reconcile: %w", err)
+	}
+	return res, nil
+}
+
+// settle settles the sandboxes transitional for longer than Bound.
+func (r *Reconciler) settle(ctx context.Context, res *ReconcileResult) error {
+	db := r.svc.opts.DB
+	rows, err := db.Query(ctx, "SELECT "+sandboxColumns+` FROM sandboxes
+		WHERE state IN ('starting', 'restoring', 'pausing') AND updated_at < now() - make_interval(secs => $1)
+		ORDER BY updated_at LIMIT $2`, r.Bound().Seconds(), settleBatch)
+	if err != nil {
+		return fmt.Errorf("find transitional sandboxes: %w", err)
+	}
+	var stale []*space.Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			rows.Close()
+			return fmt.Errorf("find transitional sandboxes: %w", err)
+		}
+		stale = append(stale, sb)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("find transitional sandboxes: %w", err)
+	}
+	var errs []error
+	for _, sb := range stale {
+		to, err := r.settleOne(ctx, sb)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("settle sandbox %s: %w", sb.ID, err))
+			continue
+		}
+		if to != "" {
+			res.Settled[to]++
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// settleOne settles one transitional sandbox from what the substrate holds for it, and
+// returns the state it settled it in ("" when the sandbox moved on meanwhile).
+func (r *Reconciler) settleOne(ctx context.Context, sb *space.Sandbox) (space.SandboxState, error) {
+	sub := r.svc.opts.Substrate
+	found, err := sub.Find(ctx, sb.ID)
+	if err != nil {
+		return "", err
+	}
+	v := verdict(sb, found, r.Bound())
+	v.change.From = []space.SandboxState{sb.State}
+	v.change.Seen = sb.UpdatedAt
+	if _, err := setState(ctx, r.svc.opts.DB, sb.ID, v.change); err != nil {
+		var moved *movedError
+		if errors.As(err, &moved) {
+			return "", nil // someone else settled it first
+		}
+		return "", err
+	}
+	r.settled.WithLabelValues(string(sb.State), string(v.change.State)).Inc()
+	r.logger.WarnContext(ctx, "settled a sandbox left transitional", "sandbox", sb.ID, "from", sb.State,
+		"to", v.change.State, "since", sb.UpdatedAt, "resources", len(found.Resources), "stopping", len(v.stop))
+	for _, ref := range v.stop {
+		if err := sub.Stop(ctx, ref); err != nil {
+			// The sweep tries again: the sandbox is settled, so the resource is an
+			// orphan now.
+			r.logger.WarnContext(ctx, "stop a half-made resource", "sandbox", sb.ID, "ref", ref, "err", err)
+		}
+	}
+	return v.change.State, nil
+}
+
+// settlement is what the reconciler does to one transitional sandbox: the change to
+// record and the resources to stop.
+type settlement struct {
+	change stateChange
+	stop   []string
+}
+
+// verdict decides a transitional sandbox's settlement from what the substrate holds
+// for it:
+//
+//   - starting: a ready resource makes it running (warm when it is an adopted slot);
+//     otherwise it failed, with the reason.
+//   - restoring: a ready resource makes it running; otherwise it is paused again, its
+//     snapshot intact, with the reason.
+//   - pausing: a ready resource means the pause did not happen, it is running; else
+//     the snapshot, when one is found, makes it paused; otherwise it failed.
+//
+// Every resource but the one kept is stopped: a second start of one sandbox, or one
+// half made.
+func verdict(sb *space.Sandbox, found substrate.Finding, bound time.Duration) settlement {
+	var v settlement
+	ready, isReady := found.Ready()
+	for _, res := range found.Resources {
+		if !isReady || res.Ref != ready.Ref {
+			v.stop = append(v.stop, res.Ref)
+		}
+	}
+	why := func(what string) *string {
+		msg := fmt.Sprintf("settled by the reconciler: the sandbox was still %s %s after it was last changed "+
+			"(its replica stopped, or the substrate did not answer in time); %s", sb.State, bound.Round(time.Second), what)
+		return &msg
+	}
+	switch {
+	case isReady:
+		warm := ready.SlotID != ""
+		v.change = stateChange{State: space.StateRunning, SubstrateRef: ready.Ref, Warm: &warm}
+		if sb.State == space.StatePausing {
+			v.change.LastError = why("the substrate still runs it, so it is running and was not paused")
+		}
+	case sb.State == space.StateRestoring:
+		v.change = stateChange{State: space.StatePaused, ClearRef: true,
+			LastError: why("nothing ready was found for it, so it is paused again with its snapshot; restore it again")}
+	case sb.State == space.StatePausing && found.Snapshot != "":
+		v.change = stateChange{State: space.StatePaused, ClearRef: true, SnapshotRef: found.Snapshot,
+			LastError: why("its snapshot was found, so it is paused")}
+	case sb.State == space.StatePausing:
+		v.change = stateChange{State: space.StateFailed, ClearRef: true,
+			LastError: why("neither it nor a snapshot of it was found, so it failed")}
+	default: // starting
+		v.change = stateChange{State: space.StateFailed, ClearRef: true,
+			LastError: why("nothing ready was found for it, so it failed; what was half made is stopped")}
+	}
+	return v
+}
+
+// sweep stops every resource of the substrate, older than the grace, that no row
+// accounts for.
+func (r *Reconciler) sweep(ctx context.Context, res *ReconcileResult) error {
+	sub := r.svc.opts.Substrate
+	all, err := sub.List(ctx)
+	if err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	cutoff := time.Now().Add(-r.opts.Grace)
+	var old []substrate.Resource
+	var sandboxIDs, slotIDs []string
+	for _, res := range all {
+		if res.Created.After(cutoff) {
+			continue
+		}
+		old = append(old, res)
+		if validID(res.SandboxID) {
+			sandboxIDs = append(sandboxIDs, res.SandboxID)
+		}
+		if _, err := uuid.Parse(res.SlotID); err == nil {
+			slotIDs = append(slotIDs, res.SlotID)
+		}
+	}
+	if len(old) == 0 {
+		return nil
+	}
+	owners, err := sandboxOwnership(ctx, r.svc.opts.DB, sandboxIDs)
+	if err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	slots, err := r.svc.opts.Pool.Slots(ctx, slotIDs)
+	if err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	var errs []error
+	for _, rs := range old {
+		kind, owned := "slot", false
+		switch {
+		case rs.SandboxID != "":
+			kind = "sandbox"
+			row, ok := owners[rs.SandboxID]
+			owned = ok && (row.state == space.StateStarting || row.state == space.StateRestoring || row.state == space.StatePausing ||
+				row.state == space.StateRunning && row.ref == rs.Ref)
+		case rs.SlotID != "":
+			owned = slots[rs.SlotID]
+		}
+		if owned {
+			continue
+		}
+		if err := sub.Stop(ctx, rs.Ref); err != nil {
+			errs = append(errs, fmt.Errorf("stop orphan %s: %w", rs.Ref, err))
+			continue
+		}
+		res.Orphans++
+		r.orphans.WithLabelValues(kind).Inc()
+		r.logger.WarnContext(ctx, "stopped a resource no row accounts for", "ref", rs.Ref, "kind", kind,
+			"sandbox", rs.SandboxID, "slot", rs.SlotID, "created", rs.Created)
+	}
+	return errors.Join(errs...)
+}
