@@ -694,3 +694,94 @@ func TestNewRefusesAMissingClientsetNamespaceOrANegativeTimeout(t *testing.T) {
 		t.Errorf("New with defaults: %v, ready timeout %v", err, s.readyTimeout)
 	}
 }
+
+func TestFindReturnsEveryPodOfASandboxReadyOrHalfMade(t *testing.T) {
+	t.Parallel()
+	// The node never gets to the half-made Pod.
+	b := setupWith(t, setupConfig{kubelet: func(p *corev1.Pod) *corev1.PodStatus {
+		if p.Labels["test/half-made"] == "true" {
+			return nil
+		}
+		return readyKubelet(p)
+	}})
+	ready, err := b.sub.StartCold(b.ctx, testSpec("11111111-1111-4111-8111-111111111111"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A Pod of the same sandbox left Pending by an attempt whose replica died: created,
+	// never waited for.
+	half, err := sandboxPod(testNamespace, testSpec("11111111-1111-4111-8111-111111111111"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	half.Labels["test/half-made"] = "true"
+	if _, err := b.cs.CoreV1().Pods(testNamespace).Create(b.ctx, half, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.sub.StartCold(b.ctx, testSpec("22222222-2222-4222-8222-222222222222")); err != nil {
+		t.Fatal(err)
+	}
+	testenvEventually(t, func() bool {
+		f, err := b.sub.Find(b.ctx, "11111111-1111-4111-8111-111111111111")
+		return err == nil && len(f.Resources) == 2
+	})
+	f, err := b.sub.Find(b.ctx, "11111111-1111-4111-8111-111111111111")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := f.Ready()
+	if !ok || got.Ref != ready || got.SandboxID != "11111111-1111-4111-8111-111111111111" || f.Snapshot != "" {
+		t.Fatalf("finding %+v, want the ready pod %s among two and no snapshot", f, ready)
+	}
+	for _, r := range f.Resources {
+		if r.Ref != ready && r.Ready {
+			t.Fatalf("the pending pod %s reads as ready", r.Ref)
+		}
+	}
+}
+
+func TestListReturnsEverySandboxAndSlotPodItManages(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sbRef, err := b.sub.StartCold(b.ctx, testSpec("33333333-3333-4333-8333-333333333333"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slotRef, err := b.sub.Warm(b.ctx, "44444444-4444-4444-8444-444444444444", testShape, testTemplate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A Pod of someone else's in the namespace is not space's to list, or stop.
+	other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "not-ours", Namespace: testNamespace}}
+	if _, err := b.cs.CoreV1().Pods(testNamespace).Create(b.ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := b.sub.List(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byRef := map[string]substrate.Resource{}
+	for _, r := range list {
+		byRef[r.Ref] = r
+	}
+	if len(list) != 2 || byRef[sbRef].SandboxID != "33333333-3333-4333-8333-333333333333" ||
+		byRef[slotRef].SlotID != "44444444-4444-4444-8444-444444444444" || byRef[slotRef].SandboxID != "" {
+		t.Fatalf("listed %+v, want the sandbox and the unadopted slot only", list)
+	}
+	if b.sub.Timeout() <= 10*time.Second {
+		t.Fatalf("timeout %v does not cover the ready timeout of 10s", b.sub.Timeout())
+	}
+}
+
+// testenvEventually polls cond for a few seconds: the fake clientset's watchers apply
+// status updates asynchronously.
+func testenvEventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
