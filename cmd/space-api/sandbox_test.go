@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/api"
@@ -144,16 +147,60 @@ func (s *server) tokens(client space.ClientKey, rate *space.Rate) (cluster, own 
 	return cluster, own
 }
 
-// rawBuckets reads the bucket keys themselves: "untouched" means byte for byte.
+// rawBuckets reads the bucket keys themselves: "untouched" means byte for byte. An
+// error other than a missing key fails the test: two unreadable readings compare
+// equal, and must not pass for "untouched".
 func (s *server) rawBuckets(client space.ClientKey) string {
 	s.t.Helper()
-	ctx := testenv.Context(s.t)
+	raw, err := readBuckets(testenv.Context(s.t), s.m.Redis, admission.ClusterKey(s.m.RedisPrefix), admission.ClientKey(s.m.RedisPrefix, client))
+	if err != nil {
+		s.t.Fatalf("read the buckets: %v", err)
+	}
+	return raw
+}
+
+// readBuckets reads keys as "key=value" pairs, a missing key as an empty value.
+func readBuckets(ctx context.Context, rdb redis.UniversalClient, keys ...string) (string, error) {
 	var out []string
-	for _, k := range []string{admission.ClusterKey(s.m.RedisPrefix), admission.ClientKey(s.m.RedisPrefix, client)} {
-		v, _ := s.m.Redis.Get(ctx, k).Result()
+	for _, k := range keys {
+		v, err := rdb.Get(ctx, k).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return "", fmt.Errorf("GET %s: %w", k, err)
+		}
 		out = append(out, k+"="+v)
 	}
-	return strings.Join(out, " ")
+	return strings.Join(out, " "), nil
+}
+
+// metric is the value of the series of name whose labels hold every one of labels
+// (each `name="value"`), summed, from the internal listener's /metrics.
+func (s *server) metric(name string, labels ...string) float64 {
+	s.t.Helper()
+	body := string(s.internal("GET", "/metrics", "").body)
+	var sum float64
+	found := false
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		match := true
+		for _, l := range labels {
+			match = match && strings.Contains(line, l)
+		}
+		if !match {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndex(line, " ")+1:], 64)
+		if err != nil {
+			s.t.Fatalf("metric line %q: %v", line, err)
+		}
+		sum += v
+		found = true
+	}
+	if !found {
+		s.t.Fatalf("no series %s{%s} in /metrics", name, strings.Join(labels, ","))
+	}
+	return sum
 }
 
 // sandboxCount counts every sandbox row, whoever's and in whatever state.
@@ -164,6 +211,23 @@ func (s *server) sandboxCount() int {
 		s.t.Fatal(err)
 	}
 	return n
+}
+
+func TestBucketReadingsFailLoudly(t *testing.T) {
+	t.Parallel()
+	redisSrv := testenv.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: redisSrv.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	ctx := testenv.Context(t)
+	if raw, err := readBuckets(ctx, rdb, "missing"); err != nil || raw != "missing=" {
+		t.Fatalf("a missing key reads as %q, %v; want empty", raw, err)
+	}
+	redisSrv.Stop()
+	// The warm-hit and cold-shape tests compare two readings; with Redis stopped both
+	// would be empty and equal, so a reading must fail instead.
+	if raw, err := readBuckets(ctx, rdb, "any"); err == nil {
+		t.Fatalf("with redis stopped the buckets read as %q and no error", raw)
+	}
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) < 0.01 }

@@ -292,6 +292,47 @@ func (a *Admitter) Peek(ctx context.Context, client space.ClientKey, clientRate 
 	return a.decision(admitted, states, clientRate), nil
 }
 
+// Enforcement is how admission decisions are applied right now, as GET /v1/limits
+// reports it: what the caller is told is what the Admitter does.
+type Enforcement string
+
+const (
+	// Enforced: decided on Redis and enforced; an empty bucket refuses.
+	Enforced Enforcement = "enforced"
+	// Shadow: decided and recorded (space_sandbox_admission_rate_decisions_total
+	// {decision="shadow_rejected"}), but every activation is admitted.
+	Shadow Enforcement = "shadow"
+	// Disabled: nothing is charged or decided
+	// (SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED=false).
+	Disabled Enforcement = "disabled"
+	// FailOpen: Redis cannot be reached and the failure mode is open: activations are
+	// admitted unbudgeted (and counted as decision="error").
+	FailOpen Enforcement = "fail_open"
+	// FailClosed: Redis cannot be reached and the failure mode is closed: activations
+	// are refused with 503.
+	FailClosed Enforcement = "fail_closed"
+)
+
+// Report is Peek with how decisions are applied now: the buckets as Admit would find
+// them (when Redis answers) and the Enforcement an Admit of this moment would follow.
+// It takes nothing, writes nothing (but a refusal's expiry repair, see bucket.lua)
+// and counts nothing.
+func (a *Admitter) Report(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, Enforcement, error) {
+	if !a.enabled {
+		return a.disabled(clientRate), Disabled, nil
+	}
+	d, err := a.Peek(ctx, client, clientRate)
+	switch {
+	case a.shadow:
+		return d, Shadow, err
+	case err != nil && a.failClosed:
+		return d, FailClosed, err
+	case err != nil:
+		return d, FailOpen, err
+	}
+	return d, Enforced, nil
+}
+
 func (a *Admitter) keys(client space.ClientKey, clientRate *space.Rate) ([]string, bucketArgs, error) {
 	if clientRate == nil {
 		return []string{a.clusterKey}, "", nil

@@ -122,8 +122,11 @@ func (s *Server) Public() http.Handler {
 	r.Get("/readyz", s.readyz(false))
 	if s.sandboxes != nil {
 		r.Route("/v1", func(r chi.Router) {
-			r.Use(s.identify, s.limitConcurrency)
+			r.Use(s.identify)
+			// The caller's limits are a read of what is enforced, answerable when the
+			// concurrency cap is full or its store is down: exactly when they matter.
 			r.Get("/limits", s.getLimits)
+			r = r.With(s.limitConcurrency)
 			r.Post("/sandboxes", s.createSandbox)
 			r.Get("/sandboxes", s.listSandboxes)
 			r.Get("/sandboxes/{id}", s.getSandbox)
