@@ -21,12 +21,12 @@ type LimitsBody struct {
 	// shadow (decided and recorded, not enforced), disabled (nothing charged),
 	// fail_open (Redis unreachable: admitted unbudgeted) or fail_closed (Redis
 	// unreachable: refused). The buckets below carry the same status.
-	Admission admission.Enforcement `json:"admission"`
-	Cluster          BucketBody       `json:"cluster_activation"`
-	ClientRate       ClientBucketBody `json:"client_activation"`
-	Concurrency      *int             `json:"concurrency"`    // null: no cap
-	LiveSandboxes    *int             `json:"live_sandboxes"` // null: no cap
-	Warnings         []string         `json:"warnings,omitempty"`
+	Admission     admission.Enforcement `json:"admission"`
+	Cluster       BucketBody            `json:"cluster_activation"`
+	ClientRate    ClientBucketBody      `json:"client_activation"`
+	Concurrency   *int                  `json:"concurrency"`    // null: no cap
+	LiveSandboxes *int                  `json:"live_sandboxes"` // null: no cap
+	Warnings      []string              `json:"warnings,omitempty"`
 }
 
 // BucketBody is one token bucket as enforced.
