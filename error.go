@@ -126,7 +126,7 @@ const (
 	IdentityTrustedHeader IdentityMode = "trusted_header"
 )
 
-// Message is the caller-facing explanation, one per bucket (DESIGN.md §4), in words
+// Message is the caller-facing explanation, one per bucket (README.md, API), in words
 // that fit no identity mode in particular (see MessageFor).
 func (e *LimitError) Message() string { return e.MessageFor("") }
 

@@ -41,7 +41,7 @@ func (s OperationState) Done() bool { return s == OperationSucceeded || s == Ope
 // error codes (EUNAVAILABLE, ECONFLICT, ...).
 const CodeAdmissionTimeout = "admission_timeout"
 
-// Operation is one queued create, restore or wake (DESIGN.md §6): accepted with 202 and
+// Operation is one queued create, restore or wake (docs/dispatcher.md): accepted with 202 and
 // run by the dispatcher under its client's own limits.
 type Operation struct {
 	ID    string         `json:"id"`

@@ -6,6 +6,7 @@
 package space
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -117,3 +118,18 @@ const (
 	// BucketAuthFailures limits failed authentications per source address.
 	BucketAuthFailures Bucket = "auth_failures"
 )
+
+// Charger charges activations to the activation buckets (internal/admission's
+// Admitter): the one seam between the activation flow (and the warm pool's
+// replenisher) and the budget.
+type Charger interface {
+	// Charge takes cost tokens from the cluster bucket and, when rate is not nil, from
+	// key's bucket: all or none. A bucket too empty is a *LimitError and nothing is
+	// taken. With rate nil (an exempt client, or a warm-up, which no client asked for)
+	// only the cluster bucket is charged.
+	Charge(ctx context.Context, key ClientKey, rate *Rate, cost int) error
+	// Refused returns the refusal a Charge now would meet when that is known without
+	// asking the budget store, or nil, in which case only a Charge can tell. It takes
+	// nothing; it lets a create be turned away before any other work.
+	Refused(key ClientKey, rate *Rate, cost int) *LimitError
+}

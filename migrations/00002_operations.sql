@@ -1,6 +1,6 @@
 -- +goose Up
 
--- Queued operations (DESIGN.md §6). Each row is inserted in the same transaction as
+-- Queued operations (docs/dispatcher.md). Each row is inserted in the same transaction as
 -- its River job, so an accepted operation always has a job and a job always has its
 -- row. The row is what clients see (GET /v1/operations/{id}); River's job row is the
 -- queue's own bookkeeping.

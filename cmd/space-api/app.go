@@ -45,6 +45,9 @@ type Main struct {
 	// OnFlagsReload, when set before Run, is told of every flags file reload: tests
 	// wait on it instead of sleeping.
 	OnFlagsReload func(flags.ReloadResult)
+	// OnPoolView, when set before Run, is told of every change of the warm pool view
+	// (internal/pool.View).
+	OnPoolView func()
 
 	DB          *pgxpool.Pool
 	Redis       redis.UniversalClient
@@ -54,6 +57,7 @@ type Main struct {
 	Breaker     *admission.Breaker
 	Substrate   substrate.Substrate
 	Pool        *pool.Pool
+	PoolView    *pool.View
 	Replenisher *pool.Replenisher
 	Reconciler  *sandbox.Reconciler
 	Sandboxes   *sandbox.Service
@@ -148,6 +152,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if !m.noReconciler {
 		m.background(func(ctx context.Context) { m.Reconciler.Run(ctx, nil) })
 	}
+	m.background(m.PoolView.Run)
 	m.Logger.Info("space-api serving", "version", Version(),
 		"public", m.publicLn.Addr().String(), "internal", m.internalLn.Addr().String())
 	return nil
@@ -210,6 +215,12 @@ func (m *Main) trackConn(c net.Conn, state http.ConnState) {
 		m.connState.Delete(c)
 	} else {
 		m.connState.Store(c, state)
+	}
+}
+
+func (m *Main) onPoolView() {
+	if m.OnPoolView != nil {
+		m.OnPoolView()
 	}
 }
 

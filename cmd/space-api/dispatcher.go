@@ -8,7 +8,7 @@ import (
 	"github.com/space-sandbox/space/internal/dispatcher"
 )
 
-// dispatcher makes the queued-operation dispatcher (DESIGN.md §6) on m's database and
+// dispatcher makes the queued-operation dispatcher (docs/dispatcher.md) on m's database and
 // starts its River workers (SPACE_DISPATCHER_WORKERS; with 0 this replica accepts
 // Prefer: respond-async requests and other replicas run them). Close stops it
 // gracefully: no new operation is taken and running ones finish within the shutdown

@@ -53,7 +53,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
 	}
 
-	cfg, err := config.Load(getenv)
+	load := config.Load
+	if cmd != "serve" {
+		load = config.LoadDatabase // migrate and keys need the database alone
+	}
+	cfg, err := load(getenv)
 	if err != nil {
 		return err
 	}

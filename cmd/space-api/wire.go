@@ -10,7 +10,6 @@ import (
 	"github.com/open-feature/go-sdk/openfeature"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/apikey"
@@ -22,15 +21,12 @@ import (
 	"github.com/space-sandbox/space/internal/substrate/kubernetes"
 )
 
-// domain wires the components of DESIGN.md §2 onto m's Postgres and Redis: flags,
+// domain wires the components of the create path (docs/design.md) onto m's Postgres and Redis: flags,
 // admission, the substrate, the warm pool and the sandbox flow.
 func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	cfg := m.Config
 	opts := api.Options{}
 
-	if cfg.Sandbox.TemplatesFile == "" {
-		return opts, &config.VarError{Var: "SPACE_TEMPLATES_FILE", Accepts: `a templates file: {"templates": {"<name>": {"image": ...}}}`}
-	}
 	templates, err := substrate.LoadTemplates(cfg.Sandbox.TemplatesFile)
 	if err != nil {
 		return opts, err
@@ -89,16 +85,16 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		return opts, err
 	}
 	m.Substrate = sub
-	charger := admissionCharger{m.Admitter}
 	m.Pool = pool.New(pool.Options{DB: m.DB, Substrate: sub, Registerer: m.Registry, Logger: m.Logger})
+	m.PoolView = pool.NewView(pool.ViewOptions{DB: m.DB, Targets: m.poolTargets, Logger: m.Logger, OnChange: m.onPoolView})
 	m.Replenisher = pool.NewReplenisher(pool.ReplenisherOptions{
-		Pool: m.Pool, Substrate: sub, Templates: templates, Charger: charger,
+		Pool: m.Pool, Substrate: sub, Templates: templates, Charger: m.Admitter,
 		Targets:    m.poolTargets,
 		Registerer: m.Registry,
 		Logger:     m.Logger,
 	})
 	m.Sandboxes = sandbox.New(sandbox.Options{
-		DB: m.DB, Pool: m.Pool, Substrate: sub, Charger: charger,
+		DB: m.DB, Pool: m.Pool, Substrate: sub, Charger: m.Admitter, View: m.PoolView,
 		Catalog:    sandbox.Catalog{Templates: templates, Max: cfg.Sandbox.MaxShape},
 		OnClaim:    m.Replenisher.Kick,
 		Registerer: m.Registry,
@@ -216,28 +212,4 @@ func (m *Main) substrate(templates substrate.Templates) (substrate.Substrate, er
 			substrate.OpAdopt: d / 10,
 		}, StateDir: c.SimulatedStateDir, Timeout: c.SimulatedTimeout}), nil
 	}
-}
-
-// admissionCharger charges through the Admitter: a rejection becomes the LimitError
-// the flow and the replenisher expect.
-type admissionCharger struct{ a *admission.Admitter }
-
-// Refuse implements sandbox.Refuser.
-func (c admissionCharger) Refuse(ctx context.Context, client space.ClientKey, rate *space.Rate) *space.LimitError {
-	d, refused := c.a.Refused(ctx, client, rate)
-	if !refused {
-		return nil
-	}
-	return d.LimitError(client)
-}
-
-func (c admissionCharger) Charge(ctx context.Context, client space.ClientKey, rate *space.Rate) error {
-	d, err := c.a.Admit(ctx, client, rate)
-	if err != nil {
-		return err
-	}
-	if !d.Admitted {
-		return d.LimitError(client)
-	}
-	return nil
 }

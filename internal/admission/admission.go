@@ -1,4 +1,4 @@
-// Package admission holds the activation budget of DESIGN.md §3 and the per-client
+// Package admission holds the activation budget (docs/design.md, admission buckets) and the per-client
 // limits beside it, all in Redis so that every replica enforces the same numbers:
 //
 //   - Admitter charges the shared cluster activation bucket and the caller's client
@@ -16,19 +16,23 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/logs"
 	"github.com/space-sandbox/space/internal/metric"
 )
 
 // DefaultPrefix is the key namespace of production: with it the keys are exactly
-// those of DESIGN.md §3.
+// those of the design (space:cluster_admission:sandbox_activation and its client keys).
 const DefaultPrefix = "space"
 
 // Options configures an Admitter.
@@ -63,6 +67,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Logger receives Redis failures (at most one line per 10 s); nil discards.
 	Logger *slog.Logger
+	// Now is the replica's clock of the refusals it knows without Redis (see Refused);
+	// default time.Now. Bucket time itself is always Redis TIME.
+	Now func() time.Time
 }
 
 // Admitter decides activations against the cluster bucket and, when the caller has a
@@ -88,6 +95,22 @@ type Admitter struct {
 
 	metrics *admissionMetrics
 	errLog  *throttledLog
+
+	// known holds, per bucket, its state as this replica last learnt it from Redis, so
+	// that Refused can refuse without asking (see Refused). Keys are the cluster key
+	// and bounded budget keys: the map is bounded by the allowlist.
+	known sync.Map // string (Redis key) -> *atomic.Pointer[knownBucket]
+	now   func() time.Time
+}
+
+// knownBucket is one bucket as a decision found it: at most Tokens at time At (the
+// replica's clock before the decision was sent, so no later than Redis's), under Rate.
+// Tokens only come back at Rate, and other replicas only take them, so Tokens plus the
+// refill since At bounds the bucket from above for as long as the rate holds.
+type knownBucket struct {
+	Rate   space.Rate
+	Tokens float64
+	At     time.Time
 }
 
 // BucketState is one bucket's side of a decision.
@@ -165,7 +188,12 @@ func New(opts Options) (*Admitter, error) {
 		return nil, err
 	}
 	clusterKey := ClusterKey(prefix)
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
 	return &Admitter{
+		now:          now,
 		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker),
 		enabled:      opts.Enabled,
 		failClosed:   opts.FailClosed,
@@ -217,20 +245,48 @@ func (a *Admitter) ClusterRate() space.Rate { return a.cluster }
 // It returns an error only for a bad argument or, in fail-closed mode, when Redis
 // fails or does not answer within the timeout (an error wrapping ErrUnavailable).
 func (a *Admitter) Admit(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, error) {
+	return a.admit(ctx, client, clientRate, 1)
+}
+
+// Charge is the activation flow's seam (space.Charger): cost tokens from the cluster
+// bucket and, when rate is not nil, from key's bucket, all or none. A refusal is a
+// *space.LimitError; a Redis failure admits in fail-open mode and is an error wrapping
+// ErrUnavailable in fail-closed mode. A refusal this replica already knows of (see
+// Refused) is answered without asking Redis.
+func (a *Admitter) Charge(ctx context.Context, key space.ClientKey, rate *space.Rate, cost int) error {
+	if le := a.Refused(key, rate, cost); le != nil {
+		return le
+	}
+	d, err := a.admit(ctx, key, rate, cost)
+	if err != nil {
+		return err
+	}
+	if le := d.LimitError(key); le != nil {
+		return le
+	}
+	return nil
+}
+
+func (a *Admitter) admit(ctx context.Context, client space.ClientKey, clientRate *space.Rate, cost int) (Decision, error) {
 	if !a.enabled {
 		return a.disabled(clientRate), nil
+	}
+	if cost < 1 {
+		return Decision{}, fmt.Errorf("admit: cost %d, want at least 1", cost)
 	}
 	keys, clientArgs, err := a.keys(client, clientRate)
 	if err != nil {
 		return Decision{}, fmt.Errorf("admit: %w", err)
 	}
+	sent := a.now()
 	start := time.Now()
-	admitted, states, err := a.run.decide(ctx, take, keys, a.clusterArgs, clientArgs)
+	admitted, states, err := a.run.decide(ctx, strconv.Itoa(cost), keys, a.clusterArgs, clientArgs)
 	a.metrics.script.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return a.failed(client, clientRate, err)
 	}
 	d := a.decision(admitted, states, clientRate)
+	a.learn(keys, d, sent)
 	switch {
 	case d.Admitted:
 		a.metrics.admitted(clientRate != nil)
@@ -243,34 +299,82 @@ func (a *Admitter) Admit(ctx context.Context, client space.ClientKey, clientRate
 	return d, nil
 }
 
-// Refused reports whether an Admit now would be rejected, without taking a token or
-// writing anything, for a caller that answers such a rejection at once instead of
-// going on to Admit (the sandbox flow's early refusal of a client it has just seen
-// rejected). A rejection is therefore counted exactly as Admit counts one
-// (decision="rejected" for its bucket, and the script time): it is the same decision,
-// by the same script, on Redis time.
+// Refused returns the refusal that an Admit of cost now would meet, when this replica
+// knows it without asking Redis: a bucket that its last decision found too empty to
+// hold cost tokens by now, even with every token refilled since and none taken. It
+// answers from memory, in nanoseconds, so a client flooding over its rate costs no
+// Redis call (envoyproxy/ratelimit's local cache of keys over the limit, with the
+// time a key stays over it counted from the bucket's own refill).
 //
-// It reports false and counts nothing when the decision would admit, in shadow mode
-// (a rejection is admitted there anyway), with admission disabled, for a bad argument
-// and on a Redis error: the caller then takes its usual path, whose Admit decides and
-// applies the failure mode.
-func (a *Admitter) Refused(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, bool) {
+// It only ever refuses; nil means "ask Redis" (Charge then does). A bucket is known
+// under the rate it was decided with: a flag that changes the client's rate, exempts
+// it or moves it on or off the allowlist makes the entry not apply, so the next create
+// is Redis's. The known tokens are an upper bound (other replicas only take tokens),
+// so a refusal here is never wrong beyond the instant of the refill itself, and its
+// Retry-After is counted from that refill. Nothing is refused in shadow mode or with
+// admission disabled. A refusal is counted as Admit counts one.
+func (a *Admitter) Refused(key space.ClientKey, rate *space.Rate, cost int) *space.LimitError {
 	if !a.enabled || a.shadow {
-		return Decision{}, false
+		return nil
 	}
-	keys, clientArgs, err := a.keys(client, clientRate)
-	if err != nil {
-		return Decision{}, false
+	now := a.now()
+	var le *space.LimitError
+	if rate != nil && key != "" {
+		le = a.knownShort(a.clientPrefix+string(key), *rate, cost, now, space.BucketClientActivation, key)
 	}
-	start := time.Now()
-	admitted, states, err := a.run.decide(ctx, peek, keys, a.clusterArgs, clientArgs)
-	if err != nil || admitted {
-		return Decision{}, false
+	if cluster := a.knownShort(a.clusterKey, a.cluster, cost, now, space.BucketClusterActivation, key); cluster != nil {
+		if le == nil {
+			le = cluster
+		} else {
+			// Both short: the client bucket is named, the retry waits for both.
+			le.RetryAfter = max(le.RetryAfter, cluster.RetryAfter)
+		}
 	}
-	a.metrics.script.Observe(time.Since(start).Seconds())
-	d := a.decision(admitted, states, clientRate)
-	a.metrics.count(decisionRejected, d.Bucket)
-	return d, true
+	if le != nil {
+		a.metrics.count(decisionRejected, le.Bucket)
+		a.metrics.local.WithLabelValues(string(le.Bucket)).Inc()
+	}
+	return le
+}
+
+// knownShort is the refusal of bucket key for cost at now, if its known state says it
+// cannot hold cost tokens yet.
+func (a *Admitter) knownShort(key string, rate space.Rate, cost int, now time.Time, bucket space.Bucket, client space.ClientKey) *space.LimitError {
+	v, ok := a.known.Load(key)
+	if !ok {
+		return nil
+	}
+	k := v.(*atomic.Pointer[knownBucket]).Load()
+	if k == nil || k.Rate != rate {
+		return nil
+	}
+	tokens := k.Tokens
+	if elapsed := now.Sub(k.At).Seconds(); elapsed > 0 {
+		tokens += elapsed * rate.RefillRPS
+	}
+	tokens = math.Min(tokens, float64(rate.Burst))
+	need := float64(cost)
+	if tokens >= need {
+		return nil
+	}
+	limit := rate
+	return &space.LimitError{Bucket: bucket, Client: client, RetryAfter: micros((need - tokens) / rate.RefillRPS * 1e6), Limit: &limit, Remaining: tokens}
+}
+
+// learn records what a decision found of each bucket, for Refused.
+func (a *Admitter) learn(keys []string, d Decision, sent time.Time) {
+	a.remember(keys[0], d.Cluster, sent)
+	if d.Client != nil && len(keys) > 1 {
+		a.remember(keys[1], *d.Client, sent)
+	}
+}
+
+func (a *Admitter) remember(key string, st BucketState, at time.Time) {
+	v, ok := a.known.Load(key)
+	if !ok {
+		v, _ = a.known.LoadOrStore(key, &atomic.Pointer[knownBucket]{})
+	}
+	v.(*atomic.Pointer[knownBucket]).Store(&knownBucket{Rate: st.Rate, Tokens: st.Remaining, At: at})
 }
 
 // Peek reports the buckets as Admit would find them now, without taking a token or
@@ -285,11 +389,14 @@ func (a *Admitter) Peek(ctx context.Context, client space.ClientKey, clientRate 
 	if err != nil {
 		return Decision{}, fmt.Errorf("peek: %w", err)
 	}
+	sent := a.now()
 	admitted, states, err := a.run.decide(ctx, peek, keys, a.clusterArgs, clientArgs)
 	if err != nil {
 		return Decision{}, fmt.Errorf("peek: %w", unavailable(err))
 	}
-	return a.decision(admitted, states, clientRate), nil
+	d := a.decision(admitted, states, clientRate)
+	a.learn(keys, d, sent)
+	return d, nil
 }
 
 // Enforcement is how admission decisions are applied right now, as GET /v1/limits
@@ -401,7 +508,7 @@ const (
 	decisionShadowRejected = "shadow_rejected"
 )
 
-// admissionMetrics are the series of DESIGN.md §8.
+// admissionMetrics are the admission series (docs/design.md, observability).
 //
 // space_sandbox_admission_rate_decisions_total{decision, bucket} counts each Admit
 // (never Peek, never a disabled Admitter) as follows:
@@ -423,6 +530,7 @@ const (
 type admissionMetrics struct {
 	decisions *prometheus.CounterVec
 	script    prometheus.Histogram
+	local     *prometheus.CounterVec
 
 	admittedCluster, admittedClient prometheus.Counter
 	errorCluster, errorClient       prometheus.Counter
@@ -440,16 +548,21 @@ func newAdmissionMetrics(reg prometheus.Registerer) (*admissionMetrics, error) {
 	})
 	decisions = metric.Register(reg, decisions)
 	script = metric.Register(reg, script)
-	m := &admissionMetrics{decisions: decisions, script: script}
+	local := metric.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "space_sandbox_admission_local_refusals_total",
+		Help: "Rejections answered by the replica from what it last learnt of the bucket, without asking Redis (also counted in space_sandbox_admission_rate_decisions_total), by bucket.",
+	}, []string{"bucket"}))
+	m := &admissionMetrics{decisions: decisions, script: script, local: local}
 	m.admittedCluster = decisions.WithLabelValues(decisionAdmitted, string(space.BucketClusterActivation))
 	m.admittedClient = decisions.WithLabelValues(decisionAdmitted, string(space.BucketClientActivation))
 	m.errorCluster = decisions.WithLabelValues(decisionError, string(space.BucketClusterActivation))
 	m.errorClient = decisions.WithLabelValues(decisionError, string(space.BucketClientActivation))
 	// The rejections too, so that every series exists (at 0) from the start.
-	for _, d := range []string{decisionRejected, decisionShadowRejected} {
-		for _, b := range []space.Bucket{space.BucketClusterActivation, space.BucketClientActivation} {
+	for _, b := range []space.Bucket{space.BucketClusterActivation, space.BucketClientActivation} {
+		for _, d := range []string{decisionRejected, decisionShadowRejected} {
 			decisions.WithLabelValues(d, string(b))
 		}
+		local.WithLabelValues(string(b))
 	}
 	return m, nil
 }
@@ -472,35 +585,24 @@ func (m *admissionMetrics) count(decision string, bucket space.Bucket) {
 	m.decisions.WithLabelValues(decision, string(bucket)).Inc()
 }
 
-// throttledLog logs a repeated failure at most once per interval, with the number of
-// failures it did not log, so that an outage under load does not flood the logs.
+// throttledLog logs a repeated failure at most once every 10 seconds, with the
+// number of failures it did not log, so that an outage under load does not flood the
+// logs.
 type throttledLog struct {
 	logger   *slog.Logger
 	msg      string
-	interval time.Duration
-
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
+	throttle *logs.Throttle
 }
 
 func newThrottledLog(logger *slog.Logger, msg string) *throttledLog {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &throttledLog{logger: logger, msg: msg, interval: 10 * time.Second}
+	return &throttledLog{logger: logger, msg: msg, throttle: logs.NewThrottle(10*time.Second, nil)}
 }
 
 func (l *throttledLog) log(err error, attrs ...any) {
-	now := time.Now()
-	l.mu.Lock()
-	if !l.last.IsZero() && now.Sub(l.last) < l.interval {
-		l.suppressed++
-		l.mu.Unlock()
-		return
+	if ok, held := l.throttle.Allow(""); ok {
+		l.logger.Warn(l.msg, append(attrs, "err", err.Error(), "suppressed", held)...)
 	}
-	suppressed := l.suppressed
-	l.last, l.suppressed = now, 0
-	l.mu.Unlock()
-	l.logger.Warn(l.msg, append(attrs, "err", err.Error(), "suppressed", suppressed)...)
 }

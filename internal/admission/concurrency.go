@@ -25,12 +25,9 @@ var (
 	acquireSource string
 	//go:embed concurrency_renew.lua
 	renewSource string
-	//go:embed concurrency_inflight.lua
-	inFlightSource string
 
-	acquireScript  = redis.NewScript(acquireSource)
-	renewScript    = redis.NewScript(renewSource)
-	inFlightScript = redis.NewScript(inFlightSource)
+	acquireScript = redis.NewScript(acquireSource)
+	renewScript   = redis.NewScript(renewSource)
 )
 
 // DefaultLeaseTTL is how long a lease outlives its last renewal. A replica renews the
@@ -70,7 +67,7 @@ type ConcurrencyOptions struct {
 }
 
 // ConcurrencyLimiter caps each client's in-flight requests across every replica
-// (DESIGN.md §2 step 2). Each request holds a lease, a member of the client's sorted
+// (create path step 2, docs/design.md). Each request holds a lease, a member of the client's sorted
 // set scored by its expiry in Redis time; acquiring drops expired leases, counts and
 // adds in one script. The replica renews the leases it holds, so a long request keeps
 // its place, and a crashed replica's leases expire on their own.
@@ -198,18 +195,6 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 	releaseCtx := context.WithoutCancel(ctx)
 	var once sync.Once
 	return func() { once.Do(func() { c.release(releaseCtx, key, lease) }) }, nil
-}
-
-// InFlight counts client's unexpired leases, on every replica.
-func (c *ConcurrencyLimiter) InFlight(ctx context.Context, client space.ClientKey) (int, error) {
-	key := c.prefix + string(client)
-	v, err := c.run.run(ctx, func(ctx context.Context) (any, error) {
-		return inFlightScript.Run(ctx, c.run.rdb, []string{key}).Int64()
-	})
-	if err != nil {
-		return 0, fmt.Errorf("in flight: %w", unavailable(err))
-	}
-	return int(v.(int64)), nil
 }
 
 // Close stops renewing the leases this limiter holds; they expire after LeaseTTL,

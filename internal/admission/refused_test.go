@@ -1,70 +1,177 @@
 package admission
 
 import (
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
-func TestRefused(t *testing.T) {
+// clock is a controllable replica clock for Refused.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func TestRefusedWithoutRedis(t *testing.T) {
 	t.Parallel()
 
-	t.Run("a refusal takes nothing and is counted and answered as Admit's would be", func(t *testing.T) {
+	// known is an Admitter on a replica clock the test moves, whose acme bucket of 2
+	// refills one token every 10s.
+	known := func(t *testing.T) (*bundle, *clock, *space.Rate) {
+		t.Helper()
+		c := &clock{now: time.Unix(1_000_000, 0)}
+		opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 100})
+		opts.Now = c.Now
+		return setup(t, testenv.Redis(t), opts), c, rate(0.1, 2)
+	}
+
+	t.Run("a client known empty is refused as Redis would refuse it, without a call", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: neverRefills, Burst: 100}))
-		r := rate(neverRefills, 1)
-		b.admit("acme", r) // the client's one token
-		before := b.stored(b.clientKey("acme")).raw + b.stored(b.clusterKey()).raw
-		d, refused := b.adm.Refused(b.ctx, "acme", r)
-		if !refused || d.Admitted || d.Bucket != space.BucketClientActivation || d.Client == nil || d.Client.Remaining >= 1 {
-			t.Fatalf("Refused = %+v, %v; want a client_activation refusal", d, refused)
+		b, _, r := known(t)
+		b.drain("acme", r)
+		d := b.admit("acme", r) // Redis's own refusal, for comparison
+		if d.Admitted {
+			t.Fatal("admitted an empty bucket")
 		}
-		if after := b.stored(b.clientKey("acme")).raw + b.stored(b.clusterKey()).raw; after != before {
-			t.Fatal("Refused wrote to the buckets")
+		before := b.stored(b.clientKey("acme")).raw
+		scripts := metricValue(t, b.reg, "space_sandbox_admission_script_seconds")
+		rejected := b.decisions(decisionRejected, space.BucketClientActivation)
+		le := b.adm.Refused("acme", r, 1)
+		redisLE := d.LimitError("acme")
+		if le == nil || le.Bucket != redisLE.Bucket || le.Client != "acme" || *le.Limit != *redisLE.Limit ||
+			le.RetryAfter < 9*time.Second || le.RetryAfter > redisLE.RetryAfter+time.Second {
+			t.Fatalf("Refused = %+v, want Redis's refusal %+v", le, redisLE)
 		}
-		if got := b.decisions(decisionRejected, space.BucketClientActivation); got != 1 {
-			t.Fatalf("rejected{client_activation} = %v, want 1", got)
+		if got := metricValue(t, b.reg, "space_sandbox_admission_script_seconds"); got != scripts {
+			t.Fatalf("Refused ran the script (%v calls, was %v)", got, scripts)
 		}
-		a := b.admit("acme", r)
-		// The same decision a moment later: the buckets refilled by a hair since.
-		if a.Admitted || a.Bucket != d.Bucket || !near(a.Cluster.Remaining, d.Cluster.Remaining, 1e-6) ||
-			!near(a.Client.Remaining, d.Client.Remaining, 1e-6) || !near(a.RetryAfter.Hours(), d.RetryAfter.Hours(), 1e-3) {
-			t.Fatalf("Admit = %+v after Refused = %+v: not the same decision", a, d)
+		if b.stored(b.clientKey("acme")).raw != before {
+			t.Fatal("Refused wrote to the bucket")
+		}
+		if got := b.decisions(decisionRejected, space.BucketClientActivation); got != rejected+1 {
+			t.Fatalf("rejected{client_activation} = %v, want %v: a local refusal counts as one", got, rejected+1)
+		}
+		if got := metricValue(t, b.reg, "space_sandbox_admission_local_refusals_total", "bucket", "client_activation"); got != 1 {
+			t.Fatalf("local refusals = %v, want 1", got)
+		}
+		if err := b.adm.Charge(b.ctx, "acme", r, 1); err == nil {
+			t.Fatal("Charge admitted a client known empty")
 		}
 	})
 
-	t.Run("nothing is refused or counted when the decision would admit, in shadow mode or when disabled", func(t *testing.T) {
+	t.Run("it is admitted again the moment Redis would admit it", func(t *testing.T) {
+		t.Parallel()
+		b, c, r := known(t)
+		b.drain("acme", r)
+		le := b.adm.Refused("acme", r, 1)
+		if le == nil {
+			t.Fatal("not refused right after the drain")
+		}
+		// Known tokens are at most what Redis holds, so the local refill time T is no
+		// later than Redis's: at T itself the cache still refuses, past it never.
+		c.Advance(le.RetryAfter - time.Millisecond)
+		if b.adm.Refused("acme", r, 1) == nil {
+			t.Fatal("admitted before the refill")
+		}
+		c.Advance(2 * time.Millisecond)
+		if le := b.adm.Refused("acme", r, 1); le != nil {
+			t.Fatalf("refused past the refill: %+v", le)
+		}
+	})
+
+	t.Run("a changed rate, an exemption or another key is Redis's to decide", func(t *testing.T) {
+		t.Parallel()
+		b, _, r := known(t)
+		b.drain("acme", r)
+		if b.adm.Refused("acme", r, 1) == nil {
+			t.Fatal("not refused")
+		}
+		raised := rate(100, 50)
+		if le := b.adm.Refused("acme", raised, 1); le != nil {
+			t.Fatalf("refused under a raised rate: %+v", le)
+		}
+		if le := b.adm.Refused("acme", nil, 1); le != nil {
+			t.Fatalf("an exempt client refused: %+v", le)
+		}
+		if le := b.adm.Refused("globex", r, 1); le != nil {
+			t.Fatalf("another key refused: %+v", le)
+		}
+	})
+
+	t.Run("the cluster bucket known empty refuses every cold create, and a client short too names the client", func(t *testing.T) {
+		t.Parallel()
+		c := &clock{now: time.Unix(1_000_000, 0)}
+		opts := enabled(space.Rate{RefillRPS: 0.01, Burst: 1})
+		opts.Now = c.Now
+		b := setup(t, testenv.Redis(t), opts)
+		if d := b.admit("acme", nil); !d.Admitted {
+			t.Fatal("the cluster's one token was refused")
+		}
+		le := b.adm.Refused("globex", nil, 1)
+		if le == nil || le.Bucket != space.BucketClusterActivation || le.RetryAfter < 99*time.Second {
+			t.Fatalf("Refused = %+v, want the cluster's refusal for 100s", le)
+		}
+		r := rate(neverRefills, 1)
+		b.admit("initech", r) // refused by the cluster, learns initech's full bucket
+		if le := b.adm.Refused("initech", r, 1); le == nil || le.Bucket != space.BucketClusterActivation {
+			t.Fatalf("Refused = %+v, want the cluster named while initech holds a token", le)
+		}
+	})
+
+	t.Run("nothing is refused in shadow mode or with admission disabled", func(t *testing.T) {
 		t.Parallel()
 		rdb := testenv.Redis(t)
 		r := rate(neverRefills, 1)
-
-		open := setup(t, rdb, enabled(space.Rate{RefillRPS: neverRefills, Burst: 100}))
-		if _, refused := open.adm.Refused(open.ctx, "acme", r); refused {
-			t.Fatal("a full bucket was refused")
-		}
-		if n := open.stored(open.clientKey("acme")); n.exists {
-			t.Fatal("Refused wrote the client's bucket")
-		}
-
 		opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 100})
 		opts.Shadow = true
 		shadow := setup(t, rdb, opts)
 		shadow.admit("acme", r)
-		if _, refused := shadow.adm.Refused(shadow.ctx, "acme", r); refused {
+		shadow.admit("acme", r)
+		if le := shadow.adm.Refused("acme", r, 1); le != nil {
 			t.Fatal("shadow mode refused: it admits every rejection")
 		}
-
 		off := setup(t, rdb, Options{Cluster: space.Rate{RefillRPS: neverRefills, Burst: 1}})
-		if _, refused := off.adm.Refused(off.ctx, "acme", r); refused {
+		if le := off.adm.Refused("acme", r, 1); le != nil {
 			t.Fatal("a disabled Admitter refused")
 		}
-		for _, b := range []*bundle{open, shadow, off} {
-			for _, bucket := range []space.Bucket{space.BucketClientActivation, space.BucketClusterActivation} {
-				if got := b.decisions(decisionRejected, bucket); got != 0 {
-					t.Fatalf("rejected{%s} = %v, want 0", bucket, got)
+	})
+
+	t.Run("many goroutines charging at once never admit more than Redis does", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000}))
+		r := rate(neverRefills, 7)
+		var mu sync.Mutex
+		admitted := 0
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				for range 20 {
+					if err := b.adm.Charge(b.ctx, "acme", r, 1); err == nil {
+						mu.Lock()
+						admitted++
+						mu.Unlock()
+					}
 				}
-			}
+			})
+		}
+		wg.Wait()
+		if admitted != 7 {
+			t.Fatalf("admitted %d of a burst of 7", admitted)
 		}
 	})
 }

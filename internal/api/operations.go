@@ -43,7 +43,7 @@ func prefersAsync(h http.Header) bool {
 // now; the same key with a different request is 409 (dispatcher.Enqueue).
 func (s *Server) respondAsync(w http.ResponseWriter, r *http.Request, req dispatcher.Request, location string) bool {
 	keys := r.Header.Values(dispatcher.IdempotencyKeyHeader)
-	if !prefersAsync(r.Header) || s.operations == nil {
+	if !prefersAsync(r.Header) {
 		if len(keys) > 0 {
 			s.writeError(w, r, space.FieldError(space.EINVALID, dispatcher.IdempotencyKeyHeader,
 				"is honoured only with Prefer: respond-async; send both, or neither"))

@@ -27,19 +27,37 @@ func (b createBody) request() sandbox.CreateRequest {
 	}
 }
 
+// createSandbox is POST /v1/sandboxes. A valid create whose refusal is already known
+// (a client over its rate, the cluster bucket empty: Service.Refused) is answered at
+// once, before it takes a concurrency place: a flooding client costs no Redis call, no
+// Postgres and no lease. Every other create takes its place first, as the design
+// orders it (a bad body from a client over its concurrency cap is a 429 before a 400),
+// then runs the flow.
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
-	var body createBody
-	if err := decodeJSON(r, &body); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	req := body.request()
-	// Validate before anything else: a bad body touches no limit (DESIGN.md §2 step 3).
-	if err := sandbox.ValidateCreate(req.Shape, req.Metadata); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
 	caller := callerFrom(r.Context())
+	var body createBody
+	err := decodeJSON(r, &body)
+	req := body.request()
+	if err == nil {
+		// Validate before anything else: a bad body touches no limit.
+		err = sandbox.ValidateCreate(req.Shape, req.Metadata)
+	}
+	if err == nil && !prefersAsync(r.Header) {
+		if le := s.sandboxes.Refused(caller, req.Shape); le != nil {
+			s.writeError(w, r, le)
+			return
+		}
+	}
+	release, lerr := s.concurrency.Acquire(r.Context(), caller.Key, caller.Concurrency)
+	if lerr != nil {
+		s.writeError(w, r, lerr)
+		return
+	}
+	defer release()
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	if s.respondAsync(w, r, dispatcher.Request{Kind: space.OperationCreate, Client: caller.ID, Create: req}, operationsPath) {
 		return
 	}

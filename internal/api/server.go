@@ -52,14 +52,13 @@ type Options struct {
 	// Identity is SPACE_AUTH_MODE: it words what a caller off the allowlist is told.
 	Identity space.IdentityMode
 
-	// The domain. With Sandboxes nil only the health and metrics routes are served.
+	// The domain: all required.
 	Auth        Authenticator
 	Resolver    *flags.Resolver
 	Concurrency *admission.ConcurrencyLimiter
 	Admitter    *admission.Admitter
 	Sandboxes   *sandbox.Service
-	// Operations queues Prefer: respond-async requests and serves /v1/operations; nil
-	// serves every request synchronously.
+	// Operations queues Prefer: respond-async requests and serves /v1/operations.
 	Operations *dispatcher.Dispatcher
 }
 
@@ -120,24 +119,22 @@ func (s *Server) Public() http.Handler {
 	r.MethodNotAllowed(s.methodNotAllowed)
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz(false))
-	if s.sandboxes != nil {
-		r.Route("/v1", func(r chi.Router) {
-			r.Use(s.identify)
-			// The caller's limits are a read of what is enforced, answerable when the
-			// concurrency cap is full or its store is down: exactly when they matter.
-			r.Get("/limits", s.getLimits)
-			r = r.With(s.limitConcurrency)
-			r.Post("/sandboxes", s.createSandbox)
-			r.Get("/sandboxes", s.listSandboxes)
-			r.Get("/sandboxes/{id}", s.getSandbox)
-			r.Delete("/sandboxes/{id}", s.deleteSandbox)
-			r.Post("/sandboxes/{id}/pause", s.pauseSandbox)
-			r.Post("/sandboxes/{id}/restore", s.restoreSandbox)
-			if s.operations != nil {
-				r.Get("/operations/{id}", s.getOperation)
-			}
-		})
-	}
+	r.Route("/v1", func(r chi.Router) {
+		r.Use(s.identify)
+		// The caller's limits are a read of what is enforced, answerable when the
+		// concurrency cap is full or its store is down: exactly when they matter.
+		r.Get("/limits", s.getLimits)
+		// A create takes its concurrency place itself, after it has checked whether
+		// its refusal is already known (createSandbox).
+		r.Post("/sandboxes", s.createSandbox)
+		r = r.With(s.limitConcurrency)
+		r.Get("/sandboxes", s.listSandboxes)
+		r.Get("/sandboxes/{id}", s.getSandbox)
+		r.Delete("/sandboxes/{id}", s.deleteSandbox)
+		r.Post("/sandboxes/{id}/pause", s.pauseSandbox)
+		r.Post("/sandboxes/{id}/restore", s.restoreSandbox)
+		r.Get("/operations/{id}", s.getOperation)
+	})
 	return r
 }
 
@@ -151,12 +148,8 @@ func (s *Server) Internal() http.Handler {
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz(true))
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
-	if s.sandboxes != nil {
-		r.Post("/internal/v1/sandboxes/{id}/wake", s.wakeSandbox)
-		if s.operations != nil {
-			r.Get("/internal/v1/operations/{id}", s.getOperationInternal)
-		}
-	}
+	r.Post("/internal/v1/sandboxes/{id}/wake", s.wakeSandbox)
+	r.Get("/internal/v1/operations/{id}", s.getOperationInternal)
 	return r
 }
 

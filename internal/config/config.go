@@ -11,7 +11,6 @@ import (
 	"math"
 	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -104,7 +103,7 @@ const (
 	FailClosed FailureMode = "closed"
 )
 
-// Admission configures the activation buckets (DESIGN.md §3).
+// Admission configures the activation buckets (docs/design.md, admission buckets).
 type Admission struct {
 	// Enabled turns charging on (SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED, default
 	// true). Off, nothing is charged and the flag's rate entries are ignored.
@@ -209,9 +208,6 @@ func Default() Config {
 	}
 }
 
-// FromEnv reads the configuration from the process environment.
-func FromEnv() (Config, error) { return Load(os.Getenv) }
-
 // Load reads the configuration through getenv, starting from Default. The error names
 // the first bad variable; every error is a *VarError.
 func Load(getenv func(string) string) (Config, error) {
@@ -261,6 +257,7 @@ func Load(getenv func(string) string) (Config, error) {
 	r.duration("SPACE_FLAGS_POLL_INTERVAL", &c.Flags.PollInterval)
 
 	r.str("SPACE_TEMPLATES_FILE", &c.Sandbox.TemplatesFile, nil)
+	r.required("SPACE_TEMPLATES_FILE", c.Sandbox.TemplatesFile, `a templates file: {"templates": {"<name>": {"image": ...}}}`)
 	r.oneOf("SPACE_SUBSTRATE", &c.Sandbox.Substrate, Substrates...)
 	r.positive("SPACE_MAX_CPU_MILLIS", &c.Sandbox.MaxShape.CPUMillis)
 	r.positive("SPACE_MAX_MEMORY_MIB", &c.Sandbox.MaxShape.MemoryMiB)
@@ -283,6 +280,21 @@ func Load(getenv func(string) string) (Config, error) {
 	r.positive("SPACE_DISPATCHER_MAX_ATTEMPTS", &c.Dispatcher.MaxAttempts)
 	r.duration("SPACE_DISPATCHER_JOB_TIMEOUT", &c.Dispatcher.JobTimeout)
 
+	if r.err != nil {
+		return Config{}, r.err
+	}
+	return c, nil
+}
+
+// LoadDatabase reads only what the commands that work on the database alone need
+// (`space-api migrate`, `space-api keys`): SPACE_DATABASE_URL and SPACE_LOG_LEVEL. A
+// migration job has no templates or Redis to point at.
+func LoadDatabase(getenv func(string) string) (Config, error) {
+	c := Default()
+	r := reader{getenv: getenv}
+	r.str("SPACE_DATABASE_URL", &c.DatabaseURL, checkDatabaseURL)
+	r.required("SPACE_DATABASE_URL", c.DatabaseURL, "a postgres:// URL")
+	r.oneOf("SPACE_LOG_LEVEL", &c.LogLevel, "debug", "info", "warn", "error")
 	if r.err != nil {
 		return Config{}, r.err
 	}

@@ -13,13 +13,27 @@ import (
 // env builds a getenv from the required variables plus overrides.
 func env(overrides map[string]string) func(string) string {
 	vars := map[string]string{
-		"SPACE_DATABASE_URL": "postgres://u@127.0.0.1:5432/space",
-		"SPACE_REDIS_ADDRS":  "127.0.0.1:6379",
+		"SPACE_DATABASE_URL":   "postgres://u@127.0.0.1:5432/space",
+		"SPACE_REDIS_ADDRS":    "127.0.0.1:6379",
+		"SPACE_TEMPLATES_FILE": "/etc/space/templates.json",
 	}
 	for k, v := range overrides {
 		vars[k] = v
 	}
 	return func(k string) string { return vars[k] }
+}
+
+func TestLoadDatabase(t *testing.T) {
+	t.Parallel()
+	c, err := LoadDatabase(func(k string) string {
+		return map[string]string{"SPACE_DATABASE_URL": "postgres://u@h/db", "SPACE_LOG_LEVEL": "debug"}[k]
+	})
+	if err != nil || c.DatabaseURL != "postgres://u@h/db" || c.LogLevel != "debug" {
+		t.Fatalf("LoadDatabase = %+v, %v; want the database alone, without templates or Redis", c, err)
+	}
+	if _, err := LoadDatabase(func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "SPACE_DATABASE_URL") {
+		t.Fatalf("LoadDatabase without a URL = %v, want an error naming SPACE_DATABASE_URL", err)
+	}
 }
 
 func TestLoad(t *testing.T) {
@@ -118,6 +132,7 @@ func TestLoad(t *testing.T) {
 		{"a missing database URL", "SPACE_DATABASE_URL", "", "postgres://", nil},
 		{"a database URL of another scheme", "SPACE_DATABASE_URL", "mysql://x", "postgres://", nil},
 		{"missing Redis addresses", "SPACE_REDIS_ADDRS", "", "host:port", nil},
+		{"a missing templates file", "SPACE_TEMPLATES_FILE", "", "templates file", nil},
 		{"a Redis address without a port", "SPACE_REDIS_ADDRS", "localhost", "host:port", nil},
 		{"a Redis address with a word for a port", "SPACE_REDIS_ADDRS", "a:1,b:http", "numeric port", nil},
 		{"a listen address without a port", "SPACE_HTTP_ADDR", "8080", "listen address", nil},

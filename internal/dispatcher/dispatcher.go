@@ -1,5 +1,5 @@
-// Package dispatcher runs queued operations (create, restore, wake) on River (DESIGN.md
-// §6). An operation is a row of the operations table inserted in the same transaction
+// Package dispatcher runs queued operations (create, restore, wake) on River
+// (docs/dispatcher.md). An operation is a row of the operations table inserted in the same transaction
 // as its River job, so that an accepted operation is never lost and is run for one
 // request only. A worker runs the same flow as the synchronous API (internal/sandbox)
 // under the operation's own client key and that key's limits at run time.

@@ -48,20 +48,6 @@ func (l *limits) set(id space.ClientID, rate *space.Rate, live int) {
 	l.m[id] = space.Caller{ID: id, Key: space.ClientKey(id), ClientRate: rate, LiveSandboxes: live}
 }
 
-// charger charges through a real Admitter, as space-api does.
-type charger struct{ a *admission.Admitter }
-
-func (c charger) Charge(ctx context.Context, client space.ClientKey, rate *space.Rate) error {
-	d, err := c.a.Admit(ctx, client, rate)
-	if err != nil {
-		return err
-	}
-	if le := d.LimitError(client); le != nil {
-		return le
-	}
-	return nil
-}
-
 // bundle is one test's world: its own database, its own Redis keys, a real sandbox
 // flow on the simulated substrate, and a dispatcher with real River workers.
 type bundle struct {
@@ -118,7 +104,7 @@ func setup(t *testing.T, o setupOptions) *bundle {
 	}})
 	b.svc = sandbox.New(sandbox.Options{
 		DB: b.db, Pool: pool.New(pool.Options{DB: b.db, Substrate: b.sim}), Substrate: b.sim,
-		Charger: charger{b.admitter}, Catalog: sandbox.Catalog{Templates: templates},
+		Charger: b.admitter, Catalog: sandbox.Catalog{Templates: templates},
 	})
 	b.d = b.dispatcher(o)
 	return b

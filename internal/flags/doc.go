@@ -1,6 +1,6 @@
 // Package flags is space-api's OpenFeature wiring: the flags-file provider, and the
 // Resolver that turns the quota flag into a caller's bounded identity and the limits
-// enforced on it (DESIGN.md §2 steps 1–2, §5).
+// enforced on it (create path steps 1–2, and flags and limits, in docs/design.md).
 //
 // # The file provider
 //

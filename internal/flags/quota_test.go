@@ -10,7 +10,7 @@ import (
 	"github.com/space-sandbox/space"
 )
 
-// designExample is the quota flag of DESIGN.md §5.
+// designExample is the quota flag of docs/design.md, flags and limits.
 const designExample = `{
   "clients": {"acme": {"concurrency": 20, "live_sandboxes": 200}, "globex": {}},
   "default": {"concurrency": 10, "live_sandboxes": 50},

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"reflect"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -15,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/logs"
 )
 
 // WarnInterval is how often, at most, the Resolver logs the same warning: a malformed
@@ -94,7 +93,7 @@ type Resolver struct {
 	client   *openfeature.Client
 	env      Env
 	log      *slog.Logger
-	warnings warnLimiter
+	warnings *logs.Throttle
 	metrics  resolverMetrics
 
 	seen atomic.Pointer[parsedQuotas] // the last value the provider returned, parsed
@@ -133,10 +132,7 @@ func NewResolver(opts ResolverOptions) *Resolver {
 	if r.log == nil {
 		r.log = slog.Default()
 	}
-	r.warnings.now = opts.Now
-	if r.warnings.now == nil {
-		r.warnings.now = time.Now
-	}
+	r.warnings = logs.NewThrottle(WarnInterval, opts.Now)
 	r.good.Store(noQuotas)
 	return r
 }
@@ -214,7 +210,7 @@ func (r *Resolver) limits(q Quotas, key space.ClientKey) space.Caller {
 		envRate()
 		l.RateSource = SourceMalformedFallback
 		r.metrics.rateFallback.WithLabelValues(string(key)).Inc()
-		if r.warnings.allow("rate:" + string(key)) {
+		if r.warn("rate:" + string(key)) {
 			r.log.Warn("quota flag: malformed rate entry, this key stays on the env client rate",
 				"flag", QuotaFlag, "client", string(key), "error", rate.Malformed.Error(),
 				"env_rate", rateString(r.env.ClientRate), "next_warning_in", WarnInterval.String())
@@ -261,7 +257,7 @@ func (r *Resolver) quotas(ctx context.Context) *parsedQuotas {
 	}
 	if err != nil {
 		r.metrics.evalError.Inc()
-		if r.warnings.allow("evaluate") {
+		if r.warn("evaluate") {
 			r.log.Warn("quota flag: evaluation failed, using the last good value",
 				"flag", QuotaFlag, "error", err.Error(), "next_warning_in", WarnInterval.String())
 		}
@@ -270,7 +266,7 @@ func (r *Resolver) quotas(ctx context.Context) *parsedQuotas {
 	p := r.parse(details.Value)
 	if p.err != nil {
 		r.metrics.malformed.Inc()
-		if r.warnings.allow("malformed") {
+		if r.warn("malformed") {
 			r.log.Warn("quota flag: the provider's value is malformed, using the last good value",
 				"flag", QuotaFlag, "error", p.err.Error(), "next_warning_in", WarnInterval.String())
 		}
@@ -316,28 +312,8 @@ func identity(v any) unsafe.Pointer {
 	return nil
 }
 
-// warnLimiter lets one warning per key through per WarnInterval, however many
-// goroutines ask at once.
-type warnLimiter struct {
-	now  func() time.Time
-	last sync.Map // key -> *atomic.Int64: Unix nanoseconds of the last warning
-}
-
-const never = math.MinInt64
-
-func (w *warnLimiter) allow(key string) bool {
-	v, ok := w.last.Load(key)
-	if !ok {
-		fresh := &atomic.Int64{}
-		fresh.Store(never)
-		v, _ = w.last.LoadOrStore(key, fresh)
-	}
-	last := v.(*atomic.Int64)
-	now := w.now().UnixNano()
-	prev := last.Load()
-	if prev != never && now-prev < int64(WarnInterval) {
-		return false
-	}
-	// One of the goroutines that saw the same prev wins; the others stay quiet.
-	return last.CompareAndSwap(prev, now)
+// warn reports whether the warning of key may be logged now: once a WarnInterval.
+func (r *Resolver) warn(key string) bool {
+	ok, _ := r.warnings.Allow(key)
+	return ok
 }

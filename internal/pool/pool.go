@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/metric"
 	"github.com/space-sandbox/space/internal/substrate"
 )
 
@@ -57,9 +58,8 @@ func New(opts Options) *Pool {
 		Name: "space_pool_claims_total",
 		Help: "Warm pool claims by result: hit (a ready slot of the exact shape was claimed) or miss.",
 	}, []string{"result"})
-	if opts.Registerer != nil {
-		opts.Registerer.MustRegister(p.claims, &readyCollector{db: opts.DB, desc: readyDesc})
-	}
+	p.claims = metric.Register(opts.Registerer, p.claims)
+	metric.Register(opts.Registerer, prometheus.Collector(&readyCollector{db: opts.DB, desc: readyDesc}))
 	return p
 }
 
@@ -89,25 +89,6 @@ func (p *Pool) Claim(ctx context.Context, tx pgx.Tx, shape space.Shape, sandboxI
 	p.claims.WithLabelValues("hit").Inc()
 	return slot, nil
 }
-
-// QueueReady queues on b a look, without claiming anything, for a ready slot of
-// exactly shape, into *ready: for a caller that only needs to know a claim would
-// miss (the sandbox flow's early refusal).
-func (p *Pool) QueueReady(b *pgx.Batch, shape space.Shape, ready *bool) {
-	b.Queue(`SELECT EXISTS (SELECT 1 FROM pool_slots
-			WHERE state = 'ready' AND template = $1 AND cpu_millis = $2 AND memory_mib = $3 AND disk_gib = $4)`,
-		shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB,
-	).QueryRow(func(row pgx.Row) error {
-		if err := row.Scan(ready); err != nil {
-			return fmt.Errorf("look for a ready slot: %w", err)
-		}
-		return nil
-	})
-}
-
-// CountMiss counts a claim that QueueReady found would miss, as Claim counts its
-// misses, for a caller that then did not claim.
-func (p *Pool) CountMiss() { p.claims.WithLabelValues("miss").Inc() }
 
 // Consume removes a claimed slot once its sandbox has adopted it: the slot is now the
 // sandbox and no longer part of the pool.

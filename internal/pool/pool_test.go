@@ -29,7 +29,10 @@ type charger struct {
 	withRate int
 }
 
-func (c *charger) Charge(_ context.Context, client space.ClientKey, rate *space.Rate) error {
+// Refused knows nothing ahead: every charge is the test's to decide.
+func (c *charger) Refused(space.ClientKey, *space.Rate, int) *space.LimitError { return nil }
+
+func (c *charger) Charge(_ context.Context, client space.ClientKey, rate *space.Rate, _ int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.clients = append(c.clients, client)

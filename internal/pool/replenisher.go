@@ -21,19 +21,14 @@ type Target struct {
 	Target int
 }
 
-// Charger charges one activation. The replenisher passes no client rate, so only the
-// cluster bucket is charged: a warm-up is a real cold start the cluster pays for, but
-// no client asked for it. A *space.LimitError means the bucket is empty.
-type Charger interface {
-	Charge(ctx context.Context, client space.ClientKey, clientRate *space.Rate) error
-}
-
 // ReplenisherOptions configure a Replenisher.
 type ReplenisherOptions struct {
 	Pool      *Pool
 	Substrate substrate.Substrate
 	Templates substrate.Templates
-	Charger   Charger
+	// Charger charges each warm-up to the cluster bucket alone (no client rate): a
+	// warm-up is a cold start the cluster pays for, but no client asked for it.
+	Charger space.Charger
 	// Targets returns the current targets; it is read every round, so a flag change
 	// resizes the pool without a deploy. A shape absent from the targets has target 0.
 	Targets func(ctx context.Context) ([]Target, error)
@@ -205,7 +200,7 @@ func (r *Replenisher) fill(ctx context.Context, targets []Target, ready, warming
 			continue
 		}
 		for range deficit {
-			err := r.opts.Charger.Charge(ctx, "", nil)
+			err := r.opts.Charger.Charge(ctx, "", nil, 1)
 			var le *space.LimitError
 			if errors.As(err, &le) {
 				r.warmups.WithLabelValues("rejected").Inc()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -27,7 +26,7 @@ type CreateRequest struct {
 }
 
 // Create makes a new sandbox owned by caller.ID, capped and charged under caller.Key:
-// DESIGN.md §2 steps 3 to 8.
+// create path steps 3 to 8, docs/design.md.
 //
 // With req.ID set, a repeat of the same request is safe:
 //   - no sandbox has that id yet: it is created with it;
@@ -70,8 +69,7 @@ func (s *Service) Create(ctx context.Context, caller space.Caller, req CreateReq
 	// A retry of a failed row takes the usual path, which also keeps that row's
 	// history (its refused retries) as it always was.
 	if !retry {
-		if err := s.refuseEarly(ctx, caller, req.Shape); err != nil {
-			s.count("create", err)
+		if err := s.Refused(caller, req.Shape); err != nil {
 			return nil, err
 		}
 	}
@@ -146,7 +144,7 @@ func (s *Service) existing(ctx context.Context, client space.ClientID, id string
 }
 
 // CheckShape returns the EUNPROCESSABLE error that a cold start of shape would meet
-// (DESIGN.md §2 step 6), or nil: for the dispatcher to refuse a never-servable create
+// (create path step 6, docs/design.md), or nil: for the dispatcher to refuse a never-servable create
 // when it is queued rather than when it runs. Nothing is charged or reserved.
 func (s *Service) CheckShape(shape space.Shape) error {
 	_, err := s.opts.Catalog.Resolve(shape)
@@ -244,7 +242,7 @@ type activation struct {
 	transient space.SandboxState
 }
 
-// activate runs DESIGN.md §2 steps 4 to 8, in that order:
+// activate runs steps 4 to 8 of the create path (docs/design.md), in that order:
 //
 //  4. live-sandbox cap, checked atomically with the reservation (one transaction under
 //     a per-client advisory lock, taken only when the client has a cap);
@@ -297,9 +295,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 
 	tmpl, err := s.opts.Catalog.Resolve(sb.Shape)
 	if err == nil {
-		sent := time.Now()
-		err = s.opts.Charger.Charge(ctx, caller.Key, caller.ClientRate)
-		s.noteCharge(caller.Key, sent, err)
+		err = s.opts.Charger.Charge(ctx, caller.Key, caller.ClientRate, 1)
 	}
 	if err != nil {
 		if uerr := a.undo(ctx, sb, err); uerr != nil {

@@ -20,7 +20,7 @@ type Catalog struct {
 }
 
 // Resolve returns the template of shape, or an EUNPROCESSABLE error naming the field
-// that cannot be served (DESIGN.md §2 step 6). Nothing has been charged when it fails.
+// that cannot be served (create path step 6, docs/design.md). Nothing has been charged when it fails.
 func (c Catalog) Resolve(shape space.Shape) (substrate.Template, error) {
 	tmpl, ok := c.Templates[shape.Template]
 	if !ok {
@@ -59,7 +59,7 @@ const (
 
 var templateName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
-// ValidateCreate checks a create request's shape and metadata (DESIGN.md §2 step 3):
+// ValidateCreate checks a create request's shape and metadata (create path step 3, docs/design.md):
 // an EINVALID error naming the field, before any limit or bucket is touched. Whether
 // the shape can be served is Resolve's question, asked later.
 func ValidateCreate(shape space.Shape, metadata map[string]string) error {

@@ -13,21 +13,22 @@ import (
 )
 
 // benchCharger admits everything, or refuses everything as an empty client bucket
-// would; with refuser set it is also a sandbox.Refuser, so that the Service takes the
-// early refusal.
-type benchCharger struct{ refuse bool }
+// would; with known set it also knows the refusal ahead (Refused), so that the
+// Service takes the early refusal.
+type benchCharger struct{ refuse, known bool }
 
-func (c benchCharger) Charge(_ context.Context, client space.ClientKey, rate *space.Rate) error {
+func (c benchCharger) Charge(_ context.Context, client space.ClientKey, rate *space.Rate, _ int) error {
 	if c.refuse {
 		return &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Hour, Limit: rate}
 	}
 	return nil
 }
 
-type benchRefuser struct{ benchCharger }
-
-func (c benchRefuser) Refuse(ctx context.Context, client space.ClientKey, rate *space.Rate) *space.LimitError {
-	return c.Charge(ctx, client, rate).(*space.LimitError)
+func (c benchCharger) Refused(client space.ClientKey, rate *space.Rate, _ int) *space.LimitError {
+	if !c.known {
+		return nil
+	}
+	return &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Hour, Limit: rate}
 }
 
 // BenchmarkCreate is the flow of a create on the services' Postgres, the charge
@@ -37,31 +38,41 @@ func (c benchRefuser) Refuse(ctx context.Context, client space.ClientKey, rate *
 //   - cold: a cold admit of a client with no live cap;
 //   - rejected: a refused charge by the usual path: the row reserved under the
 //     client's lock (live cap 50) and deleted again;
-//   - rejected_early: the same refusal answered by the early refusal (one read,
-//     nothing reserved), which the usual path's first refusal turns on.
+//   - rejected_early: the same refusal known ahead and answered by the early refusal
+//     (Service.Refused): no Postgres, nothing reserved.
 func BenchmarkCreate(b *testing.B) {
 	shape := space.Shape{Template: "python-3.12", CPUMillis: 500, MemoryMiB: 1024, DiskGiB: 5}
 	templates := substrate.Templates{"python-3.12": {Name: "python-3.12", Image: "python:3.12-slim"}}
 	for _, c := range []struct {
 		name    string
-		charger sandbox.Charger
+		charger space.Charger
 		caller  space.Caller
 		ok      bool
 	}{
 		{"cold", benchCharger{}, space.Caller{ID: "acme", Key: "acme"}, true},
 		{"rejected", benchCharger{refuse: true}, space.Caller{ID: "acme", Key: "acme", LiveSandboxes: 50}, false},
-		{"rejected_early", benchRefuser{benchCharger{refuse: true}}, space.Caller{ID: "acme", Key: "acme", LiveSandboxes: 50}, false},
+		{"rejected_early", benchCharger{refuse: true, known: true}, space.Caller{ID: "acme", Key: "acme", LiveSandboxes: 50}, false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			db := testenv.DB(b)
+			ctx := testenv.Context(b)
+			synced := make(chan struct{}, 1)
+			view := pool.NewView(pool.ViewOptions{DB: db,
+				Targets: func(context.Context) ([]pool.Target, error) { return nil, nil },
+				OnChange: func() {
+					select {
+					case synced <- struct{}{}:
+					default:
+					}
+				}})
+			go view.Run(ctx)
+			<-synced
 			sim := substrate.NewSimulated(substrate.SimulatedOptions{})
 			svc := sandbox.New(sandbox.Options{
-				DB: db, Pool: pool.New(pool.Options{DB: db, Substrate: sim}), Substrate: sim, Charger: c.charger,
+				DB: db, Pool: pool.New(pool.Options{DB: db, Substrate: sim}), Substrate: sim, Charger: c.charger, View: view,
 				Catalog: sandbox.Catalog{Templates: templates, Max: space.Shape{CPUMillis: 8000, MemoryMiB: 16384, DiskGiB: 100}},
 			})
-			ctx := testenv.Context(b)
 			req := sandbox.CreateRequest{Shape: shape}
-			_, _ = svc.Create(ctx, c.caller, req) // the first refusal turns the early refusal on
 			b.ReportAllocs()
 			for b.Loop() {
 				_, err := svc.Create(ctx, c.caller, req)

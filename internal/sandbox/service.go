@@ -1,49 +1,35 @@
 // Package sandbox is the create/restore/pause/wake flow that the HTTP API and the
-// dispatcher share (DESIGN.md §2). Its one rule is the order of the steps of an
-// activation: live-sandbox cap, then the warm pool, then cold shape resolution, then
-// the admission charge, then the cold start — so that a warm hit never costs budget and
-// a request that cannot be served never spends a token.
+// dispatcher share (docs/design.md, "The create path"). Its one rule is the order of
+// the steps of an activation: live-sandbox cap, then the warm pool, then cold shape
+// resolution, then the admission charge, then the cold start, so that a warm hit never
+// costs budget and a request that cannot be served never spends a token.
+//
+// activate.go is the activation flow, refuse.go the refusal answered before it, and
+// sandboxes.go the plain reads and changes; reconcile.go settles what a crash leaves.
 package sandbox
 
 import (
-	"context"
 	"log/slog"
-	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/metric"
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/substrate"
 )
-
-// Charger charges one activation to the cluster bucket and, when rate is not nil, to
-// client's bucket, both or neither (internal/admission). A *space.LimitError means a
-// bucket was empty and nothing was charged.
-type Charger interface {
-	Charge(ctx context.Context, client space.ClientKey, rate *space.Rate) error
-}
-
-// Refuser is a Charger that can also tell, without charging anything, that a charge
-// would be refused now (internal/admission's Admitter.Refused). With it the Service
-// answers a create of a client whose charges it has just seen refused without
-// reserving and undoing a sandbox row first (see refuseEarly).
-type Refuser interface {
-	// Refuse returns the *space.LimitError that a Charge now would return, counted as
-	// that Charge would count it; nil when the charge would not be refused or when it
-	// cannot tell (a Redis error, shadow mode): the caller then charges as usual.
-	Refuse(ctx context.Context, client space.ClientKey, rate *space.Rate) *space.LimitError
-}
 
 // Options configure a Service.
 type Options struct {
 	DB        *pgxpool.Pool
 	Pool      *pool.Pool
 	Substrate substrate.Substrate
-	Charger   Charger
+	Charger   space.Charger
 	Catalog   Catalog
+	// View, when set, tells which shapes a create would miss the pool for without a
+	// query, for Refused; nil refuses nothing early.
+	View *pool.View
 	// OnClaim is called after a warm slot is claimed, e.g. to kick the replenisher.
 	OnClaim    func()
 	Registerer prometheus.Registerer
@@ -55,14 +41,6 @@ type Service struct {
 	opts   Options
 	logger *slog.Logger
 	starts *prometheus.CounterVec
-
-	// refused remembers, per client key, until when this replica knows that the
-	// client's charges fail: the refill time its last refused charge reported, counted
-	// from before that charge was sent. It only chooses the path of the next create
-	// (refuseEarly); the decision itself is always Redis's. Keys are bounded client
-	// keys, so the map is bounded by the allowlist.
-	refused sync.Map // space.ClientKey -> *atomic.Int64, nanoseconds since epoch
-	epoch   time.Time
 }
 
 // New returns a Service.
@@ -70,7 +48,7 @@ func New(opts Options) *Service {
 	if opts.OnClaim == nil {
 		opts.OnClaim = func() {}
 	}
-	s := &Service{opts: opts, logger: opts.Logger, epoch: time.Now()}
+	s := &Service{opts: opts, logger: opts.Logger}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
@@ -78,9 +56,7 @@ func New(opts Options) *Service {
 		Name: "space_sandbox_activations_total",
 		Help: "Sandbox activations by kind (create, restore) and outcome (warm, cold, failed, rejected, unprocessable).",
 	}, []string{"kind", "outcome"})
-	if opts.Registerer != nil {
-		opts.Registerer.MustRegister(s.starts)
-	}
+	s.starts = metric.Register(opts.Registerer, s.starts)
 	return s
 }
 

@@ -41,15 +41,27 @@ func (e *events) list() []string {
 	return append([]string(nil), e.log...)
 }
 
-// charger records each charge and rejects while reject says so.
+// charger records each charge and rejects while reject says so; Refused refuses,
+// recording "refuse:<client>", while known says the refusal is known ahead.
 type charger struct {
 	events *events
 	mu     sync.Mutex
 	reject func(client space.ClientKey) bool
+	known  func(client space.ClientKey) bool
 	calls  map[space.ClientKey]int
 }
 
-func (c *charger) Charge(_ context.Context, client space.ClientKey, rate *space.Rate) error {
+func (c *charger) Refused(client space.ClientKey, rate *space.Rate, _ int) *space.LimitError {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.known == nil || !c.known(client) {
+		return nil
+	}
+	c.events.add("refuse:" + string(client))
+	return &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Second, Limit: rate}
+}
+
+func (c *charger) Charge(_ context.Context, client space.ClientKey, rate *space.Rate, _ int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.reject != nil && c.reject(client) {
