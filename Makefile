@@ -3,7 +3,7 @@
 SHELL := /usr/bin/env bash
 
 .DEFAULT_GOAL := help
-.PHONY: help run test services services-down services-clean bench lint build image
+.PHONY: help run test test-stress services services-down services-clean bench lint build image
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -13,6 +13,9 @@ run: ## serve locally: starts Postgres and Redis if needed, migrates, demo flags
 
 test: ## the whole suite (race detector on) against real Postgres, Redis and Redis Cluster
 	scripts/test.sh
+
+test-stress: ## hunt flaky tests: the timing-sensitive packages 5 times under -race, the suite beside them as load
+	scripts/stress.sh
 
 services: ## start local Postgres, Redis and a 3-node Redis Cluster on loopback
 	scripts/services.sh up

@@ -14,6 +14,7 @@ import (
 	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/flags"
+	"github.com/space-sandbox/space/internal/substrate"
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
@@ -267,60 +268,57 @@ func TestConcurrencyCap(t *testing.T) {
 		t.Parallel()
 		const capN, extra = 3, 2
 		s := startServer(t, e2eOptions{
-			quota: `{"clients": {"acme": {"concurrency": 3}, "globex": {"concurrency": 3}}, "default": {"live_sandboxes": 100}}`,
-			config: func(c *config.Config) {
-				// Long enough that all five overlap however loaded the machine is.
-				c.Sandbox.SimulatedColdStart = 2500 * time.Millisecond
-			}})
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var codes []int
+			quota: `{"clients": {"acme": {"concurrency": 3}, "globex": {"concurrency": 3}}, "default": {"live_sandboxes": 100}}`})
+		// The cold starts are held until the test lets them go: the first three creates
+		// hold acme's places for as long as the test needs, however slow the machine.
+		release := s.m.Substrate.(*substrate.Simulated).Gate(substrate.OpStartCold)
+		defer release()
+		codes := make(chan int, capN+extra)
 		var problems []api.Problem
-		start := make(chan struct{})
-		for range capN + extra {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				r := s.do("POST", "/v1/sandboxes", "acme", pythonBody)
-				mu.Lock()
-				defer mu.Unlock()
-				codes = append(codes, r.StatusCode)
-				if r.StatusCode == 429 {
-					p := r.problem(t)
-					if r.Header.Get("Retry-After") == "" {
-						t.Error("a concurrency 429 without Retry-After")
-					}
-					problems = append(problems, p)
+		var mu sync.Mutex
+		send := func() {
+			r := s.do("POST", "/v1/sandboxes", "acme", pythonBody)
+			if r.StatusCode == 429 {
+				p := r.problem(t)
+				if r.Header.Get("Retry-After") == "" {
+					t.Error("a concurrency 429 without Retry-After")
 				}
-			}()
+				mu.Lock()
+				problems = append(problems, p)
+				mu.Unlock()
+			}
+			codes <- r.StatusCode
 		}
-		close(start)
-		// While acme's slow creates hold its places, globex gets through.
-		testenv.Eventually(t, 10*time.Second, "acme's creates to be in flight", func() bool {
+		for range capN {
+			go send()
+		}
+		testenv.Eventually(t, 30*time.Second, "acme's creates to hold its places", func() bool {
 			n, err := s.m.Redis.ZCard(testenv.Context(t), s.m.RedisPrefix+":client_concurrency:acme").Result()
 			if err != nil {
 				t.Fatalf("read acme's leases: %v", err)
 			}
 			return n == capN
 		})
+		// With every place held, each further create of acme is refused, and only
+		// acme's: globex gets through.
+		for range extra {
+			send()
+		}
 		if r := s.do("GET", "/v1/sandboxes", "globex", ""); r.StatusCode != 200 {
 			t.Fatalf("globex during acme's burst = %d", r.StatusCode)
 		}
-		wg.Wait()
-		ok := 0
-		for _, c := range codes {
-			if c == 201 {
-				ok++
-			}
+		release()
+		got := map[int]int{}
+		for range capN + extra {
+			got[<-codes]++
 		}
 		// A lease call that fails open admits without a place (the designed behaviour of
 		// an unreachable Redis); none may have here, or the count proves nothing.
 		if errs := s.metric("space_client_concurrency_decisions_total", `decision="error"`); errs != 0 {
-			t.Fatalf("%v lease calls failed open: the count %v says nothing about the limiter", errs, codes)
+			t.Fatalf("%v lease calls failed open: the count %v says nothing about the limiter", errs, got)
 		}
-		if ok != capN || len(problems) != extra {
-			t.Fatalf("codes %v, want %d created and %d refused", codes, capN, extra)
+		if got[201] != capN || got[429] != extra || len(problems) != extra {
+			t.Fatalf("codes %v, want %d created and %d refused", got, capN, extra)
 		}
 		for _, p := range problems {
 			if p.Bucket != space.BucketClientConcurrency || p.Client != "acme" || !strings.Contains(p.Detail, "in flight") {

@@ -64,6 +64,7 @@ type Simulated struct {
 
 	mu    sync.Mutex
 	calls []Call
+	gates map[Op]chan struct{}
 }
 
 // simResource is one resource as the simulated substrate keeps it.
@@ -146,11 +147,43 @@ func (s *Simulated) IsRunning(ref string) bool {
 	return ok
 }
 
-// begin records c, waits its latency and asks the failure hook.
+// Gate holds every call of op, from now until release is called, as a substrate that
+// takes its time would: a test holds cold starts in flight for as long as it needs
+// them there, instead of guessing a latency long enough on a loaded machine.
+func (s *Simulated) Gate(op Op) (release func()) {
+	gate := make(chan struct{})
+	s.mu.Lock()
+	if s.gates == nil {
+		s.gates = map[Op]chan struct{}{}
+	}
+	s.gates[op] = gate
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			if s.gates[op] == gate {
+				delete(s.gates, op)
+			}
+			s.mu.Unlock()
+			close(gate)
+		})
+	}
+}
+
+// begin records c, waits at its gate and its latency, and asks the failure hook.
 func (s *Simulated) begin(ctx context.Context, c Call) error {
 	s.mu.Lock()
 	s.calls = append(s.calls, c)
+	gate := s.gates[c.Op]
 	s.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("simulated %s: %w", c.Op, ctx.Err())
+		case <-gate:
+		}
+	}
 	if d := s.opts.Latency[c.Op]; d > 0 {
 		t := time.NewTimer(d)
 		defer t.Stop()
