@@ -88,6 +88,9 @@ type Sandbox struct {
 	Client ClientID     `json:"client"`
 	State  SandboxState `json:"state"`
 	Shape
+	// TemplateVersion is the version (a content hash) of the template the sandbox's
+	// last activation ran, warm or cold.
+	TemplateVersion string `json:"template_version"`
 	// Warm is true when the sandbox was adopted from a warm pool slot on its last
 	// activation rather than cold started.
 	Warm      bool              `json:"warm"`

@@ -23,6 +23,7 @@ import (
 	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/pool"
+	"github.com/space-sandbox/space/internal/reload"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/store"
 	"github.com/space-sandbox/space/internal/substrate"
@@ -48,6 +49,9 @@ type Main struct {
 	// OnPoolView, when set before Run, is told of every change of the warm pool view
 	// (internal/pool.View).
 	OnPoolView func()
+	// OnTemplatesReload, when set before Run, is told of every reload of the templates
+	// file that saw something new.
+	OnTemplatesReload func(reload.Result)
 
 	DB          *pgxpool.Pool
 	Redis       redis.UniversalClient
@@ -56,6 +60,7 @@ type Main struct {
 	Admitter    *admission.Admitter
 	Breaker     *admission.Breaker
 	Substrate   substrate.Substrate
+	Templates   *substrate.TemplateStore
 	Pool        *pool.Pool
 	PoolView    *pool.View
 	Replenisher *pool.Replenisher
@@ -153,6 +158,7 @@ func (m *Main) Run(ctx context.Context) error {
 		m.background(func(ctx context.Context) { m.Reconciler.Run(ctx, nil) })
 	}
 	m.background(m.PoolView.Run)
+	m.background(m.Templates.Run)
 	m.Logger.Info("space-api serving", "version", Version(),
 		"public", m.publicLn.Addr().String(), "internal", m.internalLn.Addr().String())
 	return nil

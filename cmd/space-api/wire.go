@@ -27,10 +27,18 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	cfg := m.Config
 	opts := api.Options{}
 
-	templates, err := substrate.LoadTemplates(cfg.Sandbox.TemplatesFile)
+	templates, err := substrate.OpenTemplates(substrate.TemplateStoreOptions{
+		Path:         cfg.Sandbox.TemplatesFile,
+		PollInterval: cfg.Sandbox.TemplatesPollInterval,
+		Check:        m.checkTemplates,
+		Registerer:   m.Registry,
+		Logger:       m.Logger,
+		OnReload:     m.OnTemplatesReload,
+	})
 	if err != nil {
 		return opts, err
 	}
+	m.Templates = templates
 
 	flagClient, err := m.flags(ctx)
 	if err != nil {
@@ -80,22 +88,23 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	}
 	m.onClose(func(context.Context) error { concurrency.Close(); return nil })
 
-	sub, err := m.substrate(templates)
+	sub, err := m.substrate()
 	if err != nil {
 		return opts, err
 	}
 	m.Substrate = sub
 	m.Pool = pool.New(pool.Options{DB: m.DB, Substrate: sub, Registerer: m.Registry, Logger: m.Logger})
 	m.PoolView = pool.NewView(pool.ViewOptions{DB: m.DB, Targets: m.poolTargets, Logger: m.Logger, OnChange: m.onPoolView})
+	catalog := sandbox.Catalog{Templates: templates, Max: cfg.Sandbox.MaxShape}
 	m.Replenisher = pool.NewReplenisher(pool.ReplenisherOptions{
-		Pool: m.Pool, Substrate: sub, Templates: templates, Charger: m.Admitter,
+		Pool: m.Pool, Substrate: sub, Resolve: catalog.Resolve, Charger: m.Admitter,
 		Targets:    m.poolTargets,
 		Registerer: m.Registry,
 		Logger:     m.Logger,
 	})
 	m.Sandboxes = sandbox.New(sandbox.Options{
 		DB: m.DB, Pool: m.Pool, Substrate: sub, Charger: m.Admitter, View: m.PoolView,
-		Catalog:    sandbox.Catalog{Templates: templates, Max: cfg.Sandbox.MaxShape},
+		Catalog:    catalog,
 		OnClaim:    m.Replenisher.Kick,
 		Registerer: m.Registry,
 		Logger:     m.Logger,
@@ -195,14 +204,35 @@ func (m *Main) poolTargets(ctx context.Context) ([]pool.Target, error) {
 	return out, nil
 }
 
-func (m *Main) substrate(templates substrate.Templates) (substrate.Substrate, error) {
+// checkTemplates refuses, at start and at every reload of the templates file, the
+// templates this replica could not serve: one whose pod spec does not decode (the
+// kubernetes substrate), and one whose activation cost is above a bucket's burst, which
+// could never be admitted. A reload refused here keeps the last good templates.
+func (m *Main) checkTemplates(ts substrate.Templates) error {
+	if m.Config.Sandbox.Substrate == kubernetes.Name {
+		if err := kubernetes.CheckTemplates(ts); err != nil {
+			return err
+		}
+	}
+	a := m.Config.Admission
+	if !a.Enabled {
+		return nil
+	}
+	for _, name := range ts.Names() {
+		cost := int64(ts[name].ActivationCost())
+		if cost > a.Cluster.Burst {
+			return fmt.Errorf("template %q: activation_cost %d is above the cluster_activation bucket's burst %d (SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST): it could never be admitted", name, cost, a.Cluster.Burst)
+		}
+		if a.Client != nil && cost > a.Client.Burst {
+			return fmt.Errorf("template %q: activation_cost %d is above the client_activation bucket's burst %d (SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_BURST): it could never be admitted", name, cost, a.Client.Burst)
+		}
+	}
+	return nil
+}
+
+func (m *Main) substrate() (substrate.Substrate, error) {
 	switch m.Config.Sandbox.Substrate {
 	case "kubernetes":
-		// A template whose pod spec does not decode fails the start, not the first
-		// create of that template.
-		if err := kubernetes.CheckTemplates(templates); err != nil {
-			return nil, fmt.Errorf("SPACE_TEMPLATES_FILE: %w", err)
-		}
 		return kubernetes.NewFromEnv(m.Getenv, nil, m.Logger)
 	default: // "simulated"; config.Load accepts nothing else
 		c := m.Config.Sandbox

@@ -846,10 +846,20 @@ flags:
 		t.Errorf("the flags change did not reach the ConfigMap")
 	}
 
+	// Templates are reloaded live too: a template change reaches the ConfigMap and
+	// leaves the pods running.
+	templateChanged := render(t, "-f", fullValues, "--set", "sandboxTemplates.python-3\\.12.image=python:3.13-slim")
+	if tmpl, _ := podTemplate(templateChanged); tmpl != baseTemplate {
+		t.Errorf("a template-only change altered the pod template, which would restart every pod")
+	}
+	tname := release + "-space-api-templates"
+	if get[*corev1.ConfigMap](t, templateChanged, "ConfigMap", tname).Data["templates.json"] == get[*corev1.ConfigMap](t, base, "ConfigMap", tname).Data["templates.json"] {
+		t.Errorf("the template change did not reach the ConfigMap")
+	}
+
 	for what, args := range map[string][]string{
 		"cluster rate":    {"--set", "admission.refillRps=10"},
 		"redis addresses": {"--set", "redis.addrs={redis-a:6379}"},
-		"a template":      {"--set", "sandboxTemplates.python-3\\.12.image=python:3.13-slim"},
 	} {
 		_, sum := podTemplate(render(t, append([]string{"-f", fullValues}, args...)...))
 		if sum == baseSum {

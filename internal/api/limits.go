@@ -26,7 +26,10 @@ type LimitsBody struct {
 	ClientRate    ClientBucketBody      `json:"client_activation"`
 	Concurrency   *int                  `json:"concurrency"`    // null: no cap
 	LiveSandboxes *int                  `json:"live_sandboxes"` // null: no cap
-	Warnings      []string              `json:"warnings,omitempty"`
+	// ActivationCosts is how many tokens one activation of each template takes from
+	// both activation buckets.
+	ActivationCosts map[string]int `json:"activation_costs"`
+	Warnings        []string       `json:"warnings,omitempty"`
 }
 
 // BucketBody is one token bucket as enforced.
@@ -67,6 +70,7 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
 		ClientRate:       ClientBucketBody{Status: "none", Source: l.RateSource},
 		Concurrency:      capOrNull(l.Concurrency),
 		LiveSandboxes:    capOrNull(l.LiveSandboxes),
+		ActivationCosts:  s.sandboxes.Costs(),
 	}
 	// The same Admitter that enforces says how: a read of the very buckets Admit would
 	// charge, taking no token.

@@ -135,6 +135,9 @@ type Flags struct {
 type Sandbox struct {
 	// TemplatesFile is SPACE_TEMPLATES_FILE: template name to what the substrate needs.
 	TemplatesFile string
+	// TemplatesPollInterval is how often the templates file is checked for a change
+	// (SPACE_TEMPLATES_POLL_INTERVAL, default 2s): it is reloaded live.
+	TemplatesPollInterval time.Duration
 	// Substrate is "simulated" (default) or "kubernetes" (SPACE_SUBSTRATE).
 	Substrate string
 	// MaxShape holds the shape caps (SPACE_MAX_CPU_MILLIS default 16000,
@@ -199,9 +202,10 @@ func Default() Config {
 		},
 		Flags: Flags{PollInterval: 2 * time.Second},
 		Sandbox: Sandbox{
-			Substrate:    "simulated",
-			MaxShape:     space.Shape{CPUMillis: 16000, MemoryMiB: 65536, DiskGiB: 100},
-			MaxBodyBytes: 64 << 10,
+			Substrate:             "simulated",
+			TemplatesPollInterval: 2 * time.Second,
+			MaxShape:              space.Shape{CPUMillis: 16000, MemoryMiB: 65536, DiskGiB: 100},
+			MaxBodyBytes:          64 << 10,
 		},
 		Dispatcher: Dispatcher{Workers: 10, AdmissionDeadline: 10 * time.Minute, MaxSnooze: time.Minute, MaxAttempts: 5},
 		Reconcile:  Reconcile{Interval: 10 * time.Second, Grace: 30 * time.Second},
@@ -258,6 +262,7 @@ func Load(getenv func(string) string) (Config, error) {
 
 	r.str("SPACE_TEMPLATES_FILE", &c.Sandbox.TemplatesFile, nil)
 	r.required("SPACE_TEMPLATES_FILE", c.Sandbox.TemplatesFile, `a templates file: {"templates": {"<name>": {"image": ...}}}`)
+	r.duration("SPACE_TEMPLATES_POLL_INTERVAL", &c.Sandbox.TemplatesPollInterval)
 	r.oneOf("SPACE_SUBSTRATE", &c.Sandbox.Substrate, Substrates...)
 	r.positive("SPACE_MAX_CPU_MILLIS", &c.Sandbox.MaxShape.CPUMillis)
 	r.positive("SPACE_MAX_MEMORY_MIB", &c.Sandbox.MaxShape.MemoryMiB)

@@ -377,7 +377,7 @@ func (d *Dispatcher) replay(ctx context.Context, op *row) (*space.Operation, err
 func (d *Dispatcher) precheck(ctx context.Context, req Request, op *row) error {
 	switch op.Kind {
 	case space.OperationCreate:
-		return d.opts.Sandboxes.CheckShape(req.Create.Shape)
+		return d.opts.Sandboxes.CheckShape(d.opts.Callers.Resolve(ctx, op.Client), req.Create.Shape)
 	case space.OperationRestore:
 		sb, err := d.opts.Sandboxes.Get(ctx, op.Client, op.SandboxID)
 		if err != nil {

@@ -16,14 +16,6 @@ const (
 	stateDisabled = "DISABLED"
 )
 
-// flagSet is one loaded flags file: what the provider serves until the next good file.
-// It is never modified once built, so evaluations read it without a lock.
-type flagSet struct {
-	flags map[string]*flag
-	// hash is the hex SHA-256 of the file content it was built from.
-	hash string
-}
-
 // flag is one flag definition, reduced to what a static evaluation needs.
 type flag struct {
 	enabled  bool

@@ -2,19 +2,16 @@ package flags
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/open-feature/go-sdk/openfeature"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/space-sandbox/space/internal/reload"
 )
 
 // DefaultPollInterval is how often the file provider checks its file when
@@ -104,13 +101,11 @@ type FileProvider struct {
 	log        *slog.Logger
 	validators map[string]func(any) error
 	onReload   func(ReloadResult)
-	metrics    providerMetrics
 
-	current atomic.Pointer[flagSet]
-	events  chan openfeature.Event
+	file   *reload.File[map[string]*flag]
+	events chan openfeature.Event
 
-	reloadMu sync.Mutex // serializes checks; guards lastSeen
-	lastSeen string     // fingerprint of the last check: a content hash or an error text
+	reloadMu sync.Mutex // serializes Reload's check and its report
 
 	runMu sync.Mutex // guards stop and done
 	stop  chan struct{}
@@ -140,7 +135,6 @@ func NewFileProvider(opts FileProviderOptions) (*FileProvider, error) {
 		log:        opts.Logger,
 		validators: opts.Validators,
 		onReload:   opts.OnReload,
-		metrics:    newProviderMetrics(opts.Registerer),
 		// Buffered so that a reload never waits on the API's listener; see emit.
 		events: make(chan openfeature.Event, 16),
 	}
@@ -153,34 +147,30 @@ func NewFileProvider(opts FileProviderOptions) (*FileProvider, error) {
 	if p.validators == nil {
 		p.validators = DefaultValidators()
 	}
-	data, err := os.ReadFile(p.path)
-	if err != nil {
-		return nil, fmt.Errorf("flags file %s: %w", p.path, err)
-	}
-	set, err := p.build(data)
-	if err != nil {
-		return nil, fmt.Errorf("flags file %s: %w", p.path, err)
-	}
-	p.current.Store(set)
-	p.lastSeen = set.hash
-	p.metrics.loaded(time.Now())
-	return p, nil
-}
-
-func (p *FileProvider) build(data []byte) (*flagSet, error) {
-	flags, err := parseFlagsFile(data, p.validators)
+	var err error
+	p.file, err = reload.Open(reload.Options[map[string]*flag]{
+		Path: p.path, What: "flags file", Metric: "space_flags", Registerer: opts.Registerer, Logger: p.log,
+		Parse: func(data []byte) (map[string]*flag, error) { return parseFlagsFile(data, p.validators) },
+	})
 	if err != nil {
 		return nil, err
 	}
-	sum := sha256.Sum256(data)
-	return &flagSet{flags: flags, hash: hex.EncodeToString(sum[:])}, nil
+	return p, nil
+}
+
+func (p *FileProvider) flags() map[string]*flag {
+	f, _ := p.file.Current()
+	return f
 }
 
 // Path is the file the provider reads.
 func (p *FileProvider) Path() string { return p.path }
 
 // Hash is the hex SHA-256 of the file content in service.
-func (p *FileProvider) Hash() string { return p.current.Load().hash }
+func (p *FileProvider) Hash() string {
+	_, h := p.file.Current()
+	return h
+}
 
 // Reload checks the file now, as a poll does, and returns what it found. Polls and
 // Reload calls are serialized. It is for a SIGHUP handler and for tests.
@@ -194,57 +184,28 @@ func (p *FileProvider) Reload() ReloadResult {
 	return res
 }
 
-// check reads the file and swaps in its flags when they are new and good. The caller
-// holds reloadMu.
+// check reads the file and swaps in its flags when they are new and good, emitting a
+// configuration-changed event naming the flags that changed. The caller holds
+// reloadMu.
 func (p *FileProvider) check() ReloadResult {
-	cur := p.current.Load()
-	data, err := os.ReadFile(p.path)
-	if err != nil {
-		// A missing file is reported once, not once a poll, until it changes.
-		fingerprint := "error: " + err.Error()
-		if fingerprint == p.lastSeen {
-			return ReloadResult{Unchanged: true, Err: err, Hash: cur.hash}
-		}
-		p.lastSeen = fingerprint
-		return p.failed(fmt.Errorf("flags file %s: %w", p.path, err), cur)
+	res, prev, next := p.file.Check()
+	out := ReloadResult{Unchanged: res.Unchanged, Err: res.Err, Hash: res.Hash}
+	if !res.Swapped {
+		return out
 	}
-	sum := sha256.Sum256(data)
-	hash := hex.EncodeToString(sum[:])
-	if hash == p.lastSeen {
-		return ReloadResult{Unchanged: true, Hash: cur.hash}
-	}
-	p.lastSeen = hash
-	if hash == cur.hash {
-		// The good file is back after an error: nothing to swap, but the file is sane again.
-		p.metrics.reloaded(true, time.Now())
-		p.log.Info("flags file readable again; flags unchanged", "path", p.path, "hash", short(hash))
-		return ReloadResult{Hash: hash}
-	}
-	next, err := p.build(data)
-	if err != nil {
-		return p.failed(fmt.Errorf("flags file %s: %w", p.path, err), cur)
-	}
-	changed := changedFlags(cur.flags, next.flags)
-	p.current.Store(next)
-	p.metrics.reloaded(true, time.Now())
-	p.log.Info("flags file reloaded", "path", p.path, "hash", short(hash), "changed", changed)
-	if len(changed) > 0 {
+	out.Changed = changedFlags(prev, next)
+	p.log.Info("flags file reloaded", "path", p.path, "hash", short(res.Hash), "changed", out.Changed)
+	if len(out.Changed) > 0 {
 		p.emit(openfeature.Event{
 			ProviderName: ProviderName,
 			EventType:    openfeature.ProviderConfigChange,
 			ProviderEventDetails: openfeature.ProviderEventDetails{
 				Message:     "flags file reloaded",
-				FlagChanges: changed,
+				FlagChanges: out.Changed,
 			},
 		})
 	}
-	return ReloadResult{Changed: changed, Hash: hash}
-}
-
-func (p *FileProvider) failed(err error, cur *flagSet) ReloadResult {
-	p.metrics.reloaded(false, time.Now())
-	p.log.Error("flags file reload failed; keeping the last good flags", "path", p.path, "error", err, "hash_in_service", short(cur.hash))
-	return ReloadResult{Err: err, Hash: cur.hash}
+	return out
 }
 
 // emit hands an event to the OpenFeature API without ever blocking a reload: the API
@@ -319,7 +280,7 @@ func (p *FileProvider) Hooks() []openfeature.Hook { return nil }
 
 // lookup returns the flag's served value, or the resolution detail of why there is none.
 func (p *FileProvider) lookup(key string) (*flag, openfeature.ProviderResolutionDetail, bool) {
-	f, ok := p.current.Load().flags[key]
+	f, ok := p.flags()[key]
 	if !ok {
 		return nil, openfeature.ProviderResolutionDetail{
 			ResolutionError: openfeature.NewFlagNotFoundResolutionError("flag " + key + " is not in the flags file"),

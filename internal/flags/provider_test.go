@@ -236,7 +236,7 @@ func TestFileProviderReload(t *testing.T) {
 		if got := f.acmeBurst(); got != 40 {
 			t.Errorf("burst = %d, want the last good 40", got)
 		}
-		if n := f.logs.count(slog.LevelError, "flags file reload failed; keeping the last good flags", nil); n != 1 {
+		if n := f.logs.count(slog.LevelError, "flags file reload failed; keeping the last good one", nil); n != 1 {
 			t.Errorf("%d error logs, want 1 (not one per poll)", n)
 		}
 		content := quotaFile(otherQuota)

@@ -26,6 +26,8 @@ import (
 type Slot struct {
 	ID    string
 	Shape space.Shape
+	// Version is the template version the slot was warmed from.
+	Version string
 	// Ref is the slot's reference on the substrate.
 	Ref string
 }
@@ -63,21 +65,24 @@ func New(opts Options) *Pool {
 	return p
 }
 
-// Claim marks the oldest ready slot of exactly shape as claimed by sandboxID, inside
-// tx, and returns it; nil when there is none. SKIP LOCKED lets concurrent claims pass
-// each other instead of queueing on one row, and never hands one slot to two claims.
-func (p *Pool) Claim(ctx context.Context, tx pgx.Tx, shape space.Shape, sandboxID string) (*Slot, error) {
-	slot := &Slot{Shape: shape}
-	err := tx.QueryRow(ctx, `UPDATE pool_slots SET state = 'claimed', sandbox_id = $5, updated_at = now()
+// Claim marks the oldest ready slot of exactly shape, warmed from template version,
+// as claimed by sandboxID, inside tx, and returns it; nil when there is none. A slot of
+// another version (the template changed since it was warmed) is never claimed: the
+// replenisher retires it. SKIP LOCKED lets concurrent claims pass each other instead
+// of queueing on one row, and never hands one slot to two claims.
+func (p *Pool) Claim(ctx context.Context, tx pgx.Tx, shape space.Shape, version, sandboxID string) (*Slot, error) {
+	slot := &Slot{Shape: shape, Version: version}
+	err := tx.QueryRow(ctx, `UPDATE pool_slots SET state = 'claimed', sandbox_id = $6, updated_at = now()
 		WHERE id = (
 			SELECT id FROM pool_slots
 			WHERE state = 'ready' AND template = $1 AND cpu_millis = $2 AND memory_mib = $3 AND disk_gib = $4
+				AND template_version = $5
 			ORDER BY created_at
 			LIMIT 1
 			FOR UPDATE SKIP LOCKED
 		)
 		RETURNING id::text, coalesce(substrate_ref, '')`,
-		shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB, sandboxID,
+		shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB, version, sandboxID,
 	).Scan(&slot.ID, &slot.Ref)
 	if errors.Is(err, pgx.ErrNoRows) {
 		p.claims.WithLabelValues("miss").Inc()
@@ -112,38 +117,44 @@ func (p *Pool) Discard(ctx context.Context, slot *Slot) {
 	}
 }
 
-// counts returns ready+warming slots by shape: what the replenisher fills toward.
-func (p *Pool) counts(ctx context.Context) (map[space.Shape]int, map[space.Shape]int, error) {
-	rows, err := p.db.Query(ctx, `SELECT template, cpu_millis, memory_mib, disk_gib, state, count(*)
+// kind is a shape warmed from one template version: the unit the replenisher counts.
+type kind struct {
+	Shape   space.Shape
+	Version string
+}
+
+// counts returns the ready and the warming slots by shape and template version.
+func (p *Pool) counts(ctx context.Context) (ready, warming map[kind]int, err error) {
+	rows, err := p.db.Query(ctx, `SELECT template, cpu_millis, memory_mib, disk_gib, template_version, state, count(*)
 		FROM pool_slots WHERE state IN ('ready', 'warming')
-		GROUP BY template, cpu_millis, memory_mib, disk_gib, state`)
+		GROUP BY template, cpu_millis, memory_mib, disk_gib, template_version, state`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("count slots: %w", err)
 	}
 	defer rows.Close()
-	ready, warming := map[space.Shape]int{}, map[space.Shape]int{}
+	ready, warming = map[kind]int{}, map[kind]int{}
 	for rows.Next() {
-		var s space.Shape
+		var k kind
 		var state string
 		var n int
-		if err := rows.Scan(&s.Template, &s.CPUMillis, &s.MemoryMiB, &s.DiskGiB, &state, &n); err != nil {
+		if err := rows.Scan(&k.Shape.Template, &k.Shape.CPUMillis, &k.Shape.MemoryMiB, &k.Shape.DiskGiB, &k.Version, &state, &n); err != nil {
 			return nil, nil, fmt.Errorf("count slots: %w", err)
 		}
 		if state == "ready" {
-			ready[s] = n
+			ready[k] = n
 		} else {
-			warming[s] = n
+			warming[k] = n
 		}
 	}
 	return ready, warming, rows.Err()
 }
 
-// insertWarming records a slot about to warm, so that it counts toward the target
-// before the (slow) warm-up starts.
-func (p *Pool) insertWarming(ctx context.Context, shape space.Shape) (string, error) {
+// insertWarming records a slot about to warm from template version, so that it counts
+// toward the target before the (slow) warm-up starts.
+func (p *Pool) insertWarming(ctx context.Context, k kind) (string, error) {
 	id := uuid.NewString()
-	_, err := p.db.Exec(ctx, `INSERT INTO pool_slots (id, template, cpu_millis, memory_mib, disk_gib, state)
-		VALUES ($1, $2, $3, $4, $5, 'warming')`, id, shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB)
+	_, err := p.db.Exec(ctx, `INSERT INTO pool_slots (id, template, cpu_millis, memory_mib, disk_gib, template_version, state)
+		VALUES ($1, $2, $3, $4, $5, $6, 'warming')`, id, k.Shape.Template, k.Shape.CPUMillis, k.Shape.MemoryMiB, k.Shape.DiskGiB, k.Version)
 	if err != nil {
 		return "", fmt.Errorf("insert warming slot: %w", err)
 	}
@@ -170,15 +181,16 @@ func (p *Pool) deleteSlot(ctx context.Context, id string) error {
 	return nil
 }
 
-// retire removes up to n ready slots of shape, newest first, and stops them.
-func (p *Pool) retire(ctx context.Context, shape space.Shape, n int) (int, error) {
+// retire removes up to n ready slots of a kind, newest first, and stops them.
+func (p *Pool) retire(ctx context.Context, k kind, n int) (int, error) {
 	rows, err := p.db.Query(ctx, `DELETE FROM pool_slots WHERE id IN (
 			SELECT id FROM pool_slots
 			WHERE state = 'ready' AND template = $1 AND cpu_millis = $2 AND memory_mib = $3 AND disk_gib = $4
+				AND template_version = $6
 			ORDER BY created_at DESC
 			LIMIT $5
 			FOR UPDATE SKIP LOCKED
-		) RETURNING coalesce(substrate_ref, '')`, shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB, n)
+		) RETURNING coalesce(substrate_ref, '')`, k.Shape.Template, k.Shape.CPUMillis, k.Shape.MemoryMiB, k.Shape.DiskGiB, n, k.Version)
 	if err != nil {
 		return 0, fmt.Errorf("retire slots: %w", err)
 	}

@@ -99,10 +99,25 @@ func setupOn(t *testing.T, db *pgxpool.Pool) *bundle {
 	return b
 }
 
+// resolveIn resolves a shape against templates as the sandbox flow's Catalog does: a
+// known template, within its caps.
+func resolveIn(templates substrate.Templates) func(space.Shape) (substrate.Template, error) {
+	return func(s space.Shape) (substrate.Template, error) {
+		t, ok := templates[s.Template]
+		if !ok {
+			return t, space.FieldError(space.EUNPROCESSABLE, "template", "unknown template %q", s.Template)
+		}
+		if field, limit, ok := t.Fits(s); !ok {
+			return t, space.FieldError(space.EUNPROCESSABLE, field, "over the cap of %d", limit)
+		}
+		return t, nil
+	}
+}
+
 func (b *bundle) replenisher(opts func(*pool.ReplenisherOptions)) *pool.Replenisher {
 	o := pool.ReplenisherOptions{
 		Pool: b.pool, Substrate: b.sim, Charger: b.charger,
-		Templates: substrate.Templates{python.Template: {Name: python.Template, Image: "python"}},
+		Resolve: resolveIn(substrate.Templates{python.Template: {Name: python.Template, Image: "python", MaxDiskGiB: 50}}),
 		Targets: func(context.Context) ([]pool.Target, error) {
 			return []pool.Target{{Shape: python, Target: int(b.target.Load())}}, nil
 		},
@@ -134,7 +149,7 @@ func (b *bundle) claim(t *testing.T, shape space.Shape) *pool.Slot {
 			return err
 		}
 		var err error
-		slot, err = b.pool.Claim(b.ctx, tx, shape, id)
+		slot, err = b.pool.Claim(b.ctx, tx, shape, "", id)
 		return err
 	})
 	if err != nil {

@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/logs"
+	"github.com/space-sandbox/space/internal/metric"
 	"github.com/space-sandbox/space/internal/store"
 	"github.com/space-sandbox/space/internal/substrate"
 )
@@ -25,7 +29,11 @@ type Target struct {
 type ReplenisherOptions struct {
 	Pool      *Pool
 	Substrate substrate.Substrate
-	Templates substrate.Templates
+	// Resolve resolves a target's shape as a cold start would (the sandbox flow's
+	// Catalog): a target that does not resolve (an unknown template, a shape over a
+	// template's cap or a SPACE_MAX_* cap) is refused, counted and logged, and never
+	// warmed; its slots are retired.
+	Resolve func(space.Shape) (substrate.Template, error)
 	// Charger charges each warm-up to the cluster bucket alone (no client rate): a
 	// warm-up is a cold start the cluster pays for, but no client asked for it.
 	Charger space.Charger
@@ -50,10 +58,12 @@ type ReplenisherOptions struct {
 // replenishes at a time: a round runs under a Postgres advisory lock and a replica
 // that cannot take it skips the round, so concurrent replicas never overshoot.
 type Replenisher struct {
-	opts    ReplenisherOptions
-	logger  *slog.Logger
-	warmups *prometheus.CounterVec
-	kick    chan struct{}
+	opts     ReplenisherOptions
+	logger   *slog.Logger
+	warmups  *prometheus.CounterVec
+	refused  prometheus.Counter
+	warnings *logs.Throttle
+	kick     chan struct{}
 
 	mu        sync.Mutex
 	rejected  int       // rejections in a row
@@ -94,13 +104,15 @@ func NewReplenisher(opts ReplenisherOptions) *Replenisher {
 	if r.logger == nil {
 		r.logger = slog.New(slog.DiscardHandler)
 	}
-	r.warmups = prometheus.NewCounterVec(prometheus.CounterOpts{
+	r.warmups = metric.Register(opts.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "space_pool_warmups_total",
-		Help: "Warm pool warm-ups by result: ok, failed (the substrate failed; the slot is replaced), rejected (the cluster bucket was empty), retired (surplus slots stopped).",
-	}, []string{"result"})
-	if opts.Registerer != nil {
-		opts.Registerer.MustRegister(r.warmups)
-	}
+		Help: "Warm pool warm-ups by result: ok, failed (the substrate failed; the slot is replaced), rejected (the cluster bucket was empty), retired (surplus slots, and slots of an older template version or a refused target, stopped).",
+	}, []string{"result"}))
+	r.refused = metric.Register(opts.Registerer, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "space_pool_targets_refused_total",
+		Help: "Warm pool targets refused in a replenishing round because their shape does not resolve as a cold start (unknown template, over a cap): never warmed.",
+	}))
+	r.warnings = logs.NewThrottle(time.Minute, opts.Now)
 	return r
 }
 
@@ -147,25 +159,57 @@ func (r *Replenisher) Round(ctx context.Context) (RoundResult, error) {
 	return res, nil
 }
 
+// wanted is a target resolved: how many slots of its shape, warmed from the template
+// version in force.
+type wanted struct {
+	kind
+	target int
+	tmpl   substrate.Template
+}
+
+// resolve turns the flag's targets into wanted kinds, refusing, counting and logging
+// (once a minute per shape) the targets whose shape would not resolve cold.
+func (r *Replenisher) resolve(ctx context.Context, targets []Target) map[kind]*wanted {
+	out := make(map[kind]*wanted, len(targets))
+	for _, t := range targets {
+		tmpl, err := r.opts.Resolve(t.Shape)
+		if err != nil {
+			r.refused.Inc()
+			if ok, _ := r.warnings.Allow(t.Shape.String()); ok {
+				r.logger.WarnContext(ctx, "warm pool target refused: its shape does not resolve as a cold start; it is not warmed and its slots are retired",
+					"shape", t.Shape.String(), "err", space.ErrorMessage(err))
+			}
+			continue
+		}
+		k := kind{Shape: t.Shape, Version: tmpl.Version}
+		if w, ok := out[k]; ok {
+			w.target += t.Target
+			continue
+		}
+		out[k] = &wanted{kind: k, target: t.Target, tmpl: tmpl}
+	}
+	return out
+}
+
 func (r *Replenisher) round(ctx context.Context, res *RoundResult) error {
 	targets, err := r.opts.Targets(ctx)
 	if err != nil {
 		return fmt.Errorf("targets: %w", err)
 	}
+	want := r.resolve(ctx, targets)
 	ready, warming, err := r.opts.Pool.counts(ctx)
 	if err != nil {
 		return err
 	}
-
-	want := make(map[space.Shape]int, len(targets))
-	for _, t := range targets {
-		want[t.Shape] += t.Target
-	}
-	// Surplus first: a lowered target retires ready slots; shapes no longer targeted
-	// retire them all.
-	for shape, n := range ready {
-		if surplus := n + warming[shape] - want[shape]; surplus > 0 {
-			retired, err := r.opts.Pool.retire(ctx, shape, min(surplus, n))
+	// Surplus first: a lowered target retires ready slots; slots of a shape no longer
+	// targeted, of a refused target, or of an older template version retire all.
+	for k, n := range ready {
+		target := 0
+		if w, ok := want[k]; ok {
+			target = w.target
+		}
+		if surplus := n + warming[k] - target; surplus > 0 {
+			retired, err := r.opts.Pool.retire(ctx, k, min(surplus, n))
 			res.Retired += retired
 			r.warmups.WithLabelValues("retired").Add(float64(retired))
 			if err != nil {
@@ -178,29 +222,23 @@ func (r *Replenisher) round(ctx context.Context, res *RoundResult) error {
 		res.BackoffUntil = until
 		return nil
 	}
-	return r.fill(ctx, targets, ready, warming, res)
+	return r.fill(ctx, want, ready, warming, res)
 }
 
-// fill starts warm-ups for every shape below its target, charging the cluster bucket
-// for each, until the bucket turns one away. It returns once every warm-up it started
-// has finished, so a round's result is complete.
-func (r *Replenisher) fill(ctx context.Context, targets []Target, ready, warming map[space.Shape]int, res *RoundResult) error {
+// fill starts warm-ups for every kind below its target, charging the cluster bucket
+// the template's activation cost for each, until the bucket turns one away. It returns
+// once every warm-up it started has finished, so a round's result is complete. A
+// template's new version is thus rolled out as fast as the cluster bucket and
+// Parallel allow, never faster.
+func (r *Replenisher) fill(ctx context.Context, want map[kind]*wanted, ready, warming map[kind]int, res *RoundResult) error {
 	sem := make(chan struct{}, r.opts.Parallel)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	defer wg.Wait()
-	for _, t := range targets {
-		deficit := t.Target - ready[t.Shape] - warming[t.Shape]
-		if deficit <= 0 {
-			continue
-		}
-		tmpl, ok := r.opts.Templates[t.Shape.Template]
-		if !ok {
-			r.logger.WarnContext(ctx, "warm pool target names an unknown template; skipped", "shape", t.Shape.String())
-			continue
-		}
-		for range deficit {
-			err := r.opts.Charger.Charge(ctx, "", nil, 1)
+	for _, w := range sortedWanted(want) {
+		deficit := w.target - ready[w.kind] - warming[w.kind]
+		for range max(deficit, 0) {
+			err := r.opts.Charger.Charge(ctx, "", nil, w.tmpl.ActivationCost())
 			var le *space.LimitError
 			if errors.As(err, &le) {
 				r.warmups.WithLabelValues("rejected").Inc()
@@ -214,7 +252,7 @@ func (r *Replenisher) fill(ctx context.Context, targets []Target, ready, warming
 				return fmt.Errorf("replenish: charge: %w", err)
 			}
 			r.resetBackoff()
-			id, err := r.opts.Pool.insertWarming(ctx, t.Shape)
+			id, err := r.opts.Pool.insertWarming(ctx, w.kind)
 			if err != nil {
 				return err
 			}
@@ -223,7 +261,7 @@ func (r *Replenisher) fill(ctx context.Context, targets []Target, ready, warming
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				ok := r.warm(ctx, id, t.Shape, tmpl)
+				ok := r.warm(ctx, id, w.Shape, w.tmpl)
 				mu.Lock()
 				defer mu.Unlock()
 				if ok {
@@ -235,6 +273,16 @@ func (r *Replenisher) fill(ctx context.Context, targets []Target, ready, warming
 		}
 	}
 	return nil
+}
+
+// sortedWanted orders the kinds by shape, so that rounds fill shapes in a stable order.
+func sortedWanted(want map[kind]*wanted) []*wanted {
+	out := make([]*wanted, 0, len(want))
+	for _, w := range want {
+		out = append(out, w)
+	}
+	slices.SortFunc(out, func(a, b *wanted) int { return strings.Compare(a.Shape.String()+a.Version, b.Shape.String()+b.Version) })
+	return out
 }
 
 // warm starts one slot; a slot that fails to warm is deleted, so the next round

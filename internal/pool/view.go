@@ -23,6 +23,11 @@ const readyChannel = "space_pool_ready"
 // DefaultViewResync is how often a View re-reads the ready shapes and the targets.
 const DefaultViewResync = time.Second
 
+// staleAfter is how many resyncs a View may miss (a slow moment, a busy Postgres)
+// before it no longer trusts itself and Cold answers false: the notifications keep it
+// current meanwhile, the resync only backs them up.
+const staleAfter = 5
+
 // ViewOptions configure a View.
 type ViewOptions struct {
 	DB *pgxpool.Pool
@@ -82,7 +87,7 @@ func (v *View) Cold(shape space.Shape) bool {
 	}
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	return time.Since(v.synced) < 3*v.opts.Resync && !v.ready[shape] && !v.targeted[shape]
+	return time.Since(v.synced) < staleAfter*v.opts.Resync && !v.ready[shape] && !v.targeted[shape]
 }
 
 // Run listens and resyncs until ctx ends, reconnecting after a lost connection.

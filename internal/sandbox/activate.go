@@ -66,6 +66,9 @@ func (s *Service) Create(ctx context.Context, caller space.Caller, req CreateReq
 		Shape:     req.Shape,
 		Metadata:  req.Metadata,
 	}
+	if tmpl, err := s.opts.Catalog.Resolve(req.Shape); err == nil {
+		sb.TemplateVersion = tmpl.Version // inserted with the row; activate checks it again
+	}
 	// A retry of a failed row takes the usual path, which also keeps that row's
 	// history (its refused retries) as it always was.
 	if !retry {
@@ -143,12 +146,30 @@ func (s *Service) existing(ctx context.Context, client space.ClientID, id string
 	return cur, nil
 }
 
-// CheckShape returns the EUNPROCESSABLE error that a cold start of shape would meet
-// (create path step 6, docs/design.md), or nil: for the dispatcher to refuse a never-servable create
-// when it is queued rather than when it runs. Nothing is charged or reserved.
-func (s *Service) CheckShape(shape space.Shape) error {
-	_, err := s.opts.Catalog.Resolve(shape)
+// CheckShape returns the EUNPROCESSABLE error that a cold start of shape by caller
+// would meet (create path step 6, docs/design.md), or nil: for the dispatcher to
+// refuse a never-servable create when it is queued rather than when it runs. Nothing
+// is charged or reserved.
+func (s *Service) CheckShape(caller space.Caller, shape space.Shape) error {
+	_, err := s.resolve(caller, shape)
 	return err
+}
+
+// resolve resolves shape as a cold start of caller's would: its template, within the
+// caps, at an activation cost the caller's bucket can ever hold. A cost above the
+// client bucket's burst could never be admitted: it is a 422 naming the template,
+// not a 429 that no wait would end.
+func (s *Service) resolve(caller space.Caller, shape space.Shape) (substrate.Template, error) {
+	tmpl, err := s.opts.Catalog.Resolve(shape)
+	if err != nil {
+		return tmpl, err
+	}
+	if r := caller.ClientRate; r != nil && caller.AdmissionEnabled && int64(tmpl.ActivationCost()) > r.Burst {
+		return tmpl, space.FieldError(space.EUNPROCESSABLE, "template",
+			"template %q costs %d activation tokens, more than the client_activation bucket of %q holds (burst %d): it could never be admitted",
+			shape.Template, tmpl.ActivationCost(), caller.Key, r.Burst)
+	}
+	return tmpl, nil
 }
 
 // Restore brings caller's paused sandbox id back: the same steps as Create with the
@@ -246,14 +267,19 @@ type activation struct {
 //
 //  4. live-sandbox cap, checked atomically with the reservation (one transaction under
 //     a per-client advisory lock, taken only when the client has a cap);
-//  5. warm pool: claim a ready slot of exactly this shape in the same transaction and
-//     adopt it — no bucket is charged;
-//  6. resolve the cold shape — 422 and no bucket charged when it cannot be served;
-//  7. charge admission, both buckets or neither — 429 (or 503 fail-closed);
-//  8. cold start; a failure leaves the token spent.
+//  6. resolve the cold shape, in memory, in the same transaction: 422 and nothing
+//     reserved, claimed or charged when it cannot be served, warm or cold (a pool
+//     target that does not resolve is never warmed, but a slot of it must not serve a
+//     create either); the template's version and activation cost come with it;
+//  5. warm pool: claim a ready slot of exactly this shape and template version in the
+//     same transaction and adopt it: no bucket is charged;
+//  7. charge admission, the template's cost from both buckets or neither: 429 (or
+//     503 fail-closed);
+//  8. cold start; a failure leaves the tokens spent.
 func (s *Service) activate(ctx context.Context, caller space.Caller, a activation) (*space.Sandbox, error) {
 	var sb *space.Sandbox
 	var slot *pool.Slot
+	var tmpl substrate.Template
 	err := pgx.BeginFunc(ctx, s.opts.DB, func(tx pgx.Tx) error {
 		if err := checkLiveCap(ctx, tx, caller.Key, caller.LiveSandboxes); err != nil {
 			return err
@@ -262,7 +288,13 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 		if sb, err = a.reserve(ctx, tx); err != nil {
 			return err
 		}
-		slot, err = s.opts.Pool.Claim(ctx, tx, sb.Shape, sb.ID)
+		if tmpl, err = s.resolve(caller, sb.Shape); err != nil {
+			return err // the transaction rolls back: nothing is reserved
+		}
+		if err := setTemplateVersion(ctx, tx, sb, tmpl.Version); err != nil {
+			return err
+		}
+		slot, err = s.opts.Pool.Claim(ctx, tx, sb.Shape, tmpl.Version, sb.ID)
 		return err
 	})
 	if err != nil {
@@ -275,11 +307,10 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	// the reconciler settles the sandbox after that bound should this replica die.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Substrate.Timeout())
 	defer cancel()
-	spec := substrate.Spec{SandboxID: sb.ID, Client: sb.Client, Shape: sb.Shape}
+	spec := substrate.Spec{SandboxID: sb.ID, Client: sb.Client, Shape: sb.Shape, Template: tmpl}
 
 	if slot != nil {
 		s.opts.OnClaim()
-		spec.Template = s.opts.Catalog.Templates[sb.Template]
 		ref, err := a.start(ctx, sb, spec, slot)
 		if err == nil {
 			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
@@ -293,11 +324,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 		s.opts.Pool.Discard(ctx, slot)
 	}
 
-	tmpl, err := s.opts.Catalog.Resolve(sb.Shape)
-	if err == nil {
-		err = s.opts.Charger.Charge(ctx, caller.Key, caller.ClientRate, 1)
-	}
-	if err != nil {
+	if err := s.opts.Charger.Charge(ctx, caller.Key, caller.ClientRate, tmpl.ActivationCost()); err != nil {
 		if uerr := a.undo(ctx, sb, err); uerr != nil {
 			s.logger.ErrorContext(ctx, "undo refused activation", "sandbox", sb.ID, "err", uerr)
 		}
@@ -305,7 +332,6 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 		return nil, err
 	}
 
-	spec.Template = tmpl
 	ref, err := a.start(ctx, sb, spec, nil)
 	if err != nil {
 		s.starts.WithLabelValues(a.kind, "failed").Inc()

@@ -14,7 +14,8 @@ import (
 // Catalog resolves a requested shape into something a substrate can cold start: a
 // known template, within the global caps (SPACE_MAX_*) and the template's own.
 type Catalog struct {
-	Templates substrate.Templates
+	// Templates are the templates in force: a fixed set, or the reloading store.
+	Templates substrate.TemplateSource
 	// Max holds the global caps; a zero field is no cap.
 	Max space.Shape
 }
@@ -22,9 +23,10 @@ type Catalog struct {
 // Resolve returns the template of shape, or an EUNPROCESSABLE error naming the field
 // that cannot be served (create path step 6, docs/design.md). Nothing has been charged when it fails.
 func (c Catalog) Resolve(shape space.Shape) (substrate.Template, error) {
-	tmpl, ok := c.Templates[shape.Template]
+	ts := c.Templates.Current()
+	tmpl, ok := ts[shape.Template]
 	if !ok {
-		names := c.Templates.Names()
+		names := ts.Names()
 		return substrate.Template{}, space.FieldError(space.EUNPROCESSABLE, "template",
 			"template %q is not known; known templates: %s", shape.Template, strings.Join(names, ", "))
 	}

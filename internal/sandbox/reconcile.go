@@ -24,9 +24,9 @@ const (
 	// which a transitional sandbox is settled, and is the age under which a resource
 	// is never taken for an orphan (its row may not be visible yet).
 	DefaultReconcileGrace = 30 * time.Second
-	// sweepEvery is how many rounds pass between two sweeps of the substrate's
+	// DefaultSweepEvery is how many rounds pass between two sweeps of the substrate's
 	// resources (a list of every resource is costlier than a query for stale rows).
-	sweepEvery = 6
+	DefaultSweepEvery = 6
 	// settleBatch bounds the sandboxes settled in one round.
 	settleBatch = 200
 )
@@ -42,6 +42,9 @@ type ReconcilerOptions struct {
 	Grace time.Duration
 	// Interval between rounds (default DefaultReconcileInterval).
 	Interval time.Duration
+	// SweepEvery is how many rounds pass between two sweeps (default
+	// DefaultSweepEvery); the first round sweeps.
+	SweepEvery int
 	// Also runs at the end of each round, under the same lock: the dispatcher's
 	// SettleLost.
 	Also       []func(ctx context.Context) (int, error)
@@ -71,6 +74,11 @@ type Reconciler struct {
 	svc     *Service
 	logger  *slog.Logger
 	rounds  int
+	// suspects are the resources the last sweep found no row for, with what it found
+	// of them: one is stopped only when the next sweep finds it so again, unchanged. A
+	// list and the queries after it are not one snapshot: a slot adopted between the
+	// two reads as an orphan once, never twice.
+	suspects map[string]substrate.Resource
 	settled *prometheus.CounterVec
 	orphans *prometheus.CounterVec
 }
@@ -97,6 +105,9 @@ func NewReconciler(opts ReconcilerOptions) *Reconciler {
 	}
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultReconcileInterval
+	}
+	if opts.SweepEvery <= 0 {
+		opts.SweepEvery = DefaultSweepEvery
 	}
 	r := &Reconciler{opts: opts, svc: opts.Service, logger: opts.Logger}
 	if r.logger == nil {
@@ -143,8 +154,8 @@ func (r *Reconciler) Run(ctx context.Context, onRound func(ReconcileResult, erro
 	}
 }
 
-// Round runs one reconciling pass if this replica can take the lock. Every sixth
-// round, and the first, also sweeps the substrate for orphans.
+// Round runs one reconciling pass if this replica can take the lock. Every
+// SweepEvery-th round, and the first, also sweeps the substrate for orphans.
 func (r *Reconciler) Round(ctx context.Context) (ReconcileResult, error) {
 	res := ReconcileResult{Settled: map[space.SandboxState]int{}}
 	leader, err := store.WhileLocked(ctx, r.svc.opts.DB, store.ReconcileLockID, func(ctx context.Context) error {
@@ -153,7 +164,7 @@ func (r *Reconciler) Round(ctx context.Context) (ReconcileResult, error) {
 		n, err := r.svc.opts.Pool.ReapStale(ctx, r.Bound())
 		res.SlotsReaped = n
 		errs = append(errs, err)
-		if r.rounds%sweepEvery == 0 {
+		if r.rounds%r.opts.SweepEvery == 0 {
 			res.Swept = true
 			errs = append(errs, r.sweep(ctx, &res))
 		}
@@ -295,7 +306,7 @@ func verdict(sb *space.Sandbox, found substrate.Finding, bound time.Duration) se
 }
 
 // sweep stops every resource of the substrate, older than the grace, that no row
-// accounts for.
+// accounts for in two sweeps in a row.
 func (r *Reconciler) sweep(ctx context.Context, res *ReconcileResult) error {
 	sub := r.svc.opts.Substrate
 	all, err := sub.List(ctx)
@@ -318,6 +329,7 @@ func (r *Reconciler) sweep(ctx context.Context, res *ReconcileResult) error {
 		}
 	}
 	if len(old) == 0 {
+		r.suspects = nil
 		return nil
 	}
 	owners, err := sandboxOwnership(ctx, r.svc.opts.DB, sandboxIDs)
@@ -329,6 +341,7 @@ func (r *Reconciler) sweep(ctx context.Context, res *ReconcileResult) error {
 		return fmt.Errorf("sweep: %w", err)
 	}
 	var errs []error
+	suspects := map[string]substrate.Resource{}
 	for _, rs := range old {
 		kind, owned := "slot", false
 		switch {
@@ -343,6 +356,10 @@ func (r *Reconciler) sweep(ctx context.Context, res *ReconcileResult) error {
 		if owned {
 			continue
 		}
+		if prev, ok := r.suspects[rs.Ref]; !ok || prev != rs {
+			suspects[rs.Ref] = rs // stopped next sweep if it is still an orphan then
+			continue
+		}
 		if err := sub.Stop(ctx, rs.Ref); err != nil {
 			errs = append(errs, fmt.Errorf("stop orphan %s: %w", rs.Ref, err))
 			continue
@@ -352,5 +369,6 @@ func (r *Reconciler) sweep(ctx context.Context, res *ReconcileResult) error {
 		r.logger.WarnContext(ctx, "stopped a resource no row accounts for", "ref", rs.Ref, "kind", kind,
 			"sandbox", rs.SandboxID, "slot", rs.SlotID, "created", rs.Created)
 	}
+	r.suspects = suspects
 	return errors.Join(errs...)
 }

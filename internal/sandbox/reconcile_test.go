@@ -13,10 +13,10 @@ import (
 	"github.com/space-sandbox/space/internal/substrate"
 )
 
-// reconciler is a Reconciler on b's service whose sweep takes any resource older than
-// grace for an orphan.
+// reconciler is a Reconciler on b's service that sweeps every round, taking a
+// resource older than grace and without a row, twice in a row, for an orphan.
 func (b *bundle) reconciler(grace time.Duration) *sandbox.Reconciler {
-	return sandbox.NewReconciler(sandbox.ReconcilerOptions{Service: b.svc, Grace: grace})
+	return sandbox.NewReconciler(sandbox.ReconcilerOptions{Service: b.svc, Grace: grace, SweepEvery: 1})
 }
 
 // round runs one reconciling round and fails t unless it led it.
@@ -223,7 +223,11 @@ func TestReconcile(t *testing.T) {
 			t.Fatalf("a sweep with an hour's grace stopped %d young resources", res.Orphans)
 		}
 		time.Sleep(10 * time.Millisecond) // every resource is older than the grace below
-		res := b.round(t, b.reconciler(5*time.Millisecond))
+		r := b.reconciler(5 * time.Millisecond)
+		if res := b.round(t, r); res.Orphans != 0 {
+			t.Fatalf("the first sweep stopped %d: an orphan is stopped when a second sweep finds it so", res.Orphans)
+		}
+		res := b.round(t, r)
 		if !res.Swept || res.Orphans != 2 {
 			t.Fatalf("round %+v, want the terminated sandbox's and the rowless slot's resources stopped", res)
 		}
@@ -232,6 +236,30 @@ func TestReconcile(t *testing.T) {
 		}
 		if !b.sim.IsRunning(kept.SubstrateRef) || b.readySlots(t) != 1 || b.sim.Running() != 2 {
 			t.Fatalf("the sweep stopped an owned resource: running %d", b.sim.Running())
+		}
+	})
+
+	t.Run("a slot adopted between two sweeps is not taken for an orphan", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		slotID := uuid.NewString()
+		ref, err := b.sim.Warm(b.ctx, slotID, python, substrate.Template{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+		r := b.reconciler(5 * time.Millisecond)
+		b.round(t, r) // the slot's row is gone (consumed): a suspect
+		// ... because a sandbox adopted it meanwhile.
+		id := b.insertStarting(t)
+		if _, err := b.sim.Adopt(b.ctx, ref, substrate.Spec{SandboxID: id, Client: "acme", Shape: python}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.db.Exec(b.ctx, "UPDATE sandboxes SET state = 'running', substrate_ref = $2 WHERE id = $1", id, ref); err != nil {
+			t.Fatal(err)
+		}
+		if res := b.round(t, r); res.Orphans != 0 || !b.sim.IsRunning(ref) {
+			t.Fatalf("round %+v: the adopted slot was stopped", res)
 		}
 	})
 
@@ -248,8 +276,10 @@ func TestReconcile(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(10 * time.Millisecond)
-		res := b.round(t, b.reconciler(5*time.Millisecond))
-		if res.SlotsReaped != 1 || res.Orphans != 1 || b.sim.IsRunning(ref) {
+		r := b.reconciler(5 * time.Millisecond)
+		first := b.round(t, r)
+		res := b.round(t, r)
+		if first.SlotsReaped != 1 || res.Orphans != 1 || b.sim.IsRunning(ref) {
 			t.Fatalf("round %+v; the slot's resource runs: %v", res, b.sim.IsRunning(ref))
 		}
 	})

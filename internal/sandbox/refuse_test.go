@@ -22,6 +22,13 @@ type view struct {
 	changes chan struct{}
 }
 
+// waitCold waits until the view says shape is cold: synced and current.
+func (v *view) waitCold(shape space.Shape) {
+	for !v.Cold(shape) {
+		<-v.changes
+	}
+}
+
 func (v *view) setTargets(ts ...pool.Target) {
 	v.mu.Lock()
 	v.targets = ts
@@ -34,7 +41,7 @@ func setupRefusing(t *testing.T) (*bundle, *view) {
 	t.Helper()
 	b := setup(t)
 	v := &view{changes: make(chan struct{}, 64)}
-	v.View = pool.NewView(pool.ViewOptions{DB: b.db, Resync: 200 * time.Millisecond,
+	v.View = pool.NewView(pool.ViewOptions{DB: b.db, Resync: time.Second,
 		Targets: func(context.Context) ([]pool.Target, error) {
 			v.mu.Lock()
 			defer v.mu.Unlock()
@@ -90,10 +97,11 @@ func TestEarlyRefusal(t *testing.T) {
 
 	t.Run("a client known refused is refused without a reservation or a charge", func(t *testing.T) {
 		t.Parallel()
-		b, _ := setupRefusing(t)
+		b, v := setupRefusing(t)
 		b.countInserts(t)
 		b.charger.known = always
 		for i := range 3 {
+			v.waitCold(python)
 			_, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 			var le *space.LimitError
 			if !errors.As(err, &le) || le.Bucket != space.BucketClientActivation || le.Client != "acme" {
@@ -126,6 +134,7 @@ func TestEarlyRefusal(t *testing.T) {
 		t.Parallel()
 		b, v := setupRefusing(t)
 		b.charger.known = always
+		b.charger.reject = always // refused on whichever path the view's freshness picks
 		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err == nil {
 			t.Fatal("admitted")
 		}

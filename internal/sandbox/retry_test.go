@@ -121,12 +121,12 @@ func TestCreateWithFixedID(t *testing.T) {
 	t.Run("CheckShape refuses what a cold start could not serve", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		if err := b.svc.CheckShape(python); err != nil {
+		if err := b.svc.CheckShape(acme(), python); err != nil {
 			t.Fatalf("python: %v", err)
 		}
 		bad := python
 		bad.DiskGiB = 51 // over the template's cap of 50
-		if err := b.svc.CheckShape(bad); space.ErrorCode(err) != space.EUNPROCESSABLE {
+		if err := b.svc.CheckShape(acme(), bad); space.ErrorCode(err) != space.EUNPROCESSABLE {
 			t.Fatalf("over the cap: err = %v, want unprocessable", err)
 		}
 	})

@@ -75,3 +75,14 @@ func (s *Service) count(kind string, err error) {
 		s.starts.WithLabelValues(kind, "unprocessable").Inc()
 	}
 }
+
+// Costs returns the activation cost of every template in force, by name: what one
+// activation takes from each activation bucket.
+func (s *Service) Costs() map[string]int {
+	ts := s.opts.Catalog.Templates.Current()
+	out := make(map[string]int, len(ts))
+	for name, t := range ts {
+		out[name] = t.ActivationCost()
+	}
+	return out
+}

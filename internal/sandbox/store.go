@@ -22,13 +22,13 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-const sandboxColumns = `id::text, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib, warm, metadata,
+const sandboxColumns = `id::text, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata,
 	coalesce(substrate_ref, ''), coalesce(snapshot_ref, ''), coalesce(last_error, ''), created_at, updated_at`
 
 func scanSandbox(row pgx.Row) (*space.Sandbox, error) {
 	var sb space.Sandbox
 	var meta []byte
-	err := row.Scan(&sb.ID, &sb.Client, &sb.BudgetKey, &sb.State, &sb.Template, &sb.CPUMillis, &sb.MemoryMiB, &sb.DiskGiB,
+	err := row.Scan(&sb.ID, &sb.Client, &sb.BudgetKey, &sb.State, &sb.Template, &sb.TemplateVersion, &sb.CPUMillis, &sb.MemoryMiB, &sb.DiskGiB,
 		&sb.Warm, &meta, &sb.SubstrateRef, &sb.SnapshotRef, &sb.LastError, &sb.CreatedAt, &sb.UpdatedAt)
 	if err != nil {
 		return nil, err
@@ -99,9 +99,9 @@ func insertSandbox(ctx context.Context, q querier, sb *space.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	return q.QueryRow(ctx, `INSERT INTO sandboxes (id, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib, warm, metadata)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING created_at, updated_at`,
-		sb.ID, string(sb.Client), string(sb.BudgetKey), string(sb.State), sb.Template, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta,
+	return q.QueryRow(ctx, `INSERT INTO sandboxes (id, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING created_at, updated_at`,
+		sb.ID, string(sb.Client), string(sb.BudgetKey), string(sb.State), sb.Template, sb.TemplateVersion, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta,
 	).Scan(&sb.CreatedAt, &sb.UpdatedAt)
 }
 
@@ -255,6 +255,19 @@ func conflict(cur *space.Sandbox, to space.SandboxState, from []space.SandboxSta
 	}
 	return space.Errorf(space.ECONFLICT, "sandbox %s is %s; moving it to %s needs it %s",
 		cur.ID, cur.State, to, strings.Join(want, " or "))
+}
+
+// setTemplateVersion records the template version an activation of sb runs, when it
+// is not the one the row holds.
+func setTemplateVersion(ctx context.Context, q querier, sb *space.Sandbox, version string) error {
+	if sb.TemplateVersion == version {
+		return nil
+	}
+	if _, err := q.Exec(ctx, "UPDATE sandboxes SET template_version = $2 WHERE id = $1", sb.ID, version); err != nil {
+		return fmt.Errorf("sandbox %s template version: %w", sb.ID, err)
+	}
+	sb.TemplateVersion = version
+	return nil
 }
 
 // setBudgetKey records the budget key an activation of sb runs under, for the live cap

@@ -227,6 +227,8 @@ chartEnv, what the values render, then extraEnv.
 {{- end }}
 - name: SPACE_TEMPLATES_FILE
   value: /etc/space/templates/templates.json
+- name: SPACE_TEMPLATES_POLL_INTERVAL
+  value: {{ .Values.templatesPollInterval | quote }}
 - name: SPACE_SUBSTRATE
   value: {{ .Values.substrate | quote }}
 {{- with .Values.simulated.coldStart }}
@@ -287,12 +289,12 @@ A number as Go's strconv.ParseFloat reads it. Whole numbers print without an exp
 
 {{/*
 What the pods read once at start, hashed into the checksum/config annotation so that a
-change rolls them: the environment, the chart's Secret and the templates. The flags
-ConfigMap is left out on purpose: it is re-read live, and restarting every replica on
-a quota change would defeat that.
+change rolls them: the environment and the chart's Secret. The flags and templates
+ConfigMaps are left out on purpose: both are re-read live, and restarting every replica
+on a quota or template change would defeat that.
 */}}
 {{- define "space-api.configChecksum" -}}
-{{- $in := list (include "space-api.env" .) (include "space-api.secretData" .) (include "space-api.templatesJSON" .) }}
+{{- $in := list (include "space-api.env" .) (include "space-api.secretData" .) }}
 {{- join "\n---\n" $in | sha256sum }}
 {{- end }}
 
