@@ -70,17 +70,17 @@ type ReconcilerOptions struct {
 // The bound: a sandbox left transitional by a crash is settled at most Bound() after
 // it was last changed, plus one Interval.
 type Reconciler struct {
-	opts    ReconcilerOptions
-	svc     *Service
-	logger  *slog.Logger
-	rounds  int
+	opts   ReconcilerOptions
+	svc    *Service
+	logger *slog.Logger
+	rounds int
 	// suspects are the resources the last sweep found no row for, with what it found
 	// of them: one is stopped only when the next sweep finds it so again, unchanged. A
 	// list and the queries after it are not one snapshot: a slot adopted between the
 	// two reads as an orphan once, never twice.
 	suspects map[string]substrate.Resource
-	settled *prometheus.CounterVec
-	orphans *prometheus.CounterVec
+	settled  *prometheus.CounterVec
+	orphans  *prometheus.CounterVec
 }
 
 // ReconcileResult says what one round did.
