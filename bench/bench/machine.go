@@ -19,6 +19,8 @@ type Machine struct {
 	Go       string
 	Redis    string
 	Postgres string
+	// Wrk is `wrk --version`'s first line: the refusal comparison's load generator.
+	Wrk string
 	// LoadAvg is /proc/loadavg when the run started: the machine is shared.
 	LoadAvg string
 	// Modules are the versions of the libraries measured or used to measure.
@@ -47,6 +49,11 @@ func describeMachine(ctx context.Context, env *Env) Machine {
 	if out, err := exec.CommandContext(ctx, "redis-server", "--version").Output(); err == nil {
 		m.Redis = strings.TrimSpace(string(out))
 	}
+	// wrk prints its version and usage and exits 1.
+	if out, _ := exec.CommandContext(ctx, "wrk", "--version").CombinedOutput(); len(out) > 0 {
+		m.Wrk, _, _ = strings.Cut(strings.TrimSpace(string(out)), "\n")
+		m.Wrk, _, _ = strings.Cut(m.Wrk, " Copyright")
+	}
 	if env.AdminURL != "" {
 		if conn, err := pgx.Connect(ctx, env.AdminURL); err == nil {
 			_ = conn.QueryRow(ctx, "SELECT version()").Scan(&m.Postgres)
@@ -56,7 +63,8 @@ func describeMachine(ctx context.Context, env *Env) Machine {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
 			switch d.Path {
-			case "github.com/redis/go-redis/v9", "github.com/go-redis/redis_rate/v10", "github.com/tsenart/vegeta/v12", "github.com/jackc/pgx/v5":
+			case "github.com/redis/go-redis/v9", "github.com/go-redis/redis_rate/v10", "github.com/tsenart/vegeta/v12", "github.com/jackc/pgx/v5",
+				"github.com/go-chi/chi/v5":
 				m.Modules[d.Path] = d.Version
 			}
 		}
