@@ -63,8 +63,7 @@ func describeMachine(ctx context.Context, env *Env) Machine {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
 			switch d.Path {
-			case "github.com/redis/go-redis/v9", "github.com/go-redis/redis_rate/v10", "github.com/tsenart/vegeta/v12", "github.com/jackc/pgx/v5",
-				"github.com/go-chi/chi/v5":
+			case "github.com/redis/go-redis/v9", "github.com/go-redis/redis_rate/v10", "github.com/tsenart/vegeta/v12", "github.com/jackc/pgx/v5":
 				m.Modules[d.Path] = d.Version
 			}
 		}

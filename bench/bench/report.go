@@ -170,6 +170,9 @@ func count(n int) string {
 const (
 	BeginMarker = "<!-- space-bench:begin: written by `make bench` (bench/, the bench module); edit the driver, not this part -->"
 	EndMarker   = "<!-- space-bench:end -->"
+	// beginPrefix finds a begin marker whatever its wording: a section written
+	// when the marker read differently (it named cmd/space-bench) is replaced too.
+	beginPrefix = "<!-- space-bench:begin"
 )
 
 // WriteDoc puts section between the markers of the file at path, after its first
@@ -181,7 +184,7 @@ func WriteDoc(path, section string) error {
 	}
 	block := BeginMarker + "\n" + strings.TrimRight(section, "\n") + "\n" + EndMarker
 	doc := string(old)
-	i, j := strings.Index(doc, BeginMarker), strings.Index(doc, EndMarker)
+	i, j := strings.Index(doc, beginPrefix), strings.Index(doc, EndMarker)
 	switch {
 	case i >= 0 && j > i:
 		doc = doc[:i] + block + doc[j+len(EndMarker):]
