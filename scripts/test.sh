@@ -11,7 +11,8 @@
 #                  duration-bounded run with a bare "context deadline exceeded" at the
 #                  deadline on a loaded machine (go.dev/issue/75804, fixed in 1.27).
 #   TESTFLAGS=...  extra flags for go test, e.g. TESTFLAGS='-run TestAdmit -v' (the
-#                  image test and the fuzzing are then left out, as they ignore them)
+#                  image test, the bench module's test and the fuzzing are then left
+#                  out, as they ignore them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +34,13 @@ if [ -z "${TESTFLAGS:-}" ]; then
   # A module of its own, so ./... above does not reach it. No -race: the test's cost is
   # compiling space-api for linux, which the race detector would not make any safer.
   (cd tools/image && go test -count=1 -timeout 20m ./...)
+  echo "== bench (bench/: every scenario of \`make bench\` once, tiny sizes, so the driver cannot rot)"
+  # A module of its own too. No -race: TestSmoke's cost is building space-api and
+  # driving it, and the code it checks is a driver that runs each path once. wrk is the
+  # load generator of its refusal comparison (bench/wrk.sh installs it as root, or
+  # says how).
+  bench/wrk.sh
+  (cd bench && go test -count=1 -timeout 20m ./...)
 fi
 
 fuzztime="${FUZZTIME:-20000x}"

@@ -9,24 +9,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
-// BenchmarkAdmission sets our decision beside the peer library redis_rate (single-key
-// GCRA) on one private Redis, in the same run, so that the two can be compared:
+// BenchmarkAdmission measures our decision on one private Redis:
 //
 //	go test -run '^$' -bench Admission -benchtime 2s ./internal/admission/
 //
 // Names are <implementation>/<path>/goroutines=<n>:
 //
 //   - space: Admit with a client rate, the two-bucket atomic decision (two keys);
-//   - space_one_key: Admit without a client rate (the cluster key alone), the same
-//     work as redis_rate's;
-//   - redis_rate: redis_rate.Limiter.Allow on one key.
+//   - space_one_key: Admit without a client rate (the cluster key alone).
+//
+// The peer library redis_rate (single-key GCRA) is measured beside these, in the same
+// run and on the same private Redis, by the bench module's script and decisions
+// scenarios (`BENCH_ARGS='-only script,decisions' make bench`): the product module
+// carries no peer limiter.
 //
 // The allow path admits every call (a bucket too large to empty) and writes; the
 // reject path rejects every call (an empty bucket that never refills) and writes
@@ -69,25 +70,6 @@ func BenchmarkAdmission(b *testing.B) {
 			return d.Admitted && !d.FailedOpen, err
 		}
 	}
-	peer := func(allow bool) func() (bool, error) {
-		lim := redis_rate.NewLimiter(rdb)
-		key := testenv.Prefix(b)
-		limit := redis_rate.Limit{Rate: 1e6, Burst: 1e6, Period: time.Second}
-		if !allow {
-			limit = redis_rate.Limit{Rate: 1, Burst: 1, Period: 1000 * time.Hour}
-			if _, err := lim.Allow(ctx, key, limit); err != nil {
-				b.Fatal(err)
-			}
-		}
-		return func() (bool, error) {
-			res, err := lim.Allow(ctx, key, limit)
-			if err != nil {
-				return false, err
-			}
-			return res.Allowed == 1, nil
-		}
-	}
-
 	for _, path := range []string{"allow", "reject"} {
 		allow := path == "allow"
 		for _, goroutines := range []int{1, 32} {
@@ -97,7 +79,6 @@ func BenchmarkAdmission(b *testing.B) {
 			}{
 				{"space", admitter(true, allow)},
 				{"space_one_key", admitter(false, allow)},
-				{"redis_rate", peer(allow)},
 			} {
 				b.Run(fmt.Sprintf("%s/%s/goroutines=%d", impl.name, path, goroutines), func(b *testing.B) {
 					benchDecisions(b, ctx, rdb, goroutines, allow, impl.decide)

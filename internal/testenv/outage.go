@@ -6,109 +6,60 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/space-sandbox/space/internal/store"
 )
 
 // RedisServer is a private redis-server process for tests that stop and restart Redis;
-// stopping the shared one would fail every other test running beside them.
+// stopping the shared one would fail every other test running beside them. It is a
+// RedisProcess that fails its test instead of returning errors.
 type RedisServer struct {
 	t    testing.TB
 	Addr string
-	dir  string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
+	p    *RedisProcess
 }
 
 // StartRedis starts a private redis-server on a free loopback port, stopped when the
 // test ends. It needs redis-server on PATH, which `make services` installs.
 func StartRedis(t testing.TB) *RedisServer {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatalf("redis-server is not on PATH; install it with %s", StartCommand)
+	p, err := StartRedisServer(context.Background(), t.TempDir())
+	if err != nil {
+		t.Fatalf("private redis-server: %v", err)
 	}
-	s := &RedisServer{t: t, Addr: freeAddr(t), dir: t.TempDir()}
-	s.Start()
-	t.Cleanup(s.Stop)
-	return s
+	t.Cleanup(p.Stop)
+	return &RedisServer{t: t, Addr: p.Addr, p: p}
 }
 
 // Start starts the server (again) on the same address and waits until it answers.
 func (s *RedisServer) Start() {
 	s.t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		return
-	}
-	_, port, _ := net.SplitHostPort(s.Addr)
-	cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port,
-		"--save", "", "--appendonly", "no", "--dir", s.dir)
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
-	}
-	s.cmd = cmd
-	client := redis.NewClient(&redis.Options{Addr: s.Addr})
-	defer client.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := client.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("private redis-server on %s did not answer: %v", s.Addr, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := s.p.Start(context.Background()); err != nil {
+		s.t.Fatalf("private redis-server: %v", err)
 	}
 }
 
 // Stop kills the server; its address then refuses connections.
-func (s *RedisServer) Stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-	s.cmd = nil
-}
+func (s *RedisServer) Stop() { s.p.Stop() }
 
 // Pause stops the server with SIGSTOP: connections stay open and every call hangs
 // until its timeout, as a Redis stuck in a long command or a partitioned network does.
 // A paused server is resumed when the test ends.
 func (s *RedisServer) Pause() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		s.t.Fatal("pause: the redis-server is not running")
-	}
-	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		s.t.Fatalf("pause redis-server: %v", err)
+	s.t.Helper()
+	if err := s.p.Pause(); err != nil {
+		s.t.Fatal(err)
 	}
 	s.t.Cleanup(s.Resume)
 }
 
 // Resume continues a paused server (SIGCONT).
-func (s *RedisServer) Resume() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGCONT)
-	}
-}
+func (s *RedisServer) Resume() { s.p.Resume() }
 
 // Proxy is a TCP proxy in front of a real server that a test can cut, to see what a
 // component does when its Postgres or Redis goes away, without stopping the shared
@@ -281,12 +232,11 @@ func Blackhole(t testing.TB) string {
 
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := FreeLoopbackAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // FreeAddr returns a loopback address with a port nobody listens on right now.

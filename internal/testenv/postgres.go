@@ -44,7 +44,7 @@ var (
 // dropped when the test ends. Use it to start a whole server (Main); use DB for a pool.
 func DatabaseURL(t testing.TB) string {
 	t.Helper()
-	base := require(t, "SPACE_TEST_DATABASE_URL")
+	base := require(t, envDatabaseURL)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tmpl, err := migratedTemplate(ctx, base)
@@ -58,33 +58,66 @@ func DatabaseURL(t testing.TB) string {
 // when the test ends: for tests of migrations and of an unmigrated database.
 func EmptyDatabaseURL(t testing.TB) string {
 	t.Helper()
-	return createDatabase(t, require(t, "SPACE_TEST_DATABASE_URL"), "template0")
+	return createDatabase(t, require(t, envDatabaseURL), "template0")
 }
 
 func createDatabase(t testing.TB, base, template string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	name := fmt.Sprintf("%s%d_%s", testDBPrefix, time.Now().Unix(), RandomID(4))
-	admin, err := pgx.Connect(ctx, base)
+	url, drop, err := CreateDatabase(ctx, base, template)
 	if err != nil {
-		t.Fatalf("connect %s: %v; start the services with\n\t%s", store.Redact(base), err, StartCommand)
+		t.Fatalf("%v; start the services with\n\t%s", err, StartCommand)
+	}
+	t.Cleanup(drop)
+	return url
+}
+
+// CreateDatabase creates a database of the caller's own on the Postgres server of
+// baseURL (any database on it that the user may connect to), a copy of template ("" for
+// the server's default, template1), and returns its URL and a function that drops it,
+// closing whatever is still connected. Its name, spacetest_<unix time>_<random>, lets
+// DropLeftoverDatabases drop it an hour later should the caller be killed before it
+// could.
+func CreateDatabase(ctx context.Context, baseURL, template string) (url string, drop func(), err error) {
+	name := fmt.Sprintf("%s%d_%s", testDBPrefix, time.Now().Unix(), RandomID(4))
+	admin, err := pgx.Connect(ctx, baseURL)
+	if err != nil {
+		return "", nil, fmt.Errorf("connect %s: %w", store.Redact(baseURL), err)
 	}
 	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{template}.Sanitize()); err != nil {
-		t.Fatalf("create test database: %v", err)
+	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if template != "" {
+		sql += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
 	}
-	t.Cleanup(func() {
+	if _, err := admin.Exec(ctx, sql); err != nil {
+		return "", nil, fmt.Errorf("create database %s on %s: %w", name, store.Redact(baseURL), err)
+	}
+	drop = func() {
+		// Its own context: drop runs at the end of a test or a run, when the caller's
+		// context may be done already.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		conn, err := pgx.Connect(ctx, base)
+		conn, err := pgx.Connect(ctx, baseURL)
 		if err != nil {
 			return
 		}
 		defer conn.Close(ctx)
 		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-	})
-	return store.WithDatabase(base, name)
+	}
+	return store.WithDatabase(baseURL, name), drop, nil
+}
+
+// DropLeftoverDatabases drops the databases CreateDatabase made more than an hour ago
+// on the server of baseURL: those of a run that was killed before it could drop them.
+func DropLeftoverDatabases(ctx context.Context, baseURL string) error {
+	admin, err := pgx.Connect(ctx, baseURL)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", store.Redact(baseURL), err)
+	}
+	defer admin.Close(ctx)
+	dropLeftovers(ctx, admin)
+	return nil
 }
 
 // DB returns a pool on a fresh, migrated database that only this test uses.
@@ -113,7 +146,7 @@ func Pool(t testing.TB, url string) *pgxpool.Pool {
 // rolled back when the test ends: the cheapest isolation for tests of queries.
 func Tx(t testing.TB) pgx.Tx {
 	t.Helper()
-	base := require(t, "SPACE_TEST_DATABASE_URL")
+	base := require(t, envDatabaseURL)
 	sharedOnce.Do(func() {
 		// The shared database outlives any one test, so it is not tied to t's cleanup;
 		// it is dropped as a leftover by a later run.
@@ -138,16 +171,13 @@ func sharedDatabase(base string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	name := fmt.Sprintf("%s%d_%s", testDBPrefix, time.Now().Unix(), RandomID(4))
-	admin, err := pgx.Connect(ctx, base)
+	// Never dropped by this process (see Tx): DropLeftoverDatabases drops it in a
+	// later run.
+	url, _, err := CreateDatabase(ctx, base, tmpl)
 	if err != nil {
 		return nil, err
 	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{tmpl}.Sanitize()); err != nil {
-		return nil, err
-	}
-	return pgxpool.New(context.Background(), store.WithDatabase(base, name))
+	return pgxpool.New(context.Background(), url)
 }
 
 // migratedTemplate returns the name of the template database for the current schema,

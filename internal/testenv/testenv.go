@@ -4,16 +4,20 @@
 //
 // Servers come from SPACE_TEST_DATABASE_URL, SPACE_TEST_REDIS_ADDR and
 // SPACE_TEST_REDIS_CLUSTER_ADDRS, which `scripts/services.sh env` prints and `make test`
-// sets. When one is unset the test fails (it is never skipped) with the command that
-// starts the services. There is no Docker engine on the machines this project is built
-// on, so the testcontainers-go fallback is not built; see README.
+// sets. When one is unset and a Docker engine answers, a container started with
+// testcontainers-go stands in for it, once per test process; when no engine answers
+// either, the test fails (it is never skipped) with the command that starts the local
+// services (servers.go).
+//
+// Beside the testing.TB helpers, which fail their test, the package has an
+// error-returning core (StartRedisServer, FreeLoopbackAddr, CreateDatabase,
+// DropLeftoverDatabases) that the bench module uses outside any test.
 package testenv
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -24,11 +28,13 @@ import (
 // StartCommand is what a developer runs to get the services the tests need.
 const StartCommand = `make services && eval "$(scripts/services.sh env)"`
 
+// require returns the value of one of the SPACE_TEST_* variables, or of the container
+// that stands in for it, or fails the test with the command that starts the services.
 func require(t testing.TB, name string) string {
 	t.Helper()
-	v := strings.TrimSpace(os.Getenv(name))
-	if v == "" {
-		t.Fatalf("%s is not set: the tests need real servers; start them with\n\t%s\n(or run everything with `make test`)", name, StartCommand)
+	v, err := servers.get(name)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return v
 }
@@ -56,13 +62,13 @@ func Prefix(t testing.TB) string {
 // RedisAddr is the standalone Redis of SPACE_TEST_REDIS_ADDR.
 func RedisAddr(t testing.TB) string {
 	t.Helper()
-	return require(t, "SPACE_TEST_REDIS_ADDR")
+	return require(t, envRedisAddr)
 }
 
 // RedisClusterAddrs are the cluster nodes of SPACE_TEST_REDIS_CLUSTER_ADDRS.
 func RedisClusterAddrs(t testing.TB) []string {
 	t.Helper()
-	return strings.Split(require(t, "SPACE_TEST_REDIS_CLUSTER_ADDRS"), ",")
+	return strings.Split(require(t, envClusterAddrs), ",")
 }
 
 // Redis returns a client of the standalone test Redis, closed when the test ends.

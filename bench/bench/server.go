@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,23 +18,23 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
-	"github.com/space-sandbox/space/internal/store"
+	"github.com/space-sandbox/space/internal/testenv"
 )
 
-// database is a Postgres database of the bench's own, on the services' server,
-// migrated by `space-api migrate` and dropped at the end: the bench never touches the
-// database that `make run` serves.
+// database is a Postgres database of the bench's own, on the services' server (made by
+// testenv.CreateDatabase), migrated by `space-api migrate` (the binary under test, so
+// that its own migrations are the ones measured) and dropped at the end: the bench
+// never touches the database that `make run` serves.
 type database struct {
-	env  *Env
-	name string
 	URL  string
+	drop func()
 }
 
 // stack is what a server scenario runs on: a fresh database, a private redis-server
 // and a client of it.
 type stack struct {
 	db     *database
-	redis  *redisServer
+	redis  *testenv.RedisProcess
 	client *redis.Client
 }
 
@@ -60,19 +58,19 @@ func (s *stack) close() {
 	s.db.drop()
 }
 
-// newDatabase creates and migrates a fresh database.
+// newDatabase creates and migrates a fresh database. The first one of a run also drops
+// what killed runs left behind.
 func (e *Env) newDatabase(ctx context.Context) (*database, error) {
-	name := fmt.Sprintf("spacebench_%d_%s", time.Now().Unix(), randomHex(4))
-	admin, err := pgx.Connect(ctx, e.AdminURL)
+	e.leftovers.Do(func() {
+		if err := testenv.DropLeftoverDatabases(ctx, e.AdminURL); err != nil {
+			e.logf("dropping leftover databases: %v", err)
+		}
+	})
+	url, drop, err := testenv.CreateDatabase(ctx, e.AdminURL, "")
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres %s: %w", store.Redact(e.AdminURL), err)
+		return nil, fmt.Errorf("bench database: %w", err)
 	}
-	defer admin.Close(ctx)
-	dropLeftovers(ctx, admin)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return nil, fmt.Errorf("create bench database: %w", err)
-	}
-	db := &database{env: e, name: name, URL: store.WithDatabase(e.AdminURL, name)}
+	db := &database{URL: url, drop: drop}
 	cmd := exec.CommandContext(ctx, e.SpaceAPI, "migrate")
 	// migrate reads the whole configuration, so Redis must be named even though
 	// migrating does not use it.
@@ -84,37 +82,8 @@ func (e *Env) newDatabase(ctx context.Context) (*database, error) {
 	return db, nil
 }
 
-// dropLeftovers drops bench databases more than an hour old: those of a run that was
-// killed before it could drop its own.
-func dropLeftovers(ctx context.Context, admin *pgx.Conn) {
-	rows, err := admin.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE 'spacebench\\_%'")
-	if err != nil {
-		return
-	}
-	names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
-	for _, n := range names {
-		sec, err := strconv.ParseInt(strings.SplitN(strings.TrimPrefix(n, "spacebench_"), "_", 2)[0], 10, 64)
-		if err != nil || time.Since(time.Unix(sec, 0)) < time.Hour {
-			continue
-		}
-		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{n}.Sanitize()+" WITH (FORCE)")
-	}
-}
-
-// drop removes the database, closing whatever is still connected to it.
-func (d *database) drop() {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, d.env.AdminURL)
-	if err != nil {
-		return
-	}
-	defer admin.Close(ctx)
-	_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.name}.Sanitize()+" WITH (FORCE)")
-}
-
-// exec runs one statement on the database, for the bench's own bookkeeping (counting
-// slots, clearing a client's sandboxes between runs).
+// queryInt runs one query that returns one integer, for the bench's own bookkeeping
+// (counting slots).
 func (d *database) queryInt(ctx context.Context, sql string, args ...any) (int64, error) {
 	conn, err := pgx.Connect(ctx, d.URL)
 	if err != nil {
@@ -128,6 +97,8 @@ func (d *database) queryInt(ctx context.Context, sql string, args ...any) (int64
 	return n, nil
 }
 
+// exec runs one statement on the database (clearing a client's sandboxes between
+// runs).
 func (d *database) exec(ctx context.Context, sql string, args ...any) error {
 	conn, err := pgx.Connect(ctx, d.URL)
 	if err != nil {
@@ -151,12 +122,14 @@ type serverConfig struct {
 	Env map[string]string
 }
 
-// apiServer is a running space-api process.
+// apiServer is a running server process: space-api, or a peer of the refusal-ceiling
+// comparison (which has no internal listener).
 type apiServer struct {
 	Name        string
 	PublicURL   string
 	InternalURL string
 	LogPath     string
+	what        string // "space-api http", "peer-chi-bare", for messages
 	cmd         *exec.Cmd
 	done        chan struct{}
 	logFile     *os.File
@@ -179,11 +152,11 @@ func (e *Env) baseServerEnv() map[string]string {
 
 // startServer starts space-api serve and waits until /readyz answers 200.
 func (e *Env) startServer(ctx context.Context, c serverConfig) (*apiServer, error) {
-	public, err := freeAddr()
+	public, err := testenv.FreeLoopbackAddr()
 	if err != nil {
 		return nil, err
 	}
-	internal, err := freeAddr()
+	internal, err := testenv.FreeLoopbackAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -202,19 +175,26 @@ func (e *Env) startServer(ctx context.Context, c serverConfig) (*apiServer, erro
 	for k, v := range c.Env {
 		vars[k] = v
 	}
-	logPath := filepath.Join(e.Dir, c.Name+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("server log: %w", err)
-	}
 	cmd := exec.Command(e.SpaceAPI, "serve")
 	cmd.Env = spaceEnv(vars)
+	return e.startProcess(ctx, "space-api "+c.Name, c.Name, cmd, "http://"+public, "http://"+internal)
+}
+
+// startProcess starts cmd with its output into <Dir>/<name>.log, and waits until
+// publicURL/readyz answers 200 (60 s at most: a loaded machine can take long to start
+// a Go binary that opens Postgres and Redis).
+func (e *Env) startProcess(ctx context.Context, what, name string, cmd *exec.Cmd, publicURL, internalURL string) (*apiServer, error) {
+	logPath := filepath.Join(e.Dir, name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("%s log: %w", what, err)
+	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
-		return nil, fmt.Errorf("start space-api %s: %w", c.Name, err)
+		return nil, fmt.Errorf("start %s: %w", what, err)
 	}
-	s := &apiServer{Name: c.Name, PublicURL: "http://" + public, InternalURL: "http://" + internal,
+	s := &apiServer{Name: name, what: what, PublicURL: publicURL, InternalURL: internalURL,
 		LogPath: logPath, cmd: cmd, done: make(chan struct{}), logFile: logFile}
 	go func() { _ = cmd.Wait(); close(s.done) }()
 
@@ -223,7 +203,7 @@ func (e *Env) startServer(ctx context.Context, c serverConfig) (*apiServer, erro
 		select {
 		case <-s.done:
 			logFile.Close()
-			return nil, fmt.Errorf("space-api %s exited at start:\n%s", c.Name, tail(logPath, 20))
+			return nil, fmt.Errorf("%s exited at start:\n%s", what, tail(logPath, 20))
 		default:
 		}
 		if code, err := httpStatus(ctx, s.PublicURL+"/readyz"); err == nil && code == http.StatusOK {
@@ -231,7 +211,7 @@ func (e *Env) startServer(ctx context.Context, c serverConfig) (*apiServer, erro
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			s.stop()
-			return nil, fmt.Errorf("space-api %s not ready within 60s:\n%s", c.Name, tail(logPath, 20))
+			return nil, fmt.Errorf("%s not ready within 60s:\n%s", what, tail(logPath, 20))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -257,7 +237,7 @@ func (s *apiServer) stop() {
 func (s *apiServer) alive() error {
 	select {
 	case <-s.done:
-		return fmt.Errorf("space-api %s exited:\n%s", s.Name, tail(s.LogPath, 20))
+		return fmt.Errorf("%s exited:\n%s", s.what, tail(s.LogPath, 20))
 	default:
 		return nil
 	}
@@ -410,12 +390,6 @@ func tail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // quota is one client's entry in the quota flag.

@@ -45,8 +45,13 @@ func (r *Report) Targets() []Target {
 	if h := r.HTTP; h != nil {
 		st := summarize(h.DeltaP50)
 		ts = append(ts, Target{"admission adds ≤ 0.5 ms at p50 to a create", st.format("%+.2f ms"), st.Median <= 0.5})
-		rej := summarize(h.Reject.RPS)
-		ts = append(ts, Target{"≥ 4,000 rejected creates/s on one replica", rej.format("%.0f/s"), rej.Median >= 4000})
+		if f := h.Refusals; f != nil {
+			full := summarize(f.Full.RPS)
+			ts = append(ts, Target{"≥ 4,000 rejected creates/s on one replica (full path)", full.format("%.0f/s"), full.Median >= 4000})
+			noCaps, fullPath := ratioStats(f.NoCaps.RPS, f.RedisRate.RPS), ratioStats(f.Full.RPS, f.RedisRate.RPS)
+			ts = append(ts, Target{"refused creates/s ≥ 1.0× chi + redis_rate (no caps / full path)",
+				noCaps.format("%.2f×") + " / " + fullPath.format("%.2f×"), noCaps.Median >= 1 && fullPath.Median >= 1})
+		}
 	}
 	if f := r.Flood; f != nil {
 		st := summarize(f.GoodSuccess)
@@ -93,9 +98,16 @@ func (r *Report) Summary() string {
 		}
 	}
 	if h := r.HTTP; h != nil {
-		for _, row := range []*HTTPRow{h.Warm, h.Cold, h.Reject, h.RejectBare} {
+		for _, row := range []*HTTPRow{h.Warm, h.Cold} {
 			fmt.Fprintf(&b, "  http %-20s %s req/s, p50 %s ms, p99 %s ms (%d connections)\n", row.Name,
 				summarize(row.RPS).format("%.0f"), summarize(row.P50).format("%.2f"), summarize(row.P99).format("%.2f"), h.Workers)
+		}
+		if f := h.Refusals; f != nil {
+			for _, row := range f.Rows() {
+				fmt.Fprintf(&b, "  http refused, %-20s %s req/s, p50 %s ms, p99 %s ms; %s chi + redis_rate, %s bare chi (wrk, %d connections)\n", row.Name,
+					summarize(row.RPS).format("%.0f"), summarize(row.P50).format("%.2f"), summarize(row.P99).format("%.2f"),
+					ratioStats(row.RPS, f.RedisRate.RPS).format("%.2f×"), ratioStats(row.RPS, f.Bare.RPS).format("%.2f×"), f.Connections)
+			}
 		}
 		fmt.Fprintf(&b, "  http cold create p50 at %d/s: admission on %s ms, off %s ms\n", h.OnOffRate,
 			summarize(h.OnP50).format("%.2f"), summarize(h.OffP50).format("%.2f"))
@@ -156,8 +168,11 @@ func count(n int) string {
 // Markers around the part of docs/benchmarks.md that `make bench` writes; the rest
 // of the file (issue 3's script study, the profile notes) is kept as it is.
 const (
-	BeginMarker = "<!-- space-bench:begin: written by `make bench` (cmd/space-bench); edit the driver, not this part -->"
+	BeginMarker = "<!-- space-bench:begin: written by `make bench` (bench/, the bench module); edit the driver, not this part -->"
 	EndMarker   = "<!-- space-bench:end -->"
+	// beginPrefix finds a begin marker whatever its wording: a section written
+	// when the marker read differently (it named cmd/space-bench) is replaced too.
+	beginPrefix = "<!-- space-bench:begin"
 )
 
 // WriteDoc puts section between the markers of the file at path, after its first
@@ -169,7 +184,7 @@ func WriteDoc(path, section string) error {
 	}
 	block := BeginMarker + "\n" + strings.TrimRight(section, "\n") + "\n" + EndMarker
 	doc := string(old)
-	i, j := strings.Index(doc, BeginMarker), strings.Index(doc, EndMarker)
+	i, j := strings.Index(doc, beginPrefix), strings.Index(doc, EndMarker)
 	switch {
 	case i >= 0 && j > i:
 		doc = doc[:i] + block + doc[j+len(EndMarker):]
@@ -214,7 +229,7 @@ func (r *Report) Markdown(command string) string {
 	m := r.Machine
 	w("### Machine and command\n\n")
 	w("- %d CPUs (`nproc`), %s; %s; load average at the start %s\n", m.CPUs, m.CPUModel, m.Kernel, m.LoadAvg)
-	w("- `%s`; `%s`\n", m.Go, m.Redis)
+	w("- `%s`; `%s`; `%s`\n", m.Go, m.Redis, m.Wrk)
 	w("- %s\n", m.Postgres)
 	var mods []string
 	for k, v := range m.Modules {
@@ -260,16 +275,28 @@ func (r *Report) Markdown(command string) string {
 	if h := r.HTTP; h != nil {
 		w("### 3. HTTP create path\n\n")
 		w("One `space-api` process (trusted_header identity from 127.0.0.1; simulated substrate with no cold-start delay), its own database and a private Redis. ")
-		w("Load generator: the vegeta library inside the driver, **on the same 2 cores** as the server, Postgres and Redis. ")
+		w("Load generator for the admits: the vegeta library inside the driver, **on the same 2 cores** as the server, Postgres and Redis. ")
 		w("Closed loop, %d connections, %s per run. Warm hits: a pool pre-warmed to %d slots through the `space-api-warm-pool` flag, %d creates per run (the replenisher refills meanwhile, as in production). ", h.Workers, h.Duration, h.WarmTarget, h.WarmTarget*3/4)
-		w("Cold admits: a shape the pool never holds, buckets of 10^6. Rejects: a client whose bucket of 1 never refills, with a concurrency cap and a live cap (the full path: the lease and its release in Redis, the live count and the pool in one Postgres round trip, the decision in Redis), and the same with no caps (one Postgres and one Redis round trip). Each kind runs %s unmeasured first.\n\n", h.WarmUp)
+		w("Cold admits: a shape the pool never holds, buckets of 10^6. Each kind runs %s unmeasured first.\n\n", h.WarmUp)
 		w("| creates | answered | req/s | p50 ms | p99 ms | other answers |\n|---|---|---:|---:|---:|---|\n")
-		for _, row := range []*HTTPRow{h.Warm, h.Cold, h.Reject, h.RejectBare} {
-			other := row.unexpected()
-			if other == "" {
-				other = "none"
+		for _, row := range []*HTTPRow{h.Warm, h.Cold} {
+			w("| %s | %s | %s | %s | %s | %s |\n", row.Name, row.Outcome, summarize(row.RPS).format("%.0f"), summarize(row.P50).format("%.2f"), summarize(row.P99).format("%.2f"), orNone(row.unexpected()))
+		}
+		if f := h.Refusals; f != nil {
+			w("\n**Refused creates: the ceiling against peers (issue 15).** A client over its rate (env client rate 0, burst 1: its one token went on its first create) sends creates as fast as it is answered; every answer is a 429. ")
+			warm := "no unmeasured warm-up (a quick run)"
+			if f.WarmUp > 0 {
+				warm = "each server " + f.WarmUp.String() + " unmeasured first"
 			}
-			w("| %s | %s | %s | %s | %s | %s |\n", row.Name, row.Outcome, summarize(row.RPS).format("%.0f"), summarize(row.P50).format("%.2f"), summarize(row.P99).format("%.2f"), other)
+			w("Load generator: `wrk`, %d thread, %d connections, the same body and `X-Client-ID`, %s per run, %s; in each run the four one after another, the order rotating from run to run. ", f.Threads, f.Connections, f.Duration, warm)
+			w("`space-api, no caps`: the client has no concurrency cap and no live cap. `space-api, full path`: the same rate with a concurrency cap and a live cap (the lease and its release, the live count). ")
+			w("`chi + redis_rate`: a chi server in its own process that decodes the same body and asks go-redis/redis_rate v10 `Allow` with a per-client limit (one `EVALSHA` on the same private Redis), 429 when refused. `chi, no store`: the same server answering 429 at once. ")
+			w("The ratios are taken within each run.\n\n")
+			w("| server | refused creates/s | p50 ms | p99 ms | vs chi + redis_rate | vs bare chi | other answers |\n|---|---:|---:|---:|---:|---:|---|\n")
+			for _, row := range f.Rows() {
+				w("| %s | %s | %s | %s | %s | %s | %s |\n", row.Name, summarize(row.RPS).format("%.0f"), summarize(row.P50).format("%.2f"), summarize(row.P99).format("%.2f"),
+					ratioStats(row.RPS, f.RedisRate.RPS).format("%.2f×"), ratioStats(row.RPS, f.Bare.RPS).format("%.2f×"), orNone(row.unexpected()))
+			}
 		}
 		w("\nWhat admission adds to a create: cold admits at %d creates/s (open loop), %d rounds of %s on a fresh server with admission on and %s on a twin with `SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED=false` (one database for both, same Redis), the order flipping every round; p50 and p99 per run over all its segments (%d and %d creates in all).\n\n",
 			h.OnOffRate, h.OnOffRounds, h.OnOffSegment, h.OnOffSegment, h.OnRequests, h.OffRequests)
@@ -341,6 +368,14 @@ func (r *Report) Markdown(command string) string {
 		w("\n")
 	}
 	return b.String()
+}
+
+// orNone is s, or "none" for "".
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 // outcomes renders answer counts, largest first.

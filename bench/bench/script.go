@@ -11,6 +11,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
+	"github.com/space-sandbox/space/internal/testenv"
 )
 
 // Implementations compared in the script and decisions scenarios.
@@ -43,7 +44,7 @@ func spaceDecider(ctx context.Context, rdb redis.UniversalClient, withClient, al
 	if !allow {
 		r = emptyRate
 	}
-	a, err := newAdmitter(rdb, "bench"+randomHex(4), r)
+	a, err := newAdmitter(rdb, "bench"+testenv.RandomID(4), r)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +67,7 @@ func spaceDecider(ctx context.Context, rdb redis.UniversalClient, withClient, al
 // redisRateDecider is the peer: redis_rate's Allow on one fresh key.
 func redisRateDecider(ctx context.Context, rdb redis.UniversalClient, allow bool) (decider, error) {
 	lim := redis_rate.NewLimiter(rdb)
-	key := "bench" + randomHex(4)
+	key := "bench" + testenv.RandomID(4)
 	limit := redis_rate.Limit{Rate: 1e6, Burst: 1e6, Period: time.Second}
 	if !allow {
 		limit = redis_rate.Limit{Rate: 1, Burst: 1, Period: 1000 * time.Hour}

@@ -1,14 +1,16 @@
 // Command space-bench measures admission and the create path of space-api on this
 // machine and writes the figures into docs/benchmarks.md (`make bench` runs it through
-// scripts/bench.sh, which starts the local services first):
+// scripts/bench.sh, which starts the local services first and builds it from the bench
+// module, bench/, into bin/space-bench):
 //
 //	space-bench [-runs 3] [-only http,flood] [-quick] [-space-api bin/space-api] [-doc docs/benchmarks.md]
 //
 // It reads the services from the variables `scripts/services.sh env` prints:
 // SPACE_DATABASE_URL (the Postgres server; the bench creates and drops databases of
 // its own beside the named one), SPACE_REDIS_ADDRS and SPACE_TEST_REDIS_CLUSTER_ADDRS.
-// Everything else (redis-server processes, space-api processes) it starts and stops
-// itself. See package bench for the scenarios.
+// Everything else (redis-server processes, space-api processes, the peers of the
+// refusal comparison, wrk) it starts and stops itself. See package bench for the
+// scenarios.
 package main
 
 import (
@@ -24,7 +26,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/space-sandbox/space/cmd/space-bench/bench"
+	"github.com/space-sandbox/space/bench/bench"
 )
 
 func main() {
@@ -92,7 +94,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprint(stdout, rep.Summary())
 	if *doc != "" {
-		command := "make bench   # scripts/bench.sh: scripts/services.sh up, then bin/space-bench " + strings.Join(args, " ")
+		command := "make bench   # scripts/bench.sh: scripts/services.sh up, then bin/space-bench (built from bench/) " + strings.Join(args, " ")
 		if err := bench.WriteDoc(absFrom(root, *doc), rep.Markdown(strings.TrimSpace(command))); err != nil {
 			return err
 		}
@@ -101,23 +103,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// moduleRoot is the repository root: the directory of go.mod above the working
-// directory, where `go test -bench` and the default paths are resolved.
+// productModule is the module path of the repository root's go.mod.
+const productModule = "github.com/space-sandbox/space"
+
+// moduleRoot is the repository root: the directory above the working directory whose
+// go.mod is the product's (not the bench module's, bench/go.mod), where `go test
+// -bench` runs and the default paths are resolved.
 func moduleRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && modulePath(b) == productModule {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", errors.New("run space-bench inside the repository (no go.mod above the working directory)")
+			return "", fmt.Errorf("run space-bench inside the repository (no go.mod of %s above the working directory)", productModule)
 		}
 		dir = parent
 	}
+}
+
+// modulePath is the path on the module line of a go.mod.
+func modulePath(gomod []byte) string {
+	for line := range strings.SplitSeq(string(gomod), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "module "); ok {
+			return strings.Trim(strings.TrimSpace(rest), `"`)
+		}
+	}
+	return ""
 }
 
 func absFrom(root, p string) string {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/space-sandbox/space/internal/testenv"
 )
@@ -19,7 +20,7 @@ import (
 func TestSmoke(t *testing.T) {
 	t.Parallel()
 	ctx := testenv.Context(t)
-	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
+	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,13 +93,30 @@ func TestSmoke(t *testing.T) {
 	})
 	t.Run("each HTTP load gets the answers it is built to get", func(t *testing.T) {
 		h := servers.HTTP
-		for _, row := range []*HTTPRow{h.Warm, h.Cold, h.Reject, h.RejectBare} {
+		for _, row := range append([]*HTTPRow{h.Warm, h.Cold}, h.Refusals.Rows()...) {
 			if row.Requests == 0 || len(row.Unexpected) > 0 {
 				t.Errorf("%s: %d requests, unexpected answers %v (want only %q)", row.Name, row.Requests, row.Unexpected, row.Outcome)
 			}
 		}
 		if h.OnRequests == 0 || h.OffRequests == 0 || len(h.OnOffUnexpected) > 0 {
 			t.Errorf("admission on/off: %d and %d creates, unexpected answers %v", h.OnRequests, h.OffRequests, h.OnOffUnexpected)
+		}
+	})
+	t.Run("the refusal ceiling sets space-api beside both peers in every run", func(t *testing.T) {
+		f := servers.HTTP.Refusals
+		for _, row := range f.Rows() {
+			if len(row.RPS) != 1 || !(row.RPS[0] > 0) || !(row.P50[0] > 0) {
+				t.Errorf("%s: refused creates/s %v, p50 %v ms", row.Name, row.RPS, row.P50)
+			}
+		}
+		var target *Target
+		for _, tg := range servers.Targets() {
+			if strings.HasPrefix(tg.Name, "refused creates/s ≥ 1.0× chi + redis_rate") {
+				target = &tg
+			}
+		}
+		if target == nil || strings.Contains(target.Measured, "n/a") {
+			t.Errorf("the targets lack the ratio to chi + redis_rate: %+v", servers.Targets())
 		}
 	})
 	t.Run("the well-behaved client keeps every create through the flood", func(t *testing.T) {
@@ -142,7 +160,7 @@ func TestSmoke(t *testing.T) {
 		merged := *servers
 		merged.Script, merged.Decision, merged.Keys = redisOnly.Script, redisOnly.Decision, redisOnly.Keys
 		md := merged.Markdown("make bench")
-		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "### 4. Flood", "### 5. Scale", "### 6. Several replicas"} {
+		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas"} {
 			if !strings.Contains(md, want) {
 				t.Errorf("markdown lacks %q", want)
 			}
@@ -151,18 +169,31 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("summary does not lead with the ratios:\n%s", s)
 		}
 		path := filepath.Join(t.TempDir(), "benchmarks.md")
-		if err := os.WriteFile(path, []byte("# Benchmarks\n\nintro\n\n## Older study\n\nkept\n"), 0o600); err != nil {
+		// The section an older driver wrote, under a marker worded differently, is
+		// replaced as well.
+		old := "# Benchmarks\n\nintro\n\n<!-- space-bench:begin: written by `make bench` (cmd/space-bench); edit the driver, not this part -->\nold figures\n" + EndMarker + "\n\n## Older study\n\nkept\n"
+		if err := os.WriteFile(path, []byte(old), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		for range 2 { // inserted, then replaced in place
+		for range 2 { // the old section replaced, then the new one in place
 			if err := WriteDoc(path, md); err != nil {
 				t.Fatal(err)
 			}
 		}
 		b, _ := os.ReadFile(path)
 		doc := string(b)
-		if strings.Count(doc, BeginMarker) != 1 || !strings.Contains(doc, "## Older study\n\nkept") || !strings.Contains(doc, "intro") {
+		if strings.Count(doc, beginPrefix) != 1 || strings.Contains(doc, "old figures") || !strings.Contains(doc, "## Older study\n\nkept") || !strings.Contains(doc, "intro") {
 			t.Errorf("doc after two writes:\n%s", doc)
+		}
+		fresh := filepath.Join(t.TempDir(), "fresh.md")
+		if err := os.WriteFile(fresh, []byte("# Benchmarks\n\nintro\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := WriteDoc(fresh, md); err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := os.ReadFile(fresh); !strings.HasPrefix(string(b), "# Benchmarks\n\n"+BeginMarker) || !strings.HasSuffix(string(b), EndMarker+"\n\nintro\n") {
+			t.Errorf("a doc without markers gets the section after its heading:\n%s", b)
 		}
 	})
 }
@@ -192,4 +223,35 @@ PASS
 	if got := summarize(lines[0].Metrics["ns/op"]); got.Min != 87479 || got.Max != 90000 || math.Abs(got.Median-88739.5) > 1e-9 {
 		t.Errorf("ns/op stat = %+v", got)
 	}
+}
+
+func TestParseWrk(t *testing.T) {
+	t.Parallel()
+
+	t.Run("the figures line of the wrk script is read, socket errors as an outcome", func(t *testing.T) {
+		out := "Running 2s test @ http://127.0.0.1:1/v1/sandboxes\n  1 threads and 16 connections\n" +
+			wrkMarker + `{"requests":9000,"duration_us":2000000,"p50_us":1500,"p99_us":4000,"socket_errors":2,"statuses":{"429":8998}}` + "\n"
+		r, err := parseWrk(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Requests != 9000 || r.Elapsed != 2*time.Second || r.P50 != 1500*time.Microsecond || r.P99 != 4*time.Millisecond {
+			t.Errorf("parsed %+v", r)
+		}
+		if r.rps("429") != 4499 || r.Outcomes["error"] != 2 {
+			t.Errorf("429/s %v, outcomes %v", r.rps("429"), r.Outcomes)
+		}
+	})
+	t.Run("output without the figures line is an error that shows the output", func(t *testing.T) {
+		if _, err := parseWrk("unable to connect to 127.0.0.1:1 Connection refused\n"); err == nil || !strings.Contains(err.Error(), "Connection refused") {
+			t.Errorf("err = %v", err)
+		}
+	})
+	t.Run("wrk runs whole seconds, at least one", func(t *testing.T) {
+		for d, want := range map[time.Duration]string{300 * time.Millisecond: "1s", 2 * time.Second: "2s", 2400 * time.Millisecond: "2s"} {
+			if got := wrkSeconds(d); got != want {
+				t.Errorf("wrkSeconds(%s) = %s, want %s", d, got, want)
+			}
+		}
+	})
 }

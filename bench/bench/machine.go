@@ -19,6 +19,8 @@ type Machine struct {
 	Go       string
 	Redis    string
 	Postgres string
+	// Wrk is `wrk --version`'s first line: the refusal comparison's load generator.
+	Wrk string
 	// LoadAvg is /proc/loadavg when the run started: the machine is shared.
 	LoadAvg string
 	// Modules are the versions of the libraries measured or used to measure.
@@ -46,6 +48,11 @@ func describeMachine(ctx context.Context, env *Env) Machine {
 	}
 	if out, err := exec.CommandContext(ctx, "redis-server", "--version").Output(); err == nil {
 		m.Redis = strings.TrimSpace(string(out))
+	}
+	// wrk prints its version and usage and exits 1.
+	if out, _ := exec.CommandContext(ctx, "wrk", "--version").CombinedOutput(); len(out) > 0 {
+		m.Wrk, _, _ = strings.Cut(strings.TrimSpace(string(out)), "\n")
+		m.Wrk, _, _ = strings.Cut(m.Wrk, " Copyright")
 	}
 	if env.AdminURL != "" {
 		if conn, err := pgx.Connect(ctx, env.AdminURL); err == nil {

@@ -3,9 +3,12 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/space-sandbox/space/internal/testenv"
 )
 
 // Shapes of the HTTP scenarios: warm hits ask for the warm pool's shape; cold admits
@@ -45,6 +48,23 @@ func (r *HTTPRow) add(res *loadResult) {
 	}
 }
 
+// addWrk adds one wrk run: wrk's percentiles are over every answer, which in the
+// refusal runs are all of the expected status (any other is counted as unexpected).
+func (r *HTTPRow) addWrk(res *wrkResult) {
+	r.RPS = append(r.RPS, res.rps(r.Outcome))
+	r.P50 = append(r.P50, ms(res.P50))
+	r.P99 = append(r.P99, ms(res.P99))
+	r.Requests += res.Requests
+	for k, v := range res.Outcomes {
+		if k != r.Outcome {
+			if r.Unexpected == nil {
+				r.Unexpected = map[string]int{}
+			}
+			r.Unexpected[k] += v
+		}
+	}
+}
+
 // unexpected renders the unexpected outcomes, "" for none.
 func (r *HTTPRow) unexpected() string {
 	var parts []string
@@ -63,8 +83,8 @@ type HTTPResult struct {
 	WarmTarget int
 	Warm       *HTTPRow
 	Cold       *HTTPRow
-	Reject     *HTTPRow
-	RejectBare *HTTPRow
+	// Refusals is the refusal ceiling, under wrk.
+	Refusals *RefusalResult
 	// The admission on/off comparison: cold admits at OnOffRate creates/s, open loop,
 	// alternating between a server with admission on and one with it off; per run the
 	// p50 and p99 of each and the p50 difference, in ms.
@@ -77,27 +97,50 @@ type HTTPResult struct {
 	OnRequests, OffRequests      int
 }
 
+// RefusalResult is the refusal ceiling (issue 15): refused creates/s of a client over
+// its rate (a bucket of 1 that never refills), closed loop under wrk, on space-api and
+// on two peers, each run measuring the four one after another in a rotating order so
+// that a change of the machine's load falls on all of them.
+type RefusalResult struct {
+	Threads, Connections int
+	Duration, WarmUp     time.Duration
+	// NoCaps is space-api with the client's rate from the environment and no
+	// concurrency or live cap; Full is the same client with both caps (the full path).
+	NoCaps, Full *HTTPRow
+	// RedisRate is the chi + redis_rate peer, Bare the chi peer with no store.
+	RedisRate, Bare *HTTPRow
+}
+
+// Rows are the refusal rows in the report's order.
+func (r *RefusalResult) Rows() []*HTTPRow { return []*HTTPRow{r.NoCaps, r.Full, r.RedisRate, r.Bare} }
+
 // httpClients are the quota flag of the HTTP scenario: no live cap for the clients
 // whose sandboxes pile up over a run (a cap would turn into a count of thousands of
-// rows per create and measure that instead), a cap for the rejected one, whose
-// refused creates leave no sandbox.
+// rows per create and measure that instead). The refused clients take the env client
+// rate (refusalEnv); one has a concurrency cap and a live cap (the full path: the lease
+// and its release, the live count), the other neither (concurrency 0 and live 0 mean
+// no cap).
 var httpClients = map[string]quota{
-	"bench-warm":   {Concurrency: 1000},
-	"bench-cold":   {Concurrency: 1000},
-	"bench-reject": {Concurrency: 1000, LiveSandboxes: 1000},
-	// The same refused client with no concurrency cap and no live cap: two round
-	// trips fewer per create (the lease and its release; the count), to show what
-	// each round trip costs on this machine.
+	"bench-warm":        {Concurrency: 1000},
+	"bench-cold":        {Concurrency: 1000},
+	"bench-reject":      {Concurrency: 1000, LiveSandboxes: 1000},
 	"bench-reject-bare": {},
 }
 
+// httpRates gives the admitted clients buckets no run can empty; the refused clients
+// have no entry, so the env client rate applies to them.
 func httpRates() map[string]*rateEntry {
 	return map[string]*rateEntry{
-		"bench-warm":        {RefillRPS: 1e6, Burst: 1e6},
-		"bench-cold":        {RefillRPS: 1e6, Burst: 1e6},
-		"bench-reject":      {RefillRPS: 0, Burst: 1},
-		"bench-reject-bare": {RefillRPS: 0, Burst: 1},
+		"bench-warm": {RefillRPS: 1e6, Burst: 1e6},
+		"bench-cold": {RefillRPS: 1e6, Burst: 1e6},
 	}
+}
+
+// refusalEnv is the env client rate of the HTTP server: rate 0, burst 1, the client
+// over its rate of issue 15 (its one token goes on its first create).
+var refusalEnv = map[string]string{
+	"SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_REFILL_RPS": "0",
+	"SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_BURST":      "1",
 }
 
 // runHTTP drives one space-api (admission on, warm pool of the warm shape) through
@@ -116,11 +159,9 @@ func runHTTP(ctx context.Context, env *Env, runs int, sz sizes) (*HTTPResult, er
 	}
 	res := &HTTPResult{
 		Workers: sz.httpWorkers, Duration: sz.httpDur, WarmUp: sz.httpWarmUp, WarmTarget: sz.warmTarget,
-		Warm:       &HTTPRow{Name: "warm hits", Outcome: "201 warm"},
-		Cold:       &HTTPRow{Name: "cold admits", Outcome: "201"},
-		Reject:     &HTTPRow{Name: "429 rejects", Outcome: "429 client_activation"},
-		RejectBare: &HTTPRow{Name: "429 rejects, no caps", Outcome: "429 client_activation"},
-		OnOffRate:  sz.onOffRate, OnOffSegment: sz.onOffDur, OnOffRounds: sz.onOffRounds,
+		Warm:      &HTTPRow{Name: "warm hits", Outcome: "201 warm"},
+		Cold:      &HTTPRow{Name: "cold admits", Outcome: "201"},
+		OnOffRate: sz.onOffRate, OnOffSegment: sz.onOffDur, OnOffRounds: sz.onOffRounds,
 	}
 	if err := runOnOff(ctx, env, res, rs, big, runs, sz); err != nil {
 		return nil, err
@@ -138,7 +179,9 @@ func runHTTP(ctx context.Context, env *Env, runs int, sz sizes) (*HTTPResult, er
 	if err != nil {
 		return nil, err
 	}
-	on, err := env.startServer(ctx, serverConfig{Name: "http", DB: db, RedisAddr: rs.Addr, Flags: flagsOn, Env: big})
+	onEnv := maps.Clone(big)
+	maps.Copy(onEnv, refusalEnv)
+	on, err := env.startServer(ctx, serverConfig{Name: "http", DB: db, RedisAddr: rs.Addr, Flags: flagsOn, Env: onEnv})
 	if err != nil {
 		return nil, err
 	}
@@ -169,19 +212,10 @@ func runHTTP(ctx context.Context, env *Env, runs int, sz sizes) (*HTTPResult, er
 	}
 	env.logf("http: cold admits done")
 
-	// The reject clients' one token goes first; every later create is a 429.
-	for _, c := range []string{"bench-reject", "bench-reject-bare"} {
-		if _, _, err := createOnce(ctx, on.PublicURL, c, coldBody); err != nil {
-			return nil, err
-		}
+	if res.Refusals, err = runRefusals(ctx, env, on, rs, runs, sz); err != nil {
+		return nil, err
 	}
-	reject, bare := closed("reject", "bench-reject", coldBody, 0), closed("reject-bare", "bench-reject-bare", coldBody, 0)
-	warmUp(reject)
-	for range runs {
-		res.Reject.add(reject.run(ctx))
-		res.RejectBare.add(bare.run(ctx))
-	}
-	env.logf("http: rejects done")
+	env.logf("http: refusals done")
 
 	for range runs {
 		if err := waitPool(ctx, db, sz.warmTarget); err != nil {
@@ -202,7 +236,7 @@ func runHTTP(ctx context.Context, env *Env, runs int, sz sizes) (*HTTPResult, er
 // and one with it off, on one database (with no warm pool to share) and the same
 // Redis, in segments whose order flips every round, so that a change of the
 // machine's load during a run falls on both sides alike.
-func runOnOff(ctx context.Context, env *Env, res *HTTPResult, rs *redisServer, big map[string]string, runs int, sz sizes) error {
+func runOnOff(ctx context.Context, env *Env, res *HTTPResult, rs *testenv.RedisProcess, big map[string]string, runs int, sz sizes) error {
 	db, err := env.newDatabase(ctx)
 	if err != nil {
 		return err

@@ -3,90 +3,20 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/space-sandbox/space/internal/testenv"
 )
 
-// redisServer is a private redis-server started on a free loopback port: INFO
+// startRedis starts a private redis-server (testenv's) on a free loopback port: INFO
 // commandstats and used_memory then count only what the bench sent, and no other
-// process on the machine (make run's space-api, a test run) shares its keys.
-type redisServer struct {
-	Addr string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// startRedis starts redis-server with no persistence and waits until it answers.
-// extra are more redis-server arguments, e.g. "--databases", "4".
-func startRedis(ctx context.Context, dir string, extra ...string) (*redisServer, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return nil, fmt.Errorf("redis-server is not on PATH (scripts/services.sh up installs it): %w", err)
-	}
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	_, port, _ := net.SplitHostPort(addr)
-	d, err := os.MkdirTemp(dir, "redis-")
-	if err != nil {
-		return nil, fmt.Errorf("redis dir: %w", err)
-	}
-	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no",
-		"--dir", d, "--logfile", filepath.Join(d, "redis.log")}, extra...)
-	cmd := exec.Command(bin, args...)
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start redis-server: %w", err)
-	}
-	s := &redisServer{Addr: addr, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(s.done) }()
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		err := rdb.Ping(pctx).Err()
-		cancel()
-		if err == nil {
-			return s, nil
-		}
-		select {
-		case <-s.done:
-			return nil, fmt.Errorf("redis-server on %s exited at start (see %s/redis.log)", addr, d)
-		default:
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			s.Stop()
-			return nil, fmt.Errorf("redis-server on %s did not answer: %w", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// Stop ends the server and waits for it.
-func (s *redisServer) Stop() {
-	if s == nil || s.cmd.Process == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	<-s.done
-}
-
-// freeAddr returns a loopback address with a port that was free a moment ago.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+// process on the machine (make run's space-api, a test run) shares its keys. extra
+// are more redis-server arguments, e.g. "--databases", "4".
+func startRedis(ctx context.Context, dir string, extra ...string) (*testenv.RedisProcess, error) {
+	return testenv.StartRedisServer(ctx, dir, extra...)
 }
 
 // cmdStat is one line of INFO commandstats.

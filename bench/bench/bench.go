@@ -1,7 +1,10 @@
-// Package bench is the driver behind `make bench` (cmd/space-bench): it measures the
-// admission decision and the create path of space-api on this machine and reports
-// medians of several runs, with min and max, leading with ratios (ours against
-// redis_rate, admission on against off) because the machine is shared and noisy.
+// Package bench is the driver behind `make bench` (cmd/space-bench of the bench
+// module, bench/ in the repository: a module of its own, so that the product's go.mod
+// carries no load generator and no peer limiter): it measures the admission decision
+// and the create path of space-api on this machine and reports medians of several
+// runs, with min and max, leading with ratios (ours against redis_rate, admission on
+// against off, space-api against peer servers) because the machine is shared and
+// noisy.
 //
 // Scenarios:
 //
@@ -11,14 +14,19 @@
 //   - decisions: decisions/s from Go with 1, 8 and 32 goroutines, on the services'
 //     standalone Redis and Redis Cluster, ours beside redis_rate;
 //   - http: the create path of one space-api process under a load generator: warm
-//     hits, cold admits, 429 rejects, and what admission adds to a create (a server with
-//     admission on and one with it off, interleaved);
+//     hits, cold admits, what admission adds to a create (a server with admission on
+//     and one with it off, interleaved), and the refusal ceiling of issue 15: refused
+//     creates/s of a client over its rate under wrk, beside two peers (a chi server
+//     asking redis_rate, and the same answering 429 at once; package peer);
 //   - flood: one client at 20× its rate beside a well-behaved one;
 //   - keys: Redis memory per idle client key, decisions/s with 10, 10k and 1M client
 //     keys, and idle keys expiring;
 //   - replicas: three space-api processes sharing Redis and Postgres admit exactly the
 //     cluster burst plus its refill;
 //   - gobench: the hot-path `go test -bench` benchmarks, allocations included.
+//
+// Private redis-servers, free ports and the bench's databases come from the product's
+// internal/testenv, whose error-returning core serves tests and the bench alike.
 package bench
 
 import (
@@ -28,6 +36,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -44,12 +53,17 @@ type Env struct {
 	SpaceAPI string
 	// Templates is the SPACE_TEMPLATES_FILE of the servers.
 	Templates string
-	// Module is the repository root, where `go test -bench` runs.
+	// Module is the repository root, where `go test -bench` runs; the bench module
+	// (the peers' source) is its bench/ directory.
 	Module string
 	// Dir is a scratch directory (flags files, server logs, Redis data).
 	Dir string
 	// Progress receives one line per step; nil discards.
 	Progress io.Writer
+
+	leftovers sync.Once // DropLeftoverDatabases, at the first database of a run
+	peersOnce sync.Once // building the peers of the refusal comparison
+	peersErr  error
 }
 
 func (e *Env) logf(format string, args ...any) {

@@ -1,0 +1,59 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// The peers of the refusal-ceiling comparison are main packages of this module
+// (cmd/peer-chi-redis-rate, cmd/peer-chi-bare; package peer says what they do). The
+// driver builds them into its scratch directory once per run and starts each as a
+// process of its own, as space-api runs.
+const (
+	peerRedisRate = "peer-chi-redis-rate"
+	peerBare      = "peer-chi-bare"
+)
+
+// peerBinary builds (once per Env) and returns the path of the named peer.
+func (e *Env) peerBinary(ctx context.Context, name string) (string, error) {
+	e.peersOnce.Do(func() {
+		for _, n := range []string{peerRedisRate, peerBare} {
+			out := filepath.Join(e.Dir, n)
+			cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/"+n)
+			cmd.Dir = e.benchModule()
+			if b, err := cmd.CombinedOutput(); err != nil {
+				e.peersErr = fmt.Errorf("go build ./cmd/%s in %s: %w\n%s", n, cmd.Dir, err, b)
+				return
+			}
+		}
+	})
+	if e.peersErr != nil {
+		return "", e.peersErr
+	}
+	return filepath.Join(e.Dir, name), nil
+}
+
+// benchModule is this module's directory, bench/ in the repository.
+func (e *Env) benchModule() string { return filepath.Join(e.Module, "bench") }
+
+// startPeer starts the named peer on a free loopback port; redisAddr is the Redis of
+// the redis_rate peer ("" for the bare one).
+func (e *Env) startPeer(ctx context.Context, name, redisAddr string) (*apiServer, error) {
+	bin, err := e.peerBinary(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	addr, err := testenv.FreeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"-addr", addr}
+	if redisAddr != "" {
+		args = append(args, "-redis", redisAddr)
+	}
+	return e.startProcess(ctx, name, name, exec.Command(bin, args...), "http://"+addr, "")
+}

@@ -1,0 +1,132 @@
+// Package peer is the reference servers of the bench's refusal-ceiling comparison
+// (issue 15): what a client over its rate costs a minimal Go server, so that
+// space-api's refused creates/s read as a ratio to something measured on the same
+// cores, by the same load generator, in the same run.
+//
+// Both peers are a chi router with one route, POST /v1/sandboxes, that does what
+// space-api must do before it can refuse: read X-Client-ID (trusted_header identity),
+// decode the create body (one JSON object, unknown fields refused) and answer
+// problem+json. They differ in the decision:
+//
+//   - cmd/peer-chi-redis-rate asks go-redis/redis_rate v10 (one EVALSHA, Allow with
+//     a per-client limit) and answers 429 when refused;
+//   - cmd/peer-chi-bare asks nobody and answers 429 at once: the ceiling of the HTTP
+//     part alone on this machine.
+//
+// Each runs in a process of its own, as space-api does, so that none shares the
+// driver's process with the load generator.
+package peer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+)
+
+// maxBody bounds a create body, as space-api bounds its own (64 KiB by default).
+const maxBody = 64 << 10
+
+// createRequest is the create body space-api accepts; the peers decode it alike.
+type createRequest struct {
+	Template  string            `json:"template"`
+	CPUMillis int               `json:"cpu_millis"`
+	MemoryMiB int               `json:"memory_mib"`
+	DiskGiB   int               `json:"disk_gib"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+}
+
+// Decision is a peer's answer for one create of client: whether it is admitted and,
+// when not, when to retry.
+type Decision struct {
+	Allowed    bool
+	RetryAfter time.Duration
+}
+
+// Decider decides one create of client; an error is answered 503.
+type Decider func(ctx context.Context, client string) (Decision, error)
+
+// RefuseAll is the bare peer's decision: every create is refused, with no store asked.
+func RefuseAll(context.Context, string) (Decision, error) {
+	return Decision{RetryAfter: 24 * time.Hour}, nil
+}
+
+// Handler is a peer's router: GET /readyz, and POST /v1/sandboxes decided by decide.
+func Handler(decide Decider) http.Handler {
+	r := chi.NewRouter()
+	r.Get("/readyz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	r.Post("/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
+		client := r.Header.Get("X-Client-ID")
+		if client == "" {
+			problem(w, http.StatusUnauthorized, "unauthorized", "send X-Client-ID")
+			return
+		}
+		var req createRequest
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			problem(w, http.StatusBadRequest, "invalid", "body: "+err.Error())
+			return
+		}
+		if req.Template == "" || req.CPUMillis <= 0 || req.MemoryMiB <= 0 || req.DiskGiB <= 0 {
+			problem(w, http.StatusBadRequest, "invalid", "template, cpu_millis, memory_mib and disk_gib are required")
+			return
+		}
+		d, err := decide(r.Context(), client)
+		switch {
+		case err != nil:
+			problem(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+		case !d.Allowed:
+			w.Header().Set("Retry-After", strconv.FormatInt(int64(d.RetryAfter.Round(time.Second)/time.Second), 10))
+			problem(w, http.StatusTooManyRequests, "rate_limited", "client "+client+" is over its rate")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			_ = json.NewEncoder(w).Encode(map[string]any{"template": req.Template, "state": "running"})
+		}
+	})
+	return r
+}
+
+// problem writes a small problem+json answer, as space-api answers every refusal.
+func problem(w http.ResponseWriter, status int, code, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"type": "urn:space:problem:" + code, "title": http.StatusText(status), "status": status,
+		"detail": detail, "code": code,
+	})
+}
+
+// Serve listens on addr until SIGTERM or SIGINT, then drains for up to 5 s. The
+// server's timeouts are space-api's, so that slow clients cost the peers alike.
+func Serve(addr string, h http.Handler) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,165 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// This file is the error-returning core behind StartRedis and FreeAddr: the bench
+// (bench/, a module of its own) starts its private redis-servers and finds its free
+// ports with these same functions, outside any test.
+
+// redisStartTimeout bounds how long a fresh redis-server may take to answer PING: it
+// answers within milliseconds, but a loaded 2-core machine can stall it for seconds.
+const redisStartTimeout = 10 * time.Second
+
+// FreeLoopbackAddr returns a 127.0.0.1 address whose port nobody listened on a moment
+// ago. Another process may take it before the caller listens; callers that cannot
+// retry accept that small race.
+func FreeLoopbackAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free loopback port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// RedisProcess is a redis-server process of the caller's own on a free loopback port,
+// with no persistence (no RDB snapshots, no AOF). It can be stopped and started again
+// on the same address, and paused: for tests of what a component does when Redis goes
+// away (stopping the shared server would fail every test beside them), and for
+// measurements that must count only their own commands (INFO commandstats).
+type RedisProcess struct {
+	Addr string
+	// Dir holds the server's working directory and its log, redis.log.
+	Dir   string
+	extra []string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+// StartRedisServer starts redis-server on a free loopback port, in a new directory
+// under dir, and waits until it answers PING. extra are more redis-server arguments,
+// e.g. "--databases", "4". The caller stops it (Stop). It needs redis-server on PATH,
+// which `make services` installs.
+func StartRedisServer(ctx context.Context, dir string, extra ...string) (*RedisProcess, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, fmt.Errorf("redis-server is not on PATH; install it with %s: %w", StartCommand, err)
+	}
+	addr, err := FreeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	d, err := os.MkdirTemp(dir, "redis-")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server directory: %w", err)
+	}
+	p := &RedisProcess{Addr: addr, Dir: d, extra: extra}
+	if err := p.Start(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Start starts the server (again) on the same address and waits until it answers;
+// it does nothing when the server runs.
+func (p *RedisProcess) Start(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(p.Addr)
+	if err != nil {
+		return fmt.Errorf("redis-server address %q: %w", p.Addr, err)
+	}
+	logPath := filepath.Join(p.Dir, "redis.log")
+	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no",
+		"--dir", p.Dir, "--logfile", logPath}, p.extra...)
+	cmd := exec.Command("redis-server", args...)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server on %s: %w", p.Addr, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	p.cmd, p.done = cmd, done
+
+	client := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+	defer client.Close()
+	deadline := time.Now().Add(redisStartTimeout)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		err := client.Ping(pctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			p.cmd = nil
+			return fmt.Errorf("redis-server on %s exited at start (its log: %s)", p.Addr, logPath)
+		default:
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			p.killLocked()
+			return fmt.Errorf("redis-server on %s did not answer within %s: %w", p.Addr, redisStartTimeout, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Stop kills the server and waits for it to exit; its address then refuses
+// connections. A stopped server can be started again.
+func (p *RedisProcess) Stop() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.killLocked()
+}
+
+func (p *RedisProcess) killLocked() {
+	if p.cmd == nil {
+		return
+	}
+	// SIGKILL works on a paused (SIGSTOPped) process too.
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	p.cmd = nil
+}
+
+// Pause stops the server with SIGSTOP: connections stay open and every call hangs
+// until its timeout, as a Redis stuck in a long command or a partitioned network does.
+func (p *RedisProcess) Pause() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return fmt.Errorf("pause redis-server on %s: it is not running", p.Addr)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("pause redis-server on %s: %w", p.Addr, err)
+	}
+	return nil
+}
+
+// Resume continues a paused server (SIGCONT); it does nothing to a running one.
+func (p *RedisProcess) Resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
