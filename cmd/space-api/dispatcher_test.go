@@ -80,7 +80,7 @@ func TestAsyncOperations(t *testing.T) {
 		}
 	})
 
-	t.Run("an Idempotency-Key gives the same operation again, and refuses a different request", func(t *testing.T) {
+	t.Run("an Idempotency-Key gives the same operation again, and a different request under it is a 422", func(t *testing.T) {
 		t.Parallel()
 		s := startServer(t, e2eOptions{quota: acmeQuota})
 		first := s.accepted(s.do("POST", "/v1/sandboxes", "acme", pythonBody, "Prefer", async, "Idempotency-Key", "build-7"), "/v1/operations/")
@@ -90,14 +90,15 @@ func TestAsyncOperations(t *testing.T) {
 		}
 		other := `{"template":"node-22","cpu_millis":1,"memory_mib":1,"disk_gib":1}`
 		r := s.do("POST", "/v1/sandboxes", "acme", other, "Prefer", async, "Idempotency-Key", "build-7")
-		if p := r.problem(t); r.StatusCode != http.StatusConflict || p.Field != "Idempotency-Key" {
-			t.Fatalf("the key with another body = %d %+v, want 409 naming Idempotency-Key", r.StatusCode, p)
+		if p := r.problem(t); r.StatusCode != http.StatusUnprocessableEntity || p.Field != "Idempotency-Key" {
+			t.Fatalf("the key with another body = %d %+v, want 422 naming Idempotency-Key", r.StatusCode, p)
 		}
 		for name, header := range map[string][]string{
-			"a key too long":       {"Prefer", async, "Idempotency-Key", strings.Repeat("k", 256)},
-			"a key without Prefer": {"Idempotency-Key", "build-8"},
-			"a key with a tab":     {"Prefer", async, "Idempotency-Key", "a\tb"},
-			"a key not in ASCII":   {"Prefer", async, "Idempotency-Key", "caf\u00e9"},
+			"a key too long":              {"Prefer", async, "Idempotency-Key", strings.Repeat("k", 256)},
+			"a key with a tab":            {"Prefer", async, "Idempotency-Key", "a\tb"},
+			"a key not in ASCII":          {"Prefer", async, "Idempotency-Key", "caf\u00e9"},
+			"a quoted key left open":      {"Prefer", async, "Idempotency-Key", `"build-8`},
+			"a key too long, synchronous": {"Idempotency-Key", strings.Repeat("k", 256)},
 		} {
 			r := s.do("POST", "/v1/sandboxes", "acme", pythonBody, header...)
 			if p := r.problem(t); r.StatusCode != http.StatusBadRequest || p.Field != "Idempotency-Key" {

@@ -15,6 +15,7 @@ import (
 	"github.com/space-sandbox/space/internal/apikey"
 	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/flags"
+	"github.com/space-sandbox/space/internal/idempotency"
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/substrate"
@@ -104,19 +105,23 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	})
 	m.Sandboxes = sandbox.New(sandbox.Options{
 		DB: m.DB, Pool: m.Pool, Substrate: sub, Charger: m.Admitter, View: m.PoolView,
-		Catalog:    catalog,
-		OnClaim:    m.Replenisher.Kick,
-		Registerer: m.Registry,
-		Logger:     m.Logger,
+		Catalog:        catalog,
+		IdempotencyTTL: cfg.IdempotencyKeyTTL,
+		OnClaim:        m.Replenisher.Kick,
+		Registerer:     m.Registry,
+		Logger:         m.Logger,
 	})
 	if opts.Operations, err = m.dispatcher(ctx); err != nil {
 		return opts, err
 	}
 	m.Reconciler = sandbox.NewReconciler(sandbox.ReconcilerOptions{
-		Service:    m.Sandboxes,
-		Interval:   cfg.Reconcile.Interval,
-		Grace:      cfg.Reconcile.Grace,
-		Also:       []func(context.Context) (int, error){opts.Operations.SettleLost},
+		Service:  m.Sandboxes,
+		Interval: cfg.Reconcile.Interval,
+		Grace:    cfg.Reconcile.Grace,
+		// Purging expired idempotency keys is housekeeping rather than settling (an
+		// expired key names nothing whether or not it is deleted), but it wants the
+		// same one-replica-at-a-time round.
+		Also:       []func(context.Context) (int, error){opts.Operations.SettleLost, m.purgeIdempotencyKeys},
 		Registerer: m.Registry,
 		Logger:     m.Logger.With("component", "reconciler"),
 	})
@@ -242,4 +247,9 @@ func (m *Main) substrate() (substrate.Substrate, error) {
 			substrate.OpAdopt: d / 10,
 		}, StateDir: c.SimulatedStateDir, Timeout: c.SimulatedTimeout}), nil
 	}
+}
+
+// purgeIdempotencyKeys deletes expired idempotency keys, a batch a round.
+func (m *Main) purgeIdempotencyKeys(ctx context.Context) (int, error) {
+	return idempotency.Purge(ctx, m.DB)
 }

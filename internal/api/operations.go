@@ -8,6 +8,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/dispatcher"
+	"github.com/space-sandbox/space/internal/idempotency"
 )
 
 // Paths of an operation, for the Location of a 202: clients poll the public one; a
@@ -35,33 +36,28 @@ func prefersAsync(h http.Header) bool {
 
 // respondAsync queues req and answers 202 with its operation, a Location to poll and
 // Preference-Applied, when the request prefers respond-async; it then returns true,
-// having answered. For a synchronous request it writes nothing and returns false, except
-// that an Idempotency-Key there is refused (400): only queued operations honour one,
-// and ignoring it would let a client's retry run twice while it believes it cannot.
+// having answered. For a synchronous request it writes nothing and returns false,
+// except for a bad Idempotency-Key, and for a key on a synchronous restore or wake,
+// which is refused (400): only creates and queued operations honour one, and ignoring
+// it would let a client's retry run twice while it believes it cannot.
 //
 // A repeated Idempotency-Key answers 202 with the first request's operation as it is
-// now; the same key with a different request is 409 (dispatcher.Enqueue).
+// now; the same key with a different request is 422 (dispatcher.Enqueue).
 func (s *Server) respondAsync(w http.ResponseWriter, r *http.Request, req dispatcher.Request, location string) bool {
-	keys := r.Header.Values(dispatcher.IdempotencyKeyHeader)
+	key, err := idempotency.Parse(r.Header.Values(idempotency.Header))
+	if err != nil {
+		s.writeError(w, r, err)
+		return true
+	}
 	if !prefersAsync(r.Header) {
-		if len(keys) > 0 {
-			s.writeError(w, r, space.FieldError(space.EINVALID, dispatcher.IdempotencyKeyHeader,
-				"is honoured only with Prefer: respond-async; send both, or neither"))
+		if key != "" && req.Kind != space.OperationCreate {
+			s.writeError(w, r, space.FieldError(space.EINVALID, idempotency.Header,
+				"is honoured on a %s only with Prefer: respond-async; send both, or neither", req.Kind))
 			return true
 		}
 		return false // RFC 7240: a server may serve a preference synchronously
 	}
-	if len(keys) > 1 {
-		s.writeError(w, r, space.FieldError(space.EINVALID, dispatcher.IdempotencyKeyHeader, "must be sent once"))
-		return true
-	}
-	if len(keys) == 1 {
-		req.IdempotencyKey = keys[0]
-		if err := dispatcher.CheckIdempotencyKey(req.IdempotencyKey); err != nil {
-			s.writeError(w, r, err)
-			return true
-		}
-	}
+	req.IdempotencyKey = key
 	op, _, err := s.operations.Enqueue(r.Context(), req)
 	if err != nil {
 		s.writeError(w, r, err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/dispatcher"
+	"github.com/space-sandbox/space/internal/idempotency"
 	"github.com/space-sandbox/space/internal/sandbox"
 )
 
@@ -32,7 +33,9 @@ func (b createBody) request() sandbox.CreateRequest {
 // once, before it takes a concurrency place: a flooding client costs no Redis call, no
 // Postgres and no lease. Every other create takes its place first, as the design
 // orders it (a bad body from a client over its concurrency cap is a 429 before a 400),
-// then runs the flow.
+// then runs the flow. A create under an Idempotency-Key is not refused early: it may
+// be the repeat of one that succeeded, whose answer is its sandbox (Service.Create
+// looks the key up, then refuses).
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	caller := callerFrom(r.Context())
 	var body createBody
@@ -42,7 +45,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		// Validate before anything else: a bad body touches no limit.
 		err = sandbox.ValidateCreate(req.Shape, req.Metadata)
 	}
-	if err == nil && !prefersAsync(r.Header) {
+	if err == nil && !prefersAsync(r.Header) && len(r.Header.Values(idempotency.Header)) == 0 {
 		if le := s.sandboxes.Refused(caller, req.Shape); le != nil {
 			s.writeError(w, r, le)
 			return
@@ -61,6 +64,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	if s.respondAsync(w, r, dispatcher.Request{Kind: space.OperationCreate, Client: caller.ID, Create: req}, operationsPath) {
 		return
 	}
+	// respondAsync checked the key.
+	req.IdempotencyKey, _ = idempotency.Parse(r.Header.Values(idempotency.Header))
 	sb, err := s.sandboxes.Create(r.Context(), caller, req)
 	if err != nil {
 		s.writeError(w, r, err)

@@ -32,6 +32,10 @@ type Config struct {
 	// ShutdownTimeout bounds the drain of in-flight requests and running jobs on
 	// SIGTERM (SPACE_SHUTDOWN_TIMEOUT, default 25s, under Kubernetes' 30s grace period).
 	ShutdownTimeout time.Duration
+	// IdempotencyKeyTTL is how long an Idempotency-Key names the request it came with;
+	// a repeat within it gets the first request's outcome, and the key can name a new
+	// request after it (SPACE_IDEMPOTENCY_KEY_TTL, default 24h).
+	IdempotencyKeyTTL time.Duration
 
 	Auth       Auth
 	Redis      Redis
@@ -189,12 +193,13 @@ var Substrates = []string{"simulated", "kubernetes"}
 // set.
 func Default() Config {
 	return Config{
-		HTTPAddr:         ":8080",
-		InternalHTTPAddr: ":8081",
-		LogLevel:         "info",
-		ShutdownTimeout:  25 * time.Second,
-		Auth:             Auth{Mode: AuthAPIKey, FailureRate: space.Rate{RefillRPS: 0.2, Burst: 20}},
-		Redis:            Redis{Timeout: 100 * time.Millisecond, KeyPrefix: "space"},
+		HTTPAddr:          ":8080",
+		InternalHTTPAddr:  ":8081",
+		LogLevel:          "info",
+		ShutdownTimeout:   25 * time.Second,
+		IdempotencyKeyTTL: 24 * time.Hour,
+		Auth:              Auth{Mode: AuthAPIKey, FailureRate: space.Rate{RefillRPS: 0.2, Burst: 20}},
+		Redis:             Redis{Timeout: 100 * time.Millisecond, KeyPrefix: "space"},
 		Admission: Admission{
 			Enabled:     true,
 			Cluster:     space.Rate{RefillRPS: 100, Burst: 200},
@@ -275,6 +280,8 @@ func Load(getenv func(string) string) (Config, error) {
 	r.duration("SPACE_SIMULATED_COLD_START", &c.Sandbox.SimulatedColdStart)
 	r.duration("SPACE_SIMULATED_TIMEOUT", &c.Sandbox.SimulatedTimeout)
 	r.str("SPACE_SIMULATED_STATE_DIR", &c.Sandbox.SimulatedStateDir, nil)
+
+	r.duration("SPACE_IDEMPOTENCY_KEY_TTL", &c.IdempotencyKeyTTL)
 
 	r.duration("SPACE_RECONCILE_INTERVAL", &c.Reconcile.Interval)
 	r.duration("SPACE_RECONCILE_GRACE", &c.Reconcile.Grace)

@@ -13,9 +13,6 @@ package dispatcher
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,6 +29,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/idempotency"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/store"
 )
@@ -62,10 +60,6 @@ const (
 // worker turned away by a client's bucket snoozes the job and takes the next one at
 // once, so the queue never waits on any one client's bucket.
 const Queue = "space_operations"
-
-// IdempotencyKeyHeader is the request header a client's idempotency key arrives in;
-// errors about the key name it.
-const IdempotencyKeyHeader = "Idempotency-Key"
 
 // Callers resolves the client an operation runs as into its budget key and limits,
 // when the operation runs, so that a flag change applies to queued work too.
@@ -109,6 +103,9 @@ type Options struct {
 	// SettleWait is how long a run that found its sandbox still settling waits before
 	// trying again (default DefaultSettleWait); such waits spend no attempt.
 	SettleWait time.Duration
+	// IdempotencyTTL is how long an Idempotency-Key names the request it came with
+	// (SPACE_IDEMPOTENCY_KEY_TTL; default idempotency.DefaultTTL).
+	IdempotencyTTL time.Duration
 	// Rand returns a float in [0, 1) for snooze jitter (default math/rand/v2.Float64).
 	Rand       func() float64
 	Registerer prometheus.Registerer
@@ -264,23 +261,18 @@ type Request struct {
 	IdempotencyKey string
 }
 
-// createPayload is a create's request as stored and hashed.
-type createPayload struct {
-	space.Shape
-	Metadata map[string]string `json:"metadata,omitempty"`
-}
-
 // Enqueue accepts an operation and returns it, queued, with created true; or, for a
-// request whose client already used its IdempotencyKey, the operation of that first
-// request (in whatever state it now is) with created false.
+// request whose client already sent it under its IdempotencyKey, the operation of
+// that first request (in whatever state it now is) with created false.
 //
 // The request is checked as the synchronous path would check it, before anything is
 // queued: EINVALID for a bad body or id; EUNPROCESSABLE for a create whose shape no
 // cold start could serve; ENOTFOUND for a restore or a wake of a sandbox that is not
 // there (or, for a restore, not the client's); ECONFLICT for a restore of a sandbox
-// that is not paused. A key reused for a different request (another kind, sandbox or
-// body) is ECONFLICT naming the key: a key names one request. Keys are per client and
-// are kept as long as the operation.
+// that is not paused. A key that names a different request (another kind, sandbox or
+// body) is EUNPROCESSABLE naming the key. Keys are per client and name their request
+// for Options.IdempotencyTTL; the key is claimed in the transaction that queues the
+// operation (internal/idempotency).
 func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation, bool, error) {
 	op := &row{IdempotencyKey: req.IdempotencyKey}
 	op.ID = uuid.NewString()
@@ -290,26 +282,27 @@ func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation
 		return nil, false, errors.New("enqueue: an operation needs the client it is for")
 	}
 	if req.IdempotencyKey != "" {
-		if err := CheckIdempotencyKey(req.IdempotencyKey); err != nil {
+		if err := idempotency.Check(req.IdempotencyKey); err != nil {
 			return nil, false, err
 		}
 	}
 	var err error
+	target := ""
 	switch req.Kind {
 	case space.OperationCreate:
 		if err := sandbox.ValidateCreate(req.Create.Shape, req.Create.Metadata); err != nil {
 			return nil, false, err
 		}
 		op.SandboxID = uuid.NewString()
-		op.Request, err = json.Marshal(createPayload{Shape: req.Create.Shape, Metadata: req.Create.Metadata})
-		if err != nil {
-			return nil, false, fmt.Errorf("encode create request: %w", err)
+		if op.Request, err = req.Create.Encode(); err != nil {
+			return nil, false, err
 		}
 	case space.OperationRestore, space.OperationWake:
 		if err := sandbox.CheckID(req.SandboxID); err != nil {
 			return nil, false, err
 		}
 		op.SandboxID = strings.ToLower(req.SandboxID)
+		target = op.SandboxID
 		op.Request = []byte("{}")
 		if req.Kind == space.OperationWake {
 			if op.Client, err = d.opts.Sandboxes.Owner(ctx, op.SandboxID); err != nil {
@@ -319,21 +312,35 @@ func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation
 	default:
 		return nil, false, space.FieldError(space.EINVALID, "kind", "must be create, restore or wake, got %q", req.Kind)
 	}
-	op.RequestHash = requestHash(op)
+	op.RequestHash = idempotency.Hash(string(op.Kind), target, op.Request)
 
 	if op.IdempotencyKey != "" {
-		if prev, err := d.replay(ctx, op); prev != nil || err != nil {
-			return prev, false, err
+		// A repeat is answered before the precheck: the first request passed it, and
+		// what it made is the answer whatever the state of now.
+		prev, err := idempotency.Get(ctx, d.opts.DB, op.Client, op.IdempotencyKey)
+		if err != nil {
+			return nil, false, store.Classify(err)
+		}
+		if prev != nil {
+			out, err := d.replay(ctx, op, prev)
+			return out, false, err
 		}
 	}
 	if err := d.precheck(ctx, req, op); err != nil {
 		return nil, false, err
 	}
 
-	created := false
+	var prev *idempotency.Record
 	err = pgx.BeginFunc(ctx, d.opts.DB, func(tx pgx.Tx) error {
-		var err error
-		if created, err = insertOperation(ctx, tx, op, d.opts.AdmissionDeadline); err != nil || !created {
+		if op.IdempotencyKey != "" {
+			var err error
+			prev, err = idempotency.Claim(ctx, tx, &idempotency.Record{Client: op.Client, Key: op.IdempotencyKey,
+				RequestHash: op.RequestHash, OperationID: op.ID, SandboxID: op.SandboxID}, d.opts.IdempotencyTTL)
+			if err != nil || prev != nil {
+				return err
+			}
+		}
+		if err := insertOperation(ctx, tx, op, d.opts.AdmissionDeadline); err != nil {
 			return err
 		}
 		res, err := d.client.InsertTx(ctx, tx, argsFor(op.Kind, op.ID), &river.InsertOpts{Queue: Queue})
@@ -345,31 +352,28 @@ func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation
 	if err != nil {
 		return nil, false, store.Classify(err)
 	}
-	if !created {
+	if prev != nil {
 		// Another request with the same key committed first.
-		prev, err := d.replay(ctx, op)
-		if err == nil && prev == nil {
-			err = fmt.Errorf("operation of idempotency key %q vanished", op.IdempotencyKey)
-		}
-		return prev, false, err
+		out, err := d.replay(ctx, op, prev)
+		return out, false, err
 	}
 	d.metrics.enqueued.WithLabelValues(string(op.Kind)).Inc()
 	op.State = space.OperationQueued
 	return &op.Operation, true, nil
 }
 
-// replay returns the client's operation under op's idempotency key, nil when there is
-// none, or ECONFLICT when it was for a different request.
-func (d *Dispatcher) replay(ctx context.Context, op *row) (*space.Operation, error) {
-	prev, err := getByIdempotencyKey(ctx, d.opts.DB, op.Client, op.IdempotencyKey)
-	if err != nil || prev == nil {
+// replay answers a repeat of op under a key that prev holds: the operation prev's
+// request made, as it is now; EUNPROCESSABLE naming the key when prev names a
+// different request.
+func (d *Dispatcher) replay(ctx context.Context, op *row, prev *idempotency.Record) (*space.Operation, error) {
+	if err := prev.Names(op.RequestHash); err != nil {
+		return nil, err
+	}
+	first, err := getOperation(ctx, d.opts.DB, prev.OperationID, op.Client)
+	if err != nil {
 		return nil, store.Classify(err)
 	}
-	if prev.RequestHash != op.RequestHash {
-		return nil, space.FieldError(space.ECONFLICT, IdempotencyKeyHeader,
-			"was already used for a different request (operation %s); use a new key for a new request", prev.ID)
-	}
-	return d.withSandbox(ctx, prev)
+	return d.withSandbox(ctx, first)
 }
 
 // precheck refuses at once what could never run: the checks the synchronous path
@@ -388,21 +392,6 @@ func (d *Dispatcher) precheck(ctx context.Context, req Request, op *row) error {
 		}
 	}
 	return nil
-}
-
-// requestHash identifies what an operation does, to tell a repeat of a request from a
-// different one under the same idempotency key. A create's sandbox id is not part of
-// it: the dispatcher picks it.
-func requestHash(op *row) string {
-	h := sha256.New()
-	h.Write([]byte(op.Kind))
-	h.Write([]byte{0})
-	if op.Kind != space.OperationCreate {
-		h.Write([]byte(op.SandboxID))
-	}
-	h.Write([]byte{0})
-	h.Write(op.Request)
-	return hex.EncodeToString(h.Sum(nil))
 }
 
 // Get returns client's operation id; another client's is ENOTFOUND. A succeeded
@@ -454,19 +443,6 @@ func CheckOperationID(s string) error {
 	}
 	if _, err := uuid.Parse(s); err != nil {
 		return space.FieldError(space.EINVALID, "id", "%s is not an operation id", quote(s))
-	}
-	return nil
-}
-
-// CheckIdempotencyKey returns an EINVALID error naming the Idempotency-Key header
-// unless key is 1 to 255 printable ASCII characters (space included).
-func CheckIdempotencyKey(key string) error {
-	bad := len(key) < 1 || len(key) > 255
-	for i := 0; i < len(key) && !bad; i++ {
-		bad = key[i] < 0x20 || key[i] > 0x7e
-	}
-	if bad {
-		return space.FieldError(space.EINVALID, IdempotencyKeyHeader, "must be 1 to 255 printable ASCII characters")
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/dispatcher"
+	"github.com/space-sandbox/space/internal/idempotency"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/substrate"
 )
@@ -337,7 +338,7 @@ func TestDurability(t *testing.T) {
 		}
 	})
 
-	t.Run("an Idempotency-Key reused for a different request is a conflict naming the key", func(t *testing.T) {
+	t.Run("an Idempotency-Key reused for a different request is unprocessable, naming the key", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, setupOptions{workers: -1})
 		b.create("acme", "k")
@@ -346,8 +347,36 @@ func TestDurability(t *testing.T) {
 		_, _, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: "acme",
 			Create: sandbox.CreateRequest{Shape: bigger}, IdempotencyKey: "k"})
 		var de *space.Error
-		if !errors.As(err, &de) || de.Code != space.ECONFLICT || de.Field != dispatcher.IdempotencyKeyHeader {
-			t.Fatalf("err = %v, want a conflict naming %s", err, dispatcher.IdempotencyKeyHeader)
+		if !errors.As(err, &de) || de.Code != space.EUNPROCESSABLE || de.Field != idempotency.Header {
+			t.Fatalf("err = %v, want EUNPROCESSABLE naming %s", err, idempotency.Header)
+		}
+	})
+}
+
+func TestIdempotencyKeyExpiry(t *testing.T) {
+	t.Parallel()
+
+	t.Run("an expired key queues a new operation, even for another request", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{workers: -1})
+		first := b.create("acme", "k")
+		if _, err := b.db.Exec(b.ctx, "UPDATE idempotency_keys SET expires_at = now() - interval '1 second'"); err != nil {
+			t.Fatal(err)
+		}
+		bigger := python
+		bigger.DiskGiB = 20
+		op, created, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: "acme",
+			Create: sandbox.CreateRequest{Shape: bigger}, IdempotencyKey: "k"})
+		if err != nil || !created || op.ID == first.ID {
+			t.Fatalf("Enqueue under the expired key = %+v, created %v, %v; want a new operation", op, created, err)
+		}
+		again, created, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: "acme",
+			Create: sandbox.CreateRequest{Shape: bigger}, IdempotencyKey: "k"})
+		if err != nil || created || again.ID != op.ID {
+			t.Fatalf("a repeat under the key claimed again = %+v, created %v, %v; want operation %s", again, created, err, op.ID)
+		}
+		if n := b.count("SELECT count(*) FROM operations WHERE idempotency_key = 'k'"); n != 2 {
+			t.Fatalf("%d operations under the key, want 2 (one per claim)", n)
 		}
 	})
 }
@@ -481,7 +510,7 @@ func TestEnqueue(t *testing.T) {
 		}{
 			{"a bad body", dispatcher.Request{Kind: space.OperationCreate, Client: "acme", Create: sandbox.CreateRequest{Shape: space.Shape{Template: "python-3.12"}}}, space.EINVALID, "cpu_millis"},
 			{"a shape no cold start serves", dispatcher.Request{Kind: space.OperationCreate, Client: "acme", Create: sandbox.CreateRequest{Shape: tooBig}}, space.EUNPROCESSABLE, "disk_gib"},
-			{"a bad idempotency key", dispatcher.Request{Kind: space.OperationCreate, Client: "acme", Create: sandbox.CreateRequest{Shape: python}, IdempotencyKey: "caf\u00e9"}, space.EINVALID, dispatcher.IdempotencyKeyHeader},
+			{"a bad idempotency key", dispatcher.Request{Kind: space.OperationCreate, Client: "acme", Create: sandbox.CreateRequest{Shape: python}, IdempotencyKey: "caf\u00e9"}, space.EINVALID, idempotency.Header},
 			{"a restore of a running sandbox", dispatcher.Request{Kind: space.OperationRestore, Client: "acme", SandboxID: running.ID}, space.ECONFLICT, ""},
 			{"a restore of another client's sandbox", dispatcher.Request{Kind: space.OperationRestore, Client: "globex", SandboxID: running.ID}, space.ENOTFOUND, ""},
 			{"a wake of no sandbox", dispatcher.Request{Kind: space.OperationWake, SandboxID: "00000000-0000-4000-8000-000000000001"}, space.ENOTFOUND, ""},

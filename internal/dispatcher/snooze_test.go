@@ -60,27 +60,3 @@ func TestSnoozeDelay(t *testing.T) {
 		}
 	})
 }
-
-func TestCheckIdempotencyKey(t *testing.T) {
-	t.Parallel()
-	for key, ok := range map[string]bool{
-		"a":                       true,
-		"order 42/retry-1":        true,
-		string(make([]byte, 255)): false, // NULs
-		"":                        false,
-		"tab\there":               false,
-		"naïve":                   false,
-		"x" + string(rune(0x7f)):  false,
-	} {
-		if err := CheckIdempotencyKey(key); (err == nil) != ok {
-			t.Errorf("CheckIdempotencyKey(%q) = %v, want ok=%v", key, err, ok)
-		}
-	}
-	long := make([]byte, 256)
-	for i := range long {
-		long[i] = 'k'
-	}
-	if CheckIdempotencyKey(string(long[:255])) != nil || CheckIdempotencyKey(string(long)) == nil {
-		t.Error("the 255-character bound is wrong")
-	}
-}

@@ -43,28 +43,22 @@ func scanOperation(r pgx.Row, extra ...any) (*row, error) {
 	return &op, nil
 }
 
-// insertOperation inserts op unless its client already has an operation under its
-// idempotency key; it returns false then, and the caller reads that one instead. The
-// admission deadline is counted from the database's clock, like every other time the
-// deadline is compared with.
-func insertOperation(ctx context.Context, q querier, op *row, deadline time.Duration) (bool, error) {
+// insertOperation inserts op. The admission deadline is counted from the database's
+// clock, like every other time the deadline is compared with.
+func insertOperation(ctx context.Context, q querier, op *row, deadline time.Duration) error {
 	var key *string
 	if op.IdempotencyKey != "" {
 		key = &op.IdempotencyKey
 	}
 	err := q.QueryRow(ctx, `INSERT INTO operations (id, kind, client, sandbox_id, idempotency_key, request_hash, request, admission_deadline)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))
-		ON CONFLICT (client, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 		RETURNING admission_deadline, created_at, updated_at`,
 		op.ID, string(op.Kind), string(op.Client), op.SandboxID, key, op.RequestHash, op.Request, deadline.Seconds(),
 	).Scan(&op.AdmissionDeadline, &op.CreatedAt, &op.UpdatedAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
 	if err != nil {
-		return false, fmt.Errorf("insert operation: %w", err)
+		return fmt.Errorf("insert operation: %w", err)
 	}
-	return true, nil
+	return nil
 }
 
 func setJobID(ctx context.Context, q querier, id string, jobID int64) error {
@@ -85,18 +79,6 @@ func getOperation(ctx context.Context, q querier, id string, client space.Client
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get operation: %w", err)
-	}
-	return op, nil
-}
-
-func getByIdempotencyKey(ctx context.Context, q querier, client space.ClientID, key string) (*row, error) {
-	op, err := scanOperation(q.QueryRow(ctx, "SELECT "+operationColumns+" FROM operations WHERE client = $1 AND idempotency_key = $2",
-		string(client), key))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("get operation by idempotency key: %w", err)
 	}
 	return op, nil
 }

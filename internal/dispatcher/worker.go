@@ -2,7 +2,6 @@ package dispatcher
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -172,11 +171,12 @@ func (d *Dispatcher) run(ctx context.Context, op *row, caller space.Caller) erro
 	var err error
 	switch op.Kind {
 	case space.OperationCreate:
-		var p createPayload
-		if err := json.Unmarshal(op.Request, &p); err != nil {
-			return space.Errorf(space.EINVALID, "operation %s holds an unreadable request: %v", op.ID, err)
+		req, derr := sandbox.DecodeCreate(op.Request)
+		if derr != nil {
+			return space.Errorf(space.EINVALID, "operation %s holds an unreadable request: %v", op.ID, derr)
 		}
-		_, err = svc.Create(ctx, caller, sandbox.CreateRequest{ID: op.SandboxID, Shape: p.Shape, Metadata: p.Metadata})
+		req.ID = op.SandboxID
+		_, err = svc.Create(ctx, caller, req)
 	case space.OperationRestore:
 		_, err = svc.Restore(ctx, caller, op.SandboxID)
 	case space.OperationWake:

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/idempotency"
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/store"
 	"github.com/space-sandbox/space/internal/substrate"
@@ -23,6 +25,36 @@ type CreateRequest struct {
 	ID       string
 	Shape    space.Shape
 	Metadata map[string]string
+	// IdempotencyKey, when set on a create answered at once, names this request for
+	// Options.IdempotencyTTL: a repeat under the key works on the same sandbox (see
+	// Create) and a different request under it is EUNPROCESSABLE. Queued creates keep
+	// their key on the operation instead, and set ID.
+	IdempotencyKey string
+}
+
+// createBody is a create's request as a queued operation stores it and an idempotency
+// key hashes it: its shape and metadata, in encoding/json's stable order.
+type createBody struct {
+	space.Shape
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// Encode returns req's shape and metadata as a queued create stores them (not its ID).
+func (req CreateRequest) Encode() ([]byte, error) {
+	b, err := json.Marshal(createBody{Shape: req.Shape, Metadata: req.Metadata})
+	if err != nil {
+		return nil, fmt.Errorf("encode create request: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeCreate reads back what Encode wrote.
+func DecodeCreate(b []byte) (CreateRequest, error) {
+	var body createBody
+	if err := json.Unmarshal(b, &body); err != nil {
+		return CreateRequest{}, fmt.Errorf("decode create request: %w", err)
+	}
+	return CreateRequest{Shape: body.Shape, Metadata: body.Metadata}, nil
 }
 
 // Create makes a new sandbox owned by caller.ID, capped and charged under caller.Key:
@@ -41,9 +73,22 @@ type CreateRequest struct {
 //     is charged.
 //
 // An id of another client's sandbox is ECONFLICT.
+//
+// With req.IdempotencyKey set, the key is claimed for a new sandbox id, or, when the
+// key already names this request, the id it named is used: the repeat then returns
+// the sandbox the first request made without charging anything, runs again what that
+// request left undone (refused, or failed), and is ECONFLICT while the first is still
+// starting it (the draft's 409 for a request in progress).
 func (s *Service) Create(ctx context.Context, caller space.Caller, req CreateRequest) (*space.Sandbox, error) {
 	if err := ValidateCreate(req.Shape, req.Metadata); err != nil {
 		return nil, err
+	}
+	if req.IdempotencyKey != "" {
+		id, err := s.claimKey(ctx, caller, req)
+		if err != nil {
+			return nil, err
+		}
+		req.ID = id
 	}
 	id, retry := req.ID, false
 	if id == "" {
@@ -110,6 +155,50 @@ func (s *Service) Create(ctx context.Context, caller space.Caller, req CreateReq
 		},
 		transient: space.StateStarting,
 	})
+}
+
+// syncCreate is what a synchronous create is, for an idempotency key's hash: not the
+// same request as a queued create with the same body (that one's answer is an
+// operation).
+const syncCreate = "create (synchronous)"
+
+// claimKey returns the sandbox id req's idempotency key names: a new one when the key
+// is free (or expired), the first request's when the key already names this request.
+func (s *Service) claimKey(ctx context.Context, caller space.Caller, req CreateRequest) (string, error) {
+	if req.ID != "" {
+		return "", errors.New("create: an idempotency key and a fixed id are exclusive")
+	}
+	if err := idempotency.Check(req.IdempotencyKey); err != nil {
+		return "", err
+	}
+	body, err := req.Encode()
+	if err != nil {
+		return "", err
+	}
+	hash := idempotency.Hash(syncCreate, "", body)
+	// A repeat is looked up first, so that it gets the first request's sandbox even
+	// while the client is refused; a new request that would be refused claims nothing,
+	// and its retry claims the key afresh.
+	prev, err := idempotency.Get(ctx, s.opts.DB, caller.ID, req.IdempotencyKey)
+	if err != nil {
+		return "", store.Classify(err)
+	}
+	if prev == nil {
+		if err := s.Refused(caller, req.Shape); err != nil {
+			return "", err
+		}
+		rec := &idempotency.Record{Client: caller.ID, Key: req.IdempotencyKey, RequestHash: hash, SandboxID: uuid.NewString()}
+		if prev, err = idempotency.Claim(ctx, s.opts.DB, rec, s.opts.IdempotencyTTL); err != nil {
+			return "", store.Classify(err)
+		}
+		if prev == nil {
+			return rec.SandboxID, nil
+		}
+	}
+	if err := prev.Names(hash); err != nil {
+		return "", err
+	}
+	return prev.SandboxID, nil
 }
 
 // ErrSettling is in the chain of the error of a create whose sandbox is still

@@ -46,7 +46,7 @@ type ReconcilerOptions struct {
 	// DefaultSweepEvery); the first round sweeps.
 	SweepEvery int
 	// Also runs at the end of each round, under the same lock: the dispatcher's
-	// SettleLost.
+	// SettleLost, and the purge of expired idempotency keys.
 	Also       []func(ctx context.Context) (int, error)
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -62,7 +62,8 @@ type ReconcilerOptions struct {
 //   - a resource on the substrate that no row accounts for (a slot whose row is gone,
 //     a sandbox that is terminated, failed or paused, a second resource of one sandbox)
 //     is stopped;
-//   - whatever Also settles (operations whose job ended without an outcome).
+//   - whatever Also settles or tidies (operations whose job ended without an
+//     outcome, expired idempotency keys).
 //
 // It runs on one replica at a time: a round runs under a Postgres advisory lock, and a
 // replica that cannot take it skips its round, as the replenisher does.
@@ -94,7 +95,7 @@ type ReconcileResult struct {
 	Orphans     int
 	// Swept is true when the round listed the substrate's resources.
 	Swept bool
-	// Also counts what the Also functions settled.
+	// Also counts what the Also functions settled or tidied.
 	Also int
 }
 

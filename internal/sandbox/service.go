@@ -10,6 +10,7 @@ package sandbox
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +31,9 @@ type Options struct {
 	// View, when set, tells which shapes a create would miss the pool for without a
 	// query, for Refused; nil refuses nothing early.
 	View *pool.View
+	// IdempotencyTTL is how long an Idempotency-Key on a synchronous create names it
+	// (SPACE_IDEMPOTENCY_KEY_TTL; default idempotency.DefaultTTL).
+	IdempotencyTTL time.Duration
 	// OnClaim is called after a warm slot is claimed, e.g. to kick the replenisher.
 	OnClaim    func()
 	Registerer prometheus.Registerer

@@ -243,6 +243,8 @@ chartEnv, what the values render, then extraEnv.
 - name: SPACE_SIMULATED_STATE_DIR
   value: {{ . | quote }}
 {{- end }}
+- name: SPACE_IDEMPOTENCY_KEY_TTL
+  value: {{ .Values.idempotencyKeyTTL | quote }}
 - name: SPACE_RECONCILE_INTERVAL
   value: {{ .Values.reconcile.interval | quote }}
 - name: SPACE_RECONCILE_GRACE
