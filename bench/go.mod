@@ -1,6 +1,6 @@
 module github.com/space-sandbox/space/bench
 
-go 1.26.0
+go 1.26.7
 
 // The bench is inside the product's tree, so Go's internal rule lets it import the
 // product's internal packages (admission, store, testenv); the product itself comes
@@ -64,7 +64,7 @@ require (
 	github.com/pressly/goose/v3 v3.30.0 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
-	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/common v0.72.1 // indirect
 	github.com/prometheus/procfs v0.23.0 // indirect
 	github.com/riverqueue/river v0.51.2 // indirect
 	github.com/riverqueue/river/riverdriver v0.51.2 // indirect

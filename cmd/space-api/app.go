@@ -98,7 +98,7 @@ func NewMain(cfg config.Config, logger *slog.Logger) *Main {
 		Name: "space_http_active_connections",
 		Help: "Connections with a request in flight, both listeners.",
 	})
-	reg.MustRegister(inFlight)
+	reg.MustRegister(inFlight, buildInfo())
 	return &Main{Config: cfg, Logger: logger, Registry: reg, RedisPrefix: cfg.Redis.KeyPrefix, Getenv: os.Getenv, inFlight: inFlight, readHeaderTimeout: 5 * time.Second, serveErr: make(chan error, 2)}
 }
 

@@ -15,9 +15,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/store"
 )
@@ -108,6 +110,44 @@ func Version() string {
 		return bi.Main.Version
 	}
 	return "dev"
+}
+
+// Revision is the VCS revision the binary was built from, with "-dirty" when the tree
+// had changes, and "unknown" when the build recorded none (go build -buildvcs=false, or
+// a build outside a checkout).
+func Revision() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	rev, dirty := "", false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	switch {
+	case rev == "":
+		return "unknown"
+	case dirty:
+		return rev + "-dirty"
+	}
+	return rev
+}
+
+// buildInfo is space_build_info: 1, labelled with what was built, so that a dashboard
+// can tell which replicas run which build, and a rollout is visible as two versions.
+func buildInfo() prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "space_build_info",
+		Help:        "Always 1; its labels say which build of space-api this replica runs.",
+		ConstLabels: prometheus.Labels{"version": Version(), "revision": Revision(), "goversion": runtime.Version()},
+	})
+	g.Set(1)
+	return g
 }
 
 // NewLogger returns the JSON logger every component logs through.

@@ -105,6 +105,13 @@ func TestServe(t *testing.T) {
 				if c := ready.Checks["redis"]; c.Error != "" || c.Detail != "" || ready.Checks["postgres"].Status != "ok" {
 					t.Fatalf("the public readyz says more than what is down: %+v", ready)
 				}
+				wantReady := map[config.FailureMode]string{config.FailOpen: "space_ready 1", config.FailClosed: "space_ready 0"}[mode]
+				metrics := scrape(t, m)
+				for _, want := range []string{wantReady, `space_dependency_up{dependency="redis"} 0`, `space_dependency_up{dependency="postgres"} 1`} {
+					if !strings.Contains(metrics, "\n"+want+"\n") {
+						t.Errorf("/metrics with redis stopped lacks %q", want)
+					}
+				}
 				var internal api.Readiness
 				getJSON(t, m.InternalURL()+"/readyz", &internal)
 				if internal.Checks["redis"].Error == "" {
@@ -132,6 +139,14 @@ func TestServe(t *testing.T) {
 		}
 		if c := ready.Checks["postgres"]; c.Status != "unavailable" || c.Error != "" || c.Detail != "" {
 			t.Fatalf("the public readyz says how postgres is down, not only that it is: %+v", c)
+		}
+		// /metrics is still served, without the series read from Postgres, and says
+		// the replica is not ready.
+		metrics := scrape(t, m)
+		for _, want := range []string{"space_ready 0", `space_dependency_up{dependency="postgres"} 0`, "space_redis_circuit_breaker_state"} {
+			if !strings.Contains(metrics, "\n"+want) {
+				t.Errorf("/metrics with postgres cut lacks %q", want)
+			}
 		}
 		proxy.Restore()
 		testenv.Eventually(t, 10*time.Second, "readyz to recover", func() bool {
@@ -240,4 +255,19 @@ func TestRun(t *testing.T) {
 			t.Fatalf("serve after cancel: %v", err)
 		}
 	})
+}
+
+// scrape returns m's /metrics, which must answer 200.
+func scrape(t *testing.T, m *Main) string {
+	t.Helper()
+	resp, err := http.Get(m.InternalURL() + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics = %d (%v): %s", resp.StatusCode, err, body)
+	}
+	return string(body)
 }

@@ -94,7 +94,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		return opts, err
 	}
 	m.Substrate = sub
-	m.Pool = pool.New(pool.Options{DB: m.DB, Substrate: sub, Registerer: m.Registry, Logger: m.Logger})
+	m.Pool = pool.New(pool.Options{DB: m.DB, Substrate: sub, Targets: m.poolTargets, Registerer: m.Registry, Logger: m.Logger})
 	m.PoolView = pool.NewView(pool.ViewOptions{DB: m.DB, Targets: m.poolTargets, Logger: m.Logger, OnChange: m.onPoolView})
 	catalog := sandbox.Catalog{Templates: templates, Max: cfg.Sandbox.MaxShape}
 	m.Replenisher = pool.NewReplenisher(pool.ReplenisherOptions{

@@ -169,6 +169,7 @@ var decoders = map[string]func() any{
 	"rbac.authorization.k8s.io/v1/RoleBinding": func() any { return &rbacv1.RoleBinding{} },
 	"networking.k8s.io/v1/NetworkPolicy":       func() any { return &networkingv1.NetworkPolicy{} },
 	"monitoring.coreos.com/v1/ServiceMonitor":  func() any { return &serviceMonitor{} },
+	"monitoring.coreos.com/v1/PrometheusRule":  func() any { return &prometheusRule{} },
 	"networking.k8s.io/v1/Ingress":             func() any { return &networkingv1.Ingress{} },
 	"gateway.networking.k8s.io/v1/HTTPRoute":   func() any { return &httpRoute{} },
 	"v1/Pod":                                   func() any { return &corev1.Pod{} },
@@ -296,6 +297,9 @@ func objectMeta(obj any) *metav1.ObjectMeta {
 		return &sm.ObjectMeta
 	}
 	if r, ok := obj.(*httpRoute); ok {
+		return &r.ObjectMeta
+	}
+	if r, ok := obj.(*prometheusRule); ok {
 		return &r.ObjectMeta
 	}
 	return obj.(metaHaver).GetObjectMeta().(*metav1.ObjectMeta)

@@ -7,8 +7,6 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
-	"sort"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/dispatcher"
 	"github.com/space-sandbox/space/internal/flags"
+	"github.com/space-sandbox/space/internal/metric"
 	"github.com/space-sandbox/space/internal/sandbox"
 )
 
@@ -104,6 +103,9 @@ func New(opts Options) *Server {
 		s.maxBodyBytes = 64 << 10
 	}
 	s.metrics = newHTTPMetrics(opts.Registry)
+	if opts.Registry != nil {
+		metric.Register(opts.Registry, prometheus.Collector(&readinessCollector{s: s}))
+	}
 	return s
 }
 
@@ -147,7 +149,13 @@ func (s *Server) Internal() http.Handler {
 	r.MethodNotAllowed(s.methodNotAllowed)
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz(true))
-	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
+	// A collector that fails (Postgres down, for the series read from it at scrape
+	// time) leaves the rest of the scrape served, and is counted in
+	// promhttp_metric_handler_errors_total: the breaker and the error counters matter
+	// most exactly then.
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{
+		Registry: s.registry, ErrorHandling: promhttp.ContinueOnError, ErrorLog: promLogger{s.logger},
+	}))
 	r.Post("/internal/v1/sandboxes/{id}/wake", s.wakeSandbox)
 	r.Get("/internal/v1/operations/{id}", s.getOperationInternal)
 	return r
@@ -202,49 +210,7 @@ type Readiness struct {
 // serve without is down). internal adds each failure's text and each check's detail.
 func (s *Server) readyz(internal bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		res := Readiness{Status: statusOK, Checks: make(map[string]CheckResult, len(s.checks))}
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for _, c := range s.checks {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(r.Context(), s.checkTimeout)
-				defer cancel()
-				cr := CheckResult{Status: statusOK}
-				if internal {
-					cr.Detail = c.Detail
-				}
-				if err := c.Check(ctx); err != nil {
-					cr.Status = statusUnavailable
-					if c.Degrades {
-						cr.Status = statusDegraded
-					}
-					if internal {
-						cr.Error = err.Error()
-					}
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				res.Checks[c.Name] = cr
-				switch cr.Status {
-				case statusUnavailable:
-					res.Down = append(res.Down, c.Name)
-				case statusDegraded:
-					res.Degraded = append(res.Degraded, c.Name)
-				}
-			})
-		}
-		wg.Wait()
-		sort.Strings(res.Down)
-		sort.Strings(res.Degraded)
-		status := http.StatusOK
-		switch {
-		case len(res.Down) > 0:
-			res.Status, status = statusUnavailable, http.StatusServiceUnavailable
-		case s.draining.Load():
-			res.Status, status = statusDraining, http.StatusServiceUnavailable
-		case len(res.Degraded) > 0:
-			res.Status = statusDegraded
-		}
+		res, status := s.readiness(r.Context(), internal)
 		writeJSON(w, status, res)
 	}
 }

@@ -163,7 +163,7 @@ func New(opts Options) (*Dispatcher, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	m, err := newMetrics(opts.Registerer)
+	m, err := newMetrics(opts.Registerer, opts.DB)
 	if err != nil {
 		return nil, err
 	}

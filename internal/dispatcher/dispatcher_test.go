@@ -3,11 +3,13 @@ package dispatcher_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/dispatcher"
 	"github.com/space-sandbox/space/internal/idempotency"
@@ -540,6 +542,72 @@ func TestEnqueue(t *testing.T) {
 		var de *space.Error
 		if _, err := b.d.Get(b.ctx, "acme", "42"); !errors.As(err, &de) || de.Code != space.EINVALID || de.Field != "id" {
 			t.Fatalf("a malformed id: err = %v, want invalid naming id", err)
+		}
+	})
+}
+
+func TestQueueSignals(t *testing.T) {
+	t.Parallel()
+
+	t.Run("the queue's depth and its oldest waiting operation are read from Postgres at each scrape", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOptions{workers: -1})
+		want := func(body string) {
+			t.Helper()
+			if err := testutil.GatherAndCompare(b.reg, strings.NewReader(body),
+				"space_dispatcher_queue_depth", "space_dispatcher_oldest_queued_seconds"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		const header = `# HELP space_dispatcher_oldest_queued_seconds Age of the oldest queued operation since it was accepted, by kind; 0 when none is queued. Read at scrape time (aggregate with max).
+# TYPE space_dispatcher_oldest_queued_seconds gauge
+`
+		depthHeader := `# HELP space_dispatcher_queue_depth Operations not yet final, by kind and state (queued: waiting for a worker, snoozed by a limit or backing off after a failed attempt; running), read from Postgres at scrape time (the same on every replica: aggregate with max).
+# TYPE space_dispatcher_queue_depth gauge
+`
+		zeroDepth := func(createQueued, createRunning int) string {
+			return depthHeader + fmt.Sprintf(`space_dispatcher_queue_depth{kind="create",state="queued"} %d
+space_dispatcher_queue_depth{kind="create",state="running"} %d
+space_dispatcher_queue_depth{kind="restore",state="queued"} 0
+space_dispatcher_queue_depth{kind="restore",state="running"} 0
+space_dispatcher_queue_depth{kind="wake",state="queued"} 0
+space_dispatcher_queue_depth{kind="wake",state="running"} 0
+`, createQueued, createRunning)
+		}
+		// Nothing queued: every kind and state is there, at 0.
+		want(header + `space_dispatcher_oldest_queued_seconds{kind="create"} 0
+space_dispatcher_oldest_queued_seconds{kind="restore"} 0
+space_dispatcher_oldest_queued_seconds{kind="wake"} 0
+` + zeroDepth(0, 0))
+
+		old := b.create("acme", "")
+		b.create("acme", "")
+		running := b.create("acme", "")
+		for sql, id := range map[string]string{
+			"UPDATE operations SET created_at = now() - interval '1 hour' WHERE id = $1": old.ID,
+			"UPDATE operations SET state = 'running' WHERE id = $1":                      running.ID,
+		} {
+			if _, err := b.db.Exec(b.ctx, sql, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		families, err := b.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() != "space_dispatcher_oldest_queued_seconds" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				age := m.GetGauge().GetValue()
+				if m.GetLabel()[0].GetValue() == "create" && (age < 3600 || age > 3700) {
+					t.Fatalf("the oldest queued create is %vs old, want about an hour", age)
+				}
+			}
+		}
+		if err := testutil.GatherAndCompare(b.reg, strings.NewReader(zeroDepth(2, 1)), "space_dispatcher_queue_depth"); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river"
 
@@ -60,6 +61,8 @@ type bundle struct {
 	svc      *sandbox.Service
 	limits   *limits
 	d        *dispatcher.Dispatcher
+	// reg holds the first dispatcher's series (a registry takes one dispatcher).
+	reg *prometheus.Registry
 
 	failMu sync.Mutex
 	fail   func(substrate.Call) error
@@ -121,8 +124,13 @@ func (b *bundle) dispatcher(o setupOptions) *dispatcher.Dispatcher {
 	case -1:
 		workers = 0
 	}
+	var reg prometheus.Registerer
+	if b.reg == nil {
+		b.reg = prometheus.NewRegistry()
+		reg = b.reg
+	}
 	d, err := dispatcher.New(dispatcher.Options{
-		DB: b.db, Sandboxes: b.svc, Callers: b.limits,
+		DB: b.db, Sandboxes: b.svc, Callers: b.limits, Registerer: reg,
 		Workers:           workers,
 		AdmissionDeadline: o.deadline,
 		MaxSnooze:         o.maxSnooze,

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
@@ -20,7 +21,7 @@ type metrics struct {
 	queue    *prometheus.HistogramVec // {kind}
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, db *pgxpool.Pool) (*metrics, error) {
 	m := &metrics{
 		enqueued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "space_dispatcher_enqueued_total",
@@ -58,6 +59,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.enqueued.WithLabelValues(string(k))
 		m.settles.WithLabelValues(string(k))
 		m.lost.WithLabelValues(string(k))
+		m.queue.WithLabelValues(string(k))
+		// The codes that spend an attempt and are retried; the permanent ones end the
+		// operation at once and are counted when they happen.
+		for _, code := range []string{space.EUNAVAILABLE, space.EINTERNAL} {
+			m.retries.WithLabelValues(string(k), code)
+		}
 		for _, s := range []space.OperationState{space.OperationSucceeded, space.OperationFailed} {
 			m.finished.WithLabelValues(string(k), string(s))
 		}
@@ -68,7 +75,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.enqueued, m.finished, m.snoozes, m.settles, m.lost, m.retries, m.queue} {
+	for _, c := range []prometheus.Collector{m.enqueued, m.finished, m.snoozes, m.settles, m.lost, m.retries, m.queue, &backlog{db: db}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register dispatcher metrics (one Dispatcher per registry): %w", err)
 		}

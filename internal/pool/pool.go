@@ -36,8 +36,13 @@ type Slot struct {
 type Options struct {
 	DB        *pgxpool.Pool
 	Substrate substrate.Substrate
-	// Registerer receives space_pool_claims_total and space_pool_ready_slots; nil
-	// registers nothing.
+	// Targets, when set, are reported beside the ready counts
+	// (space_pool_target_slots), and every target shape gets a ready count, 0 when it
+	// has no slot, so a pool below its target is a comparison of two series that
+	// always exist.
+	Targets func(ctx context.Context) ([]Target, error)
+	// Registerer receives space_pool_claims_total, space_pool_ready_slots and
+	// space_pool_target_slots; nil registers nothing.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
@@ -61,7 +66,10 @@ func New(opts Options) *Pool {
 		Help: "Warm pool claims by result: hit (a ready slot of the exact shape was claimed) or miss.",
 	}, []string{"result"})
 	p.claims = metric.Register(opts.Registerer, p.claims)
-	metric.Register(opts.Registerer, prometheus.Collector(&readyCollector{db: opts.DB, desc: readyDesc}))
+	for _, r := range []string{"hit", "miss"} {
+		p.claims.WithLabelValues(r)
+	}
+	metric.Register(opts.Registerer, prometheus.Collector(&readyCollector{db: opts.DB, targets: opts.Targets}))
 	return p
 }
 
@@ -241,26 +249,50 @@ func (p *Pool) Slots(ctx context.Context, ids []string) (map[string]bool, error)
 	return out, nil
 }
 
-var readyDesc = prometheus.NewDesc("space_pool_ready_slots",
-	"Ready warm pool slots by shape, read from Postgres at scrape time (the same on every replica: aggregate with max).",
-	[]string{"shape"}, nil)
+var (
+	readyDesc = prometheus.NewDesc("space_pool_ready_slots",
+		"Ready warm pool slots by shape, read from Postgres at scrape time (the same on every replica: aggregate with max).",
+		[]string{"shape"}, nil)
+	targetDesc = prometheus.NewDesc("space_pool_target_slots",
+		"Ready slots the warm pool flag asks for, by shape, read at scrape time (the same on every replica: aggregate with max).",
+		[]string{"shape"}, nil)
+)
 
 // readyCollector reads the ready counts at scrape time, so that every replica reports
-// the pool as it is, not as the replica that last replenished saw it.
+// the pool as it is, not as the replica that last replenished saw it; and the targets
+// beside them.
 type readyCollector struct {
-	db   *pgxpool.Pool
-	desc *prometheus.Desc
+	db      *pgxpool.Pool
+	targets func(ctx context.Context) ([]Target, error)
 }
 
-func (c *readyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *readyCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- readyDesc
+	ch <- targetDesc
+}
 
 func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
+	ready := map[string]float64{}
+	if c.targets != nil {
+		ts, err := c.targets(ctx)
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(targetDesc, err)
+		}
+		want := map[string]float64{}
+		for _, t := range ts {
+			want[t.Shape.String()] += float64(t.Target)
+		}
+		for shape, n := range want {
+			ch <- prometheus.MustNewConstMetric(targetDesc, prometheus.GaugeValue, n, shape)
+			ready[shape] = 0
+		}
+	}
 	rows, err := c.db.Query(ctx, `SELECT template, cpu_millis, memory_mib, disk_gib, count(*)
 		FROM pool_slots WHERE state = 'ready' GROUP BY 1, 2, 3, 4`)
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		ch <- prometheus.NewInvalidMetric(readyDesc, err)
 		return
 	}
 	defer rows.Close()
@@ -268,9 +300,16 @@ func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
 		var s space.Shape
 		var n float64
 		if err := rows.Scan(&s.Template, &s.CPUMillis, &s.MemoryMiB, &s.DiskGiB, &n); err != nil {
-			ch <- prometheus.NewInvalidMetric(c.desc, err)
+			ch <- prometheus.NewInvalidMetric(readyDesc, err)
 			return
 		}
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, n, s.String())
+		ready[s.String()] = n
+	}
+	if err := rows.Err(); err != nil {
+		ch <- prometheus.NewInvalidMetric(readyDesc, err)
+		return
+	}
+	for shape, n := range ready {
+		ch <- prometheus.MustNewConstMetric(readyDesc, prometheus.GaugeValue, n, shape)
 	}
 }

@@ -3,6 +3,8 @@ package pool_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/pool"
@@ -430,5 +434,36 @@ func TestReplenisher(t *testing.T) {
 		}
 		cancel()
 		<-done
+	})
+}
+
+func TestPoolSignals(t *testing.T) {
+	t.Parallel()
+
+	t.Run("every target shape reports its target beside its ready count, 0 before any slot is warm", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		reg := prometheus.NewRegistry()
+		b.pool = pool.New(pool.Options{DB: b.db, Substrate: b.sim, Registerer: reg,
+			Targets: func(context.Context) ([]pool.Target, error) {
+				return []pool.Target{{Shape: python, Target: int(b.target.Load())}}, nil
+			}})
+		b.target.Store(2)
+		want := func(ready int) {
+			t.Helper()
+			body := fmt.Sprintf(`# HELP space_pool_ready_slots Ready warm pool slots by shape, read from Postgres at scrape time (the same on every replica: aggregate with max).
+# TYPE space_pool_ready_slots gauge
+space_pool_ready_slots{shape="python-3.12/1000m/2048Mi/10Gi"} %d
+# HELP space_pool_target_slots Ready slots the warm pool flag asks for, by shape, read at scrape time (the same on every replica: aggregate with max).
+# TYPE space_pool_target_slots gauge
+space_pool_target_slots{shape="python-3.12/1000m/2048Mi/10Gi"} 2
+`, ready)
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(body), "space_pool_ready_slots", "space_pool_target_slots"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want(0)
+		mustRound(t, b.replenisher(nil), b.ctx)
+		want(2)
 	})
 }

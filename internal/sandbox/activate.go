@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -366,6 +367,7 @@ type activation struct {
 //     503 fail-closed);
 //  8. cold start; a failure leaves the tokens spent.
 func (s *Service) activate(ctx context.Context, caller space.Caller, a activation) (*space.Sandbox, error) {
+	began := s.opts.Now()
 	var sb *space.Sandbox
 	var slot *pool.Slot
 	var tmpl substrate.Template
@@ -387,7 +389,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 		return err
 	})
 	if err != nil {
-		s.count(a.kind, err)
+		s.metrics.refused(a.kind, err, s.opts.Now().Sub(began))
 		return nil, store.Classify(err)
 	}
 
@@ -405,7 +407,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
 				s.logger.WarnContext(ctx, "consume adopted slot", "slot", slot.ID, "err", cerr)
 			}
-			return s.finish(ctx, a, sb, ref, true)
+			return s.finish(ctx, a, sb, ref, true, began)
 		}
 		// A slot that cannot be adopted is discarded and the activation goes on cold,
 		// as if the pool had missed.
@@ -417,13 +419,14 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 		if uerr := a.undo(ctx, sb, err); uerr != nil {
 			s.logger.ErrorContext(ctx, "undo refused activation", "sandbox", sb.ID, "err", uerr)
 		}
-		s.count(a.kind, err)
+		s.metrics.refused(a.kind, err, s.opts.Now().Sub(began))
 		return nil, err
 	}
 
+	coldBegan := s.opts.Now()
 	ref, err := a.start(ctx, sb, spec, nil)
 	if err != nil {
-		s.starts.WithLabelValues(a.kind, "failed").Inc()
+		s.metrics.activation(a.kind, "failed", s.opts.Now().Sub(began))
 		s.logger.WarnContext(ctx, "cold start failed", "kind", a.kind, "sandbox", sb.ID, "err", err)
 		_, ferr := a.failed(ctx, sb, err)
 		var moved *movedError
@@ -436,7 +439,8 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 		return nil, &space.Error{Code: space.EUNAVAILABLE, Err: err,
 			Message: fmt.Sprintf("the substrate failed to %s sandbox %s; see GET /v1/sandboxes/%s", activateVerb(a.kind), sb.ID, sb.ID)}
 	}
-	return s.finish(ctx, a, sb, ref, false)
+	s.metrics.coldStart.WithLabelValues(a.kind).Observe(s.opts.Now().Sub(coldBegan).Seconds())
+	return s.finish(ctx, a, sb, ref, false, began)
 }
 
 // finish records a started sandbox as running, provided it is still in the transitional
@@ -444,7 +448,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 // the reconciler settled it after this replica stalled past the bound): nothing owns
 // what was just started, so it is stopped, unless the reconciler already recorded that
 // very resource as the sandbox's.
-func (s *Service) finish(ctx context.Context, a activation, sb *space.Sandbox, ref string, warm bool) (*space.Sandbox, error) {
+func (s *Service) finish(ctx context.Context, a activation, sb *space.Sandbox, ref string, warm bool, began time.Time) (*space.Sandbox, error) {
 	outcome := "cold"
 	if warm {
 		outcome = "warm"
@@ -453,20 +457,20 @@ func (s *Service) finish(ctx context.Context, a activation, sb *space.Sandbox, r
 	var moved *movedError
 	if !errors.As(err, &moved) {
 		if err == nil {
-			s.starts.WithLabelValues(a.kind, outcome).Inc()
+			s.metrics.activation(a.kind, outcome, s.opts.Now().Sub(began))
 		}
 		// A write that failed (Postgres down) leaves the sandbox transitional with its
 		// resource running: the reconciler finds it and records it running.
 		return out, store.Classify(err)
 	}
 	if moved.cur.State == space.StateRunning && moved.cur.SubstrateRef == ref {
-		s.starts.WithLabelValues(a.kind, outcome).Inc()
+		s.metrics.activation(a.kind, outcome, s.opts.Now().Sub(began))
 		return moved.cur, nil
 	}
 	if serr := s.opts.Substrate.Stop(ctx, ref); serr != nil {
 		s.logger.ErrorContext(ctx, "stop what was started for a sandbox that moved on", "sandbox", sb.ID, "ref", ref, "err", serr)
 	}
-	s.starts.WithLabelValues(a.kind, "failed").Inc()
+	s.metrics.activation(a.kind, "failed", s.opts.Now().Sub(began))
 	return nil, movedOn(sb.ID, moved.cur.State, a.transient)
 }
 

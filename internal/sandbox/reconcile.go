@@ -125,6 +125,16 @@ func NewReconciler(opts ReconcilerOptions) *Reconciler {
 	for _, k := range []string{"sandbox", "slot"} {
 		r.orphans.WithLabelValues(k)
 	}
+	// Every settlement verdict can reach (see verdict), at 0 from the start.
+	for from, tos := range map[space.SandboxState][]space.SandboxState{
+		space.StateStarting:  {space.StateRunning, space.StateFailed},
+		space.StateRestoring: {space.StateRunning, space.StatePaused},
+		space.StatePausing:   {space.StateRunning, space.StatePaused, space.StateFailed},
+	} {
+		for _, to := range tos {
+			r.settled.WithLabelValues(string(from), string(to))
+		}
+	}
 	return r
 }
 

@@ -18,6 +18,7 @@ import (
 // rate may be told either reason. Anything else returns nil, and the create takes the
 // usual path, which decides on Postgres and Redis.
 func (s *Service) Refused(caller space.Caller, shape space.Shape) error {
+	began := s.opts.Now()
 	if s.opts.View == nil || !s.opts.View.Cold(shape) {
 		return nil
 	}
@@ -28,6 +29,6 @@ func (s *Service) Refused(caller space.Caller, shape space.Shape) error {
 	if le == nil {
 		return nil
 	}
-	s.count("create", le)
+	s.metrics.refused("create", le, s.opts.Now().Sub(began))
 	return le
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
-	"github.com/space-sandbox/space/internal/metric"
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/substrate"
 )
@@ -35,16 +34,18 @@ type Options struct {
 	// (SPACE_IDEMPOTENCY_KEY_TTL; default idempotency.DefaultTTL).
 	IdempotencyTTL time.Duration
 	// OnClaim is called after a warm slot is claimed, e.g. to kick the replenisher.
-	OnClaim    func()
+	OnClaim func()
+	// Now is the clock activations are timed with (default time.Now).
+	Now        func() time.Time
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
 
 // Service runs the flow.
 type Service struct {
-	opts   Options
-	logger *slog.Logger
-	starts *prometheus.CounterVec
+	opts    Options
+	logger  *slog.Logger
+	metrics *metrics
 }
 
 // New returns a Service.
@@ -52,15 +53,13 @@ func New(opts Options) *Service {
 	if opts.OnClaim == nil {
 		opts.OnClaim = func() {}
 	}
-	s := &Service{opts: opts, logger: opts.Logger}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Service{opts: opts, logger: opts.Logger, metrics: newMetrics(opts.Registerer)}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
-	s.starts = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "space_sandbox_activations_total",
-		Help: "Sandbox activations by kind (create, restore) and outcome (warm, cold, failed, rejected, unprocessable).",
-	}, []string{"kind", "outcome"})
-	s.starts = metric.Register(opts.Registerer, s.starts)
 	return s
 }
 
@@ -69,15 +68,6 @@ func activateVerb(kind string) string {
 		return "start"
 	}
 	return kind
-}
-
-func (s *Service) count(kind string, err error) {
-	switch space.ErrorCode(err) {
-	case space.ELIMITED:
-		s.starts.WithLabelValues(kind, "rejected").Inc()
-	case space.EUNPROCESSABLE:
-		s.starts.WithLabelValues(kind, "unprocessable").Inc()
-	}
 }
 
 // Costs returns the activation cost of every template in force, by name: what one

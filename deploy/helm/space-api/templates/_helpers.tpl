@@ -350,3 +350,16 @@ polling sees; a subPath mount would keep the first version forever.
 {{- define "space-api.probe" -}}
 {{- toYaml (omit . "enabled") }}
 {{- end }}
+
+{{/*
+The label matchers that select this release's series, as the ServiceMonitor labels
+them (namespace, and the job named after the internal Service), unless
+prometheusRule.selector or grafanaDashboard says otherwise.
+*/}}
+{{- define "space-api.metricSelector" -}}
+{{- if .Values.prometheusRule.selector -}}
+{{ .Values.prometheusRule.selector }}
+{{- else -}}
+namespace="{{ .Release.Namespace }}", job="{{ include "space-api.fullname" . }}-internal"
+{{- end -}}
+{{- end }}

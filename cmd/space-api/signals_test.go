@@ -1,0 +1,93 @@
+package main
+
+import (
+	"net/http"
+	"os"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// TestSignals drives a server through a warm hit, a cold start, a refusal and a queued
+// operation, then reads the series an operator watches from a real scrape.
+func TestSignals(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, e2eOptions{
+		quota: `{"clients": {"acme": {"concurrency": 50, "live_sandboxes": 100}},
+			"rate": {"acme": {"refill_rps": 0.000001, "burst": 2}}}`,
+		poolShapes: `[{"template": "python-3.12", "cpu_millis": 1000, "memory_mib": 2048, "disk_gib": 10, "target": 1}]`,
+	})
+	testenv.Eventually(t, 30*time.Second, "the warm pool to fill", func() bool {
+		return s.metric("space_pool_ready_slots", `shape="python-3.12/1000m/2048Mi/10Gi"`) == 1
+	})
+	s.create("acme", pythonBody) // warm
+	const node = `{"template":"node-22","cpu_millis":1000,"memory_mib":1024,"disk_gib":5}`
+	s.create("acme", node) // cold
+	s.create("acme", node) // cold
+	if r := s.do("POST", "/v1/sandboxes", "acme", node); r.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a create over the rate = %d %s", r.StatusCode, r.body)
+	}
+	s.accepted(s.do("POST", "/v1/sandboxes", "acme", node, "Prefer", async), "/v1/operations/")
+
+	body := scrape(t, s.m)
+
+	t.Run("the scrape is clean by promlint", func(t *testing.T) {
+		problems, err := promlint.New(strings.NewReader(body)).Lint()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range problems {
+			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+		}
+	})
+
+	t.Run("every series an operator watches is there, with what happened", func(t *testing.T) {
+		for _, want := range []string{
+			`space_build_info{goversion="` + runtime.Version() + `",revision="[^"]+",version="[^"]+"} 1`,
+			`space_sandbox_activation_seconds_count{kind="create",outcome="warm"} 1`,
+			`space_sandbox_activation_seconds_count{kind="create",outcome="cold"} 2`,
+			`space_sandbox_activation_seconds_count{kind="create",outcome="rejected"} 1`,
+			`space_sandbox_activation_seconds_count{kind="restore",outcome="failed"} 0`,
+			`space_sandbox_cold_start_seconds_count{kind="create"} 2`,
+			`space_dispatcher_queue_depth{kind="create",state="(queued|running)"} 1`,
+			`space_dispatcher_oldest_queued_seconds{kind="wake"} 0`,
+			`space_pool_target_slots{shape="python-3.12/1000m/2048Mi/10Gi"} 1`,
+			`space_pool_ready_slots{shape="python-3.12/1000m/2048Mi/10Gi"} [01]`,
+			`space_redis_circuit_breaker_state{state="closed"} 1`,
+			`space_ready 1`,
+			`space_dependency_up{dependency="postgres"} 1`,
+			`space_dependency_up{dependency="redis"} 1`,
+			`space_flags_last_reload_successful 1`,
+		} {
+			if !regexp.MustCompile(`(?m)^` + want + `$`).MatchString(body) {
+				t.Errorf("/metrics lacks a line matching %s", want)
+			}
+		}
+	})
+
+	t.Run("every series the chart's alerts and dashboard read is in the scrape", func(t *testing.T) {
+		// deploy/helm's TestMonitoring parses every query and writes the names here.
+		golden, err := os.ReadFile("../../deploy/helm/testdata/monitoring-series.txt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := strings.Fields(string(golden))
+		if len(names) < 20 {
+			t.Fatalf("%d series names in the golden file, want the chart's", len(names))
+		}
+		for _, name := range names {
+			if name == "up" {
+				continue // made by Prometheus for every target, not exported
+			}
+			if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `[{ ]`).MatchString(body) {
+				t.Errorf("the chart reads %s, which the scrape does not have", name)
+			}
+		}
+	})
+}

@@ -1,0 +1,78 @@
+package sandbox
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/metric"
+)
+
+// Activation kinds and outcomes, the labels of the activation series. Every pair is
+// exported from the start at zero, so that a rate() or an alert over a pair that has
+// not happened yet reads 0 rather than nothing.
+var (
+	activationKinds    = []string{"create", "restore"}
+	activationOutcomes = []string{"warm", "cold", "failed", "rejected", "unprocessable"}
+)
+
+// activationBuckets span what an activation takes: a refusal from memory or a warm hit
+// (a millisecond or less) to a cold start on a busy cluster (minutes, bounded by the
+// substrate's timeout).
+var activationBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+
+// coldStartBuckets span a substrate's cold start: an image cached on the node
+// (sub-second) to a large image pulled onto a new node (minutes).
+var coldStartBuckets = []float64{.05, .1, .25, .5, 1, 2, 5, 10, 20, 30, 60, 120, 300}
+
+type metrics struct {
+	activations *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	coldStart   *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		activations: metric.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_sandbox_activations_total",
+			Help: "Sandbox activations by kind (create, restore) and outcome (warm, cold, failed, rejected, unprocessable).",
+		}, []string{"kind", "outcome"})),
+		latency: metric.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "space_sandbox_activation_seconds",
+			Help: "How long an activation took in space-api, by kind and outcome (as space_sandbox_activations_total): " +
+				"from the refusal or the reservation to the sandbox running, or refused, or failed.",
+			Buckets: activationBuckets,
+		}, []string{"kind", "outcome"})),
+		coldStart: metric.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "space_sandbox_cold_start_seconds",
+			Help:    "How long the substrate took to start (create) or restore (restore) a sandbox without a warm slot, for the starts that succeeded.",
+			Buckets: coldStartBuckets,
+		}, []string{"kind"})),
+	}
+	for _, k := range activationKinds {
+		for _, o := range activationOutcomes {
+			m.activations.WithLabelValues(k, o)
+			m.latency.WithLabelValues(k, o)
+		}
+		m.coldStart.WithLabelValues(k)
+	}
+	return m
+}
+
+// activation records one activation of kind that ended with outcome after took.
+func (m *metrics) activation(kind, outcome string, took time.Duration) {
+	m.activations.WithLabelValues(kind, outcome).Inc()
+	m.latency.WithLabelValues(kind, outcome).Observe(took.Seconds())
+}
+
+// refused records an activation that err refused, if err is a refusal (a limit, or a
+// shape no cold start serves); other errors are not activations.
+func (m *metrics) refused(kind string, err error, took time.Duration) {
+	switch space.ErrorCode(err) {
+	case space.ELIMITED:
+		m.activation(kind, "rejected", took)
+	case space.EUNPROCESSABLE:
+		m.activation(kind, "unprocessable", took)
+	}
+}

@@ -1,0 +1,141 @@
+package sandbox_test
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/sandbox"
+	"github.com/space-sandbox/space/internal/substrate"
+)
+
+// clock is a test clock the substrate hook moves forward, so durations are exact.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// timed rebuilds b's service with a registry and a clock.
+func timed(b *bundle) (*prometheus.Registry, *clock) {
+	reg := prometheus.NewRegistry()
+	c := &clock{now: time.Unix(1_800_000_000, 0)}
+	b.svc = sandbox.New(sandbox.Options{
+		DB: b.db, Pool: b.pool, Substrate: b.sim, Charger: b.charger,
+		Catalog:    sandbox.Catalog{Templates: substrate.Templates{python.Template: {Name: python.Template, Image: "python:3.12-slim"}}, Max: space.Shape{CPUMillis: 8000, MemoryMiB: 16384, DiskGiB: 100}},
+		Now:        c.Now,
+		Registerer: reg,
+	})
+	return reg, c
+}
+
+// histogram returns the sample count and sum of the series of name with labels.
+func histogram(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (uint64, float64) {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if matches(m, labels) {
+				return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	t.Fatalf("no series %s%v", name, labels)
+	return 0, 0
+}
+
+func matches(m *dto.Metric, labels map[string]string) bool {
+	n := 0
+	for _, l := range m.GetLabel() {
+		if v, ok := labels[l.GetName()]; ok {
+			if v != l.GetValue() {
+				return false
+			}
+			n++
+		}
+	}
+	return n == len(labels)
+}
+
+func TestActivationSignals(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a cold start is timed from the reservation to running, and the substrate's part apart", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		reg, clk := timed(b)
+		b.setFail(func(c substrate.Call) error {
+			if c.Op == substrate.OpStartCold {
+				clk.advance(3 * time.Second)
+			}
+			return nil
+		})
+		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err != nil {
+			t.Fatal(err)
+		}
+		if n, sum := histogram(t, reg, "space_sandbox_activation_seconds", map[string]string{"kind": "create", "outcome": "cold"}); n != 1 || sum != 3 {
+			t.Fatalf("cold activations: %d observed, %vs in all; want 1 of 3s", n, sum)
+		}
+		if n, sum := histogram(t, reg, "space_sandbox_cold_start_seconds", map[string]string{"kind": "create"}); n != 1 || sum != 3 {
+			t.Fatalf("cold starts: %d observed, %vs in all; want 1 of 3s", n, sum)
+		}
+	})
+
+	t.Run("a warm hit, a refusal and a failed start each land in their own outcome", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		reg, _ := timed(b)
+		b.addReadySlots(t, python, 1)
+		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err != nil {
+			t.Fatal(err)
+		}
+		b.charger.mu.Lock()
+		b.charger.reject = func(space.ClientKey) bool { return true }
+		b.charger.mu.Unlock()
+		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.ELIMITED {
+			t.Fatalf("a create over the rate = %v, want refused", err)
+		}
+		b.charger.mu.Lock()
+		b.charger.reject = nil
+		b.charger.mu.Unlock()
+		b.setFail(func(c substrate.Call) error {
+			if c.Op == substrate.OpStartCold {
+				return errors.New("node pool exhausted")
+			}
+			return nil
+		})
+		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.EUNAVAILABLE {
+			t.Fatalf("a failed cold start = %v, want unavailable", err)
+		}
+		for outcome, want := range map[string]uint64{"warm": 1, "rejected": 1, "failed": 1, "cold": 0, "unprocessable": 0} {
+			if n, _ := histogram(t, reg, "space_sandbox_activation_seconds", map[string]string{"kind": "create", "outcome": outcome}); n != want {
+				t.Errorf("%s activations observed: %d, want %d", outcome, n, want)
+			}
+		}
+		if n, _ := histogram(t, reg, "space_sandbox_cold_start_seconds", map[string]string{"kind": "create"}); n != 0 {
+			t.Errorf("%d cold starts observed, want none (the one that failed is not a start)", n)
+		}
+	})
+}
