@@ -6,7 +6,8 @@
 //
 // FileProvider is an OpenFeature provider that serves SPACE_FLAGS_FILE, a file in
 // flagd's flag-definition format with static defaultVariant values only (a flag with
-// targeting rules is refused, naming the flag). It polls the file by content hash
+// targeting rules is refused, naming the flag; parseFlagsFile lists what else flagd's
+// schema accepts and refuses). It polls the file by content hash
 // (DefaultPollInterval, 2s), so an atomic rename and a Kubernetes ConfigMap update (the
 // ..data symlink swap) are both picked up, emits PROVIDER_CONFIGURATION_CHANGED on a
 // change, and keeps the last good flags when a new file is invalid or missing (logged,
@@ -16,8 +17,8 @@
 //
 // # The Resolver
 //
-// Resolve evaluates the quota flag once per request (a flag change applies to the next
-// request), maps the authenticated client id through the allowlist to its budget key (anything not on it is
+// Resolve evaluates the quota flag once per request, with the client id as the
+// OpenFeature targetingKey (a flag change applies to the next request), maps the authenticated client id through the allowlist to its budget key (anything not on it is
 // space.Unknown) and layers the limits: built-in Defaults, then the flag's "default",
 // then the client's entry, field by field; the client activation rate is the env rate
 // unless the flag's "rate" object has an entry for the key (a rate replaces it, null

@@ -12,7 +12,7 @@ import (
 // ErrMalformed too) and only its key falls back to the env rate.
 var ErrMalformed = errors.New("malformed flag value")
 
-// ErrTargeting marks a flag definition with targeting rules (or shared $evaluators).
+// ErrTargeting marks a flag definition with targeting rules.
 // The file provider serves static defaultVariant values only: a rule it silently
 // ignored would hand every client the default variant while the operator believes the
 // rule is in force, so the file is refused instead.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"reflect"
 	"slices"
+	"strings"
 )
 
 // Flag states of flagd's flag-definition format.
@@ -18,26 +19,56 @@ const (
 
 // flag is one flag definition, reduced to what a static evaluation needs.
 type flag struct {
-	enabled  bool
-	variant  string // the defaultVariant
-	value    any    // the defaultVariant's value, shared by every evaluation: never modified
+	enabled bool
+	// variant is the defaultVariant; "" when the definition has none (absent or null,
+	// valid since flagd schema 0.2.12): the flag then serves the caller's default.
+	variant  string
+	value    any // the defaultVariant's value, shared by every evaluation: never modified
 	metadata map[string]any
 }
 
-// parseFlagsFile parses a flags file and runs the validators over every variant of the
-// flags they name. It refuses rather than guesses: unknown fields (a typo such as
-// "defaultvariant" would otherwise serve nothing), a defaultVariant that is not one of
-// the variants, targeting rules, trailing garbage. Every error names the flag.
+// Fields of flagd's flag-definition format, at the top and in a flag.
+var (
+	topFields  = []string{"$schema", "metadata", "$evaluators", "flags"}
+	flagFields = []string{"state", "variants", "defaultVariant", "targeting", "metadata"}
+)
+
+// parseFlagsFile parses a flags file in flagd's flag-definition format (the providers'
+// form: "flags" an object of flag key to definition) and runs the validators over
+// every variant of the flags they name. It accepts what flagd's schema accepts, static
+// flags only, and refuses what it refuses, naming the flag:
+//
+//   - a flag needs a state (ENABLED or DISABLED) and at least one variant, all of one
+//     type: boolean, string, number or object (an array, a null or a mix is refused);
+//   - defaultVariant is a variant's name, or absent or null: the flag then serves the
+//     caller's default (flagd's "code default");
+//   - metadata, of the file or of a flag, holds strings, numbers and booleans only;
+//   - $schema and $evaluators are accepted; targeting rules are refused (ErrTargeting):
+//     this provider serves static values, and a rule it ignored would hand everyone
+//     the default while the operator believes the rule in force.
+//
+// Beyond the schema it refuses a defaultVariant that names no variant, and a field
+// whose name is a known field's in another case ("defaultvariant"): flagd would ignore
+// both, serving what nobody meant. Other unknown fields are allowed by the schema and
+// ignored, each reported through warn.
 //
 // Every variant is validated, not only the default one: a broken variant is a change
 // of defaultVariant away from production.
-func parseFlagsFile(data []byte, validators map[string]func(any) error) (map[string]*flag, error) {
-	doc, err := decodeObject(data, "$schema", "metadata", "$evaluators", "flags")
+func parseFlagsFile(data []byte, validators map[string]func(any) error, warn func(string)) (map[string]*flag, error) {
+	if warn == nil {
+		warn = func(string) {}
+	}
+	doc, err := decodeObject(data)
 	if err != nil {
 		return nil, fmt.Errorf("not a flag-definition file: %w", err)
 	}
-	if raw, ok := doc["$evaluators"]; ok && !isJSONNull(raw) {
-		return nil, fmt.Errorf("$evaluators: %w", ErrTargeting)
+	if err := checkFields(doc, topFields, "the file", warn); err != nil {
+		return nil, fmt.Errorf("not a flag-definition file: %w", err)
+	}
+	if raw, ok := doc["metadata"]; ok {
+		if err := checkMetadata(raw, true); err != nil {
+			return nil, fmt.Errorf("metadata: %w", err)
+		}
 	}
 	rawFlags, ok := doc["flags"]
 	if !ok || isJSONNull(rawFlags) {
@@ -45,11 +76,14 @@ func parseFlagsFile(data []byte, validators map[string]func(any) error) (map[str
 	}
 	var defs map[string]json.RawMessage
 	if err := json.Unmarshal(rawFlags, &defs); err != nil {
-		return nil, fmt.Errorf(`not a flag-definition file: "flags" must be an object of flag key to definition: %w`, err)
+		return nil, fmt.Errorf(`not a flag-definition file: "flags" must be an object of flag key to definition (the array form is flagd's own, not a provider's): %w`, err)
 	}
 	flags := make(map[string]*flag, len(defs))
 	for _, key := range sortedKeys(defs) {
-		f, err := parseFlag(key, defs[key], validators[key])
+		if key == "" {
+			return nil, errors.New(`"flags": a flag key must not be empty`)
+		}
+		f, err := parseFlag(key, defs[key], validators[key], warn)
 		if err != nil {
 			return nil, err
 		}
@@ -58,12 +92,15 @@ func parseFlagsFile(data []byte, validators map[string]func(any) error) (map[str
 	return flags, nil
 }
 
-func parseFlag(key string, raw json.RawMessage, validate func(any) error) (*flag, error) {
+func parseFlag(key string, raw json.RawMessage, validate func(any) error, warn func(string)) (*flag, error) {
 	fail := func(variant string, err error) (*flag, error) {
 		return nil, &FlagError{Flag: key, Variant: variant, Err: err}
 	}
-	def, err := decodeObject(raw, "state", "variants", "defaultVariant", "targeting", "metadata")
+	def, err := decodeObject(raw)
 	if err != nil {
+		return fail("", err)
+	}
+	if err := checkFields(def, flagFields, fmt.Sprintf("flag %q", key), warn); err != nil {
 		return fail("", err)
 	}
 	if hasTargeting(def["targeting"]) {
@@ -73,9 +110,8 @@ func parseFlag(key string, raw json.RawMessage, validate func(any) error) (*flag
 		state          string
 		variants       map[string]json.RawMessage
 		defaultVariant *string
-		metadata       map[string]any
 	)
-	for field, dst := range map[string]any{"state": &state, "variants": &variants, "defaultVariant": &defaultVariant, "metadata": &metadata} {
+	for field, dst := range map[string]any{"state": &state, "variants": &variants, "defaultVariant": &defaultVariant} {
 		if raw, ok := def[field]; ok {
 			if err := json.Unmarshal(raw, dst); err != nil {
 				return fail("", fmt.Errorf("%s: %w", field, err))
@@ -93,17 +129,29 @@ func parseFlag(key string, raw json.RawMessage, validate func(any) error) (*flag
 	if len(variants) == 0 {
 		return fail("", errors.New("variants must hold at least one variant"))
 	}
-	if defaultVariant == nil {
-		return fail("", errors.New("defaultVariant is required (the static value served)"))
+	if defaultVariant != nil {
+		f.variant = *defaultVariant
+		if _, ok := variants[f.variant]; !ok {
+			return fail("", fmt.Errorf("defaultVariant %q is not one of the variants %q", truncate(f.variant), sortedKeys(variants)))
+		}
 	}
-	f.variant = *defaultVariant
-	if _, ok := variants[f.variant]; !ok {
-		return fail("", fmt.Errorf("defaultVariant %q is not one of the variants %q", truncate(f.variant), sortedKeys(variants)))
-	}
+	kind, first := "", ""
 	for _, name := range sortedKeys(variants) {
+		if name == "" {
+			return fail("", errors.New("a variant name must not be empty"))
+		}
 		var value any
 		if err := json.Unmarshal(variants[name], &value); err != nil {
 			return fail(name, err)
+		}
+		k := variantKind(value)
+		switch {
+		case k == "":
+			return fail(name, fmt.Errorf("a variant is a boolean, a string, a number or an object, not %s", typeName(value)))
+		case kind == "":
+			kind, first = k, name
+		case k != kind:
+			return fail(name, fmt.Errorf("variants must all be of one type: %q is %s, %q is %s", first, kind, name, k))
 		}
 		if validate != nil {
 			if err := validate(value); err != nil {
@@ -114,8 +162,73 @@ func parseFlag(key string, raw json.RawMessage, validate func(any) error) (*flag
 			f.value = value
 		}
 	}
-	f.metadata = scalarMetadata(metadata)
+	if raw, ok := def["metadata"]; ok {
+		if err := checkMetadata(raw, false); err != nil {
+			return fail("", fmt.Errorf("metadata: %w", err))
+		}
+		var metadata map[string]any
+		if err := json.Unmarshal(raw, &metadata); err != nil {
+			return fail("", fmt.Errorf("metadata: %w", err))
+		}
+		f.metadata = scalarMetadata(metadata)
+	}
 	return f, nil
+}
+
+// variantKind is the flag type a variant value makes: "" for one no flag type holds.
+func variantKind(v any) string {
+	switch v.(type) {
+	case bool:
+		return "a boolean"
+	case string:
+		return "a string"
+	case float64:
+		return "a number"
+	case map[string]any:
+		return "an object"
+	}
+	return ""
+}
+
+// checkFields refuses a field whose name is a known one's in another case (a typo
+// that flagd would ignore) and reports every other unknown field through warn.
+func checkFields(obj map[string]json.RawMessage, known []string, where string, warn func(string)) error {
+	for _, field := range sortedKeys(obj) {
+		if slices.Contains(known, field) {
+			continue
+		}
+		for _, k := range known {
+			if strings.EqualFold(field, k) {
+				return fmt.Errorf("unknown field %q: did you mean %q? (flagd would ignore it)", truncate(field), k)
+			}
+		}
+		warn(fmt.Sprintf("%s: field %q is not part of the flag-definition format and is ignored", where, truncate(field)))
+	}
+	return nil
+}
+
+// checkMetadata refuses metadata that is not an object of strings, numbers and
+// booleans; the file's flagSetId and version, when there, must be strings.
+func checkMetadata(raw json.RawMessage, fileLevel bool) error {
+	if isJSONNull(raw) {
+		return errors.New("must be an object, not null")
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return fmt.Errorf("must be an object: %w", err)
+	}
+	for _, k := range sortedKeys(m) {
+		switch v := m[k].(type) {
+		case string:
+		case bool, float64:
+			if fileLevel && (k == "flagSetId" || k == "version") {
+				return fmt.Errorf("%q must be a string, not %s", k, typeName(v))
+			}
+		default:
+			return fmt.Errorf("%q must be a string, a number or a boolean, not %s", truncate(k), typeName(v))
+		}
+	}
+	return nil
 }
 
 // hasTargeting reports whether a flag carries targeting rules. An absent, null or empty
@@ -137,10 +250,9 @@ func isJSONNull(raw json.RawMessage) bool {
 	return string(bytes.TrimSpace(raw)) == "null"
 }
 
-// decodeObject decodes exactly one JSON object into its raw fields, refusing a field
-// not in allowed (compared exactly: encoding/json would match struct fields without
-// regard to case, so "defaultvariant" would pass) and anything after the object.
-func decodeObject(data []byte, allowed ...string) (map[string]json.RawMessage, error) {
+// decodeObject decodes exactly one JSON object into its raw fields, refusing anything
+// after it.
+func decodeObject(data []byte) (map[string]json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	var obj map[string]json.RawMessage
 	if err := dec.Decode(&obj); err != nil {
@@ -151,11 +263,6 @@ func decodeObject(data []byte, allowed ...string) (map[string]json.RawMessage, e
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return nil, errors.New("unexpected data after the JSON object")
-	}
-	for _, field := range sortedKeys(obj) {
-		if !slices.Contains(allowed, field) {
-			return nil, fmt.Errorf("unknown field %q (want one of %q)", truncate(field), allowed)
-		}
 	}
 	return obj, nil
 }

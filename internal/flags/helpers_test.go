@@ -355,6 +355,8 @@ type stubProvider struct {
 	openfeature.NoopProvider
 	value atomic.Pointer[stubAnswer]
 	calls atomic.Int64
+	// perKey, when set, answers by targeting key, as a provider with targeting would.
+	perKey map[string]any
 }
 
 type stubAnswer struct {
@@ -367,8 +369,14 @@ func (s *stubProvider) fail(err openfeature.ResolutionError) { s.value.Store(&st
 
 func (s *stubProvider) Metadata() openfeature.Metadata { return openfeature.Metadata{Name: "stub"} }
 
-func (s *stubProvider) ObjectEvaluation(_ context.Context, _ string, def any, _ openfeature.FlattenedContext) openfeature.InterfaceResolutionDetail {
+func (s *stubProvider) ObjectEvaluation(_ context.Context, _ string, def any, ec openfeature.FlattenedContext) openfeature.InterfaceResolutionDetail {
 	s.calls.Add(1)
+	if s.perKey != nil {
+		key, _ := ec[openfeature.TargetingKey].(string)
+		if v, ok := s.perKey[key]; ok {
+			return openfeature.InterfaceResolutionDetail{Value: v, ProviderResolutionDetail: openfeature.ProviderResolutionDetail{Reason: openfeature.TargetingMatchReason}}
+		}
+	}
 	a := s.value.Load()
 	if a == nil {
 		return openfeature.InterfaceResolutionDetail{Value: def, ProviderResolutionDetail: openfeature.ProviderResolutionDetail{

@@ -150,7 +150,9 @@ func NewFileProvider(opts FileProviderOptions) (*FileProvider, error) {
 	var err error
 	p.file, err = reload.Open(reload.Options[map[string]*flag]{
 		Path: p.path, What: "flags file", Metric: "space_flags", Registerer: opts.Registerer, Logger: p.log,
-		Parse: func(data []byte) (map[string]*flag, error) { return parseFlagsFile(data, p.validators) },
+		Parse: func(data []byte) (map[string]*flag, error) {
+			return parseFlagsFile(data, p.validators, func(msg string) { p.log.Warn("flags file: "+msg, "path", p.path) })
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -312,6 +314,11 @@ func typeMismatch(key, want string, got any) openfeature.ProviderResolutionDetai
 func evaluate[T any](p *FileProvider, key string, def T, want string, conv func(any) (T, bool)) openfeature.GenericResolutionDetail[T] {
 	f, detail, ok := p.lookup(key)
 	if !ok {
+		return openfeature.GenericResolutionDetail[T]{Value: def, ProviderResolutionDetail: detail}
+	}
+	if f.variant == "" {
+		// No defaultVariant: flagd's "code default", the caller's own.
+		detail.Reason = openfeature.DefaultReason
 		return openfeature.GenericResolutionDetail[T]{Value: def, ProviderResolutionDetail: detail}
 	}
 	v, ok := conv(f.value)

@@ -147,7 +147,7 @@ func NewResolver(opts ResolverOptions) *Resolver {
 // runs: an id that has left the allowlist since is charged and capped as
 // space.Unknown from then on, while still owning its sandboxes.
 func (r *Resolver) Resolve(ctx context.Context, id space.ClientID) space.Caller {
-	p := r.quotas(ctx)
+	p := r.quotas(ctx, id)
 	key := space.Unknown
 	if id != "" && len(id) <= p.maxKeyLen {
 		if _, ok := p.q.Clients[space.ClientKey(id)]; ok {
@@ -242,13 +242,19 @@ func rateString(r *space.Rate) string {
 	return fmt.Sprintf("%g/s burst %d", r.RefillRPS, r.Burst)
 }
 
-// quotas evaluates the quota flag once and returns its parsed value, or the last good
-// one.
-func (r *Resolver) quotas(ctx context.Context) *parsedQuotas {
+// quotas evaluates the quota flag once for client id and returns its parsed value, or
+// the last good one. The id is the evaluation's targetingKey: the file provider serves
+// one static value whoever asks, and a provider with targeting (flagd) can serve a
+// client a variant of its own with no change here.
+func (r *Resolver) quotas(ctx context.Context, id space.ClientID) *parsedQuotas {
 	if r.client == nil {
 		return noQuotas
 	}
-	details, err := r.client.ObjectValueDetails(ctx, QuotaFlag, nil, openfeature.EvaluationContext{})
+	ec := openfeature.EvaluationContext{}
+	if id != "" {
+		ec = openfeature.NewEvaluationContext(string(id), nil)
+	}
+	details, err := r.client.ObjectValueDetails(ctx, QuotaFlag, nil, ec)
 	if (err != nil && details.ErrorCode == openfeature.FlagNotFoundCode) || (err == nil && details.Value == nil) {
 		// Absent, disabled, or a provider that has no value for it (the no-op provider):
 		// no flag is not a failure.
