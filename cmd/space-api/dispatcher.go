@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
+	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/dispatcher"
+	"riverqueue.com/riverui"
 )
 
 // dispatcher makes the queued-operation dispatcher (docs/dispatcher.md) on m's database and
@@ -57,4 +60,25 @@ func (m *Main) dispatcher(ctx context.Context) (*dispatcher.Dispatcher, error) {
 	}
 	m.onClose(d.Stop)
 	return d, nil
+}
+
+// riverUI returns River UI over d's River client, started, and stopped on Close.
+func (m *Main) riverUI(d *dispatcher.Dispatcher) (http.Handler, error) {
+	h, err := riverui.NewHandler(&riverui.HandlerOpts{
+		Endpoints: riverui.NewEndpoints(d.River(), nil),
+		Logger:    m.Logger.With("component", "riverui"),
+		Prefix:    api.RiverUIPath,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("SPACE_RIVER_UI: %w", err)
+	}
+	// Its caches and background queries live as long as the replica, not as long as
+	// the start-up context.
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := h.Start(ctx); err != nil {
+		cancel()
+		return nil, fmt.Errorf("SPACE_RIVER_UI: start: %w", err)
+	}
+	m.onClose(func(context.Context) error { cancel(); return nil })
+	return h, nil
 }

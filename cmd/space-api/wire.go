@@ -114,6 +114,11 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	if opts.Operations, err = m.dispatcher(ctx); err != nil {
 		return opts, err
 	}
+	if cfg.Dispatcher.UI {
+		if opts.RiverUI, err = m.riverUI(opts.Operations); err != nil {
+			return opts, err
+		}
+	}
 	m.Reconciler = sandbox.NewReconciler(sandbox.ReconcilerOptions{
 		Service:  m.Sandboxes,
 		Interval: cfg.Reconcile.Interval,

@@ -7,6 +7,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -59,7 +60,13 @@ type Options struct {
 	Sandboxes   *sandbox.Service
 	// Operations queues Prefer: respond-async requests and serves /v1/operations.
 	Operations *dispatcher.Dispatcher
+	// RiverUI, when set, is mounted at /riverui/ on the internal listener (it serves
+	// its pages and API under that prefix).
+	RiverUI http.Handler
 }
+
+// RiverUIPath is where River UI is mounted on the internal listener when enabled.
+const RiverUIPath = "/riverui/"
 
 // Server holds the handlers of both listeners.
 type Server struct {
@@ -78,6 +85,7 @@ type Server struct {
 	admitter    *admission.Admitter
 	sandboxes   *sandbox.Service
 	operations  *dispatcher.Dispatcher
+	riverUI     http.Handler
 }
 
 // New returns a Server.
@@ -95,6 +103,7 @@ func New(opts Options) *Server {
 		admitter:     opts.Admitter,
 		sandboxes:    opts.Sandboxes,
 		operations:   opts.Operations,
+		riverUI:      opts.RiverUI,
 	}
 	if s.checkTimeout <= 0 {
 		s.checkTimeout = 2 * time.Second
@@ -158,6 +167,12 @@ func (s *Server) Internal() http.Handler {
 	}))
 	r.Post("/internal/v1/sandboxes/{id}/wake", s.wakeSandbox)
 	r.Get("/internal/v1/operations/{id}", s.getOperationInternal)
+	if s.riverUI != nil {
+		r.Handle(RiverUIPath+"*", s.riverUI)
+		r.Get(strings.TrimSuffix(RiverUIPath, "/"), func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, RiverUIPath, http.StatusMovedPermanently)
+		})
+	}
 	return r
 }
 

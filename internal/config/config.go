@@ -180,6 +180,11 @@ type Dispatcher struct {
 	// MaxAttempts is how many real attempts a queued operation gets before it fails
 	// (SPACE_DISPATCHER_MAX_ATTEMPTS, default 5); admission snoozes are not attempts.
 	MaxAttempts int
+	// UI mounts River UI at /riverui/ on the internal listener (SPACE_RIVER_UI,
+	// default false): the queue's jobs, their errors and attempts, in a browser. Off
+	// by default because it can also cancel, retry and delete jobs, and the internal
+	// listener has no authentication.
+	UI bool
 	// JobTimeout bounds one run of a queued operation (SPACE_DISPATCHER_JOB_TIMEOUT);
 	// zero, the default, is the substrate's own timeout plus 20s, which no run of a live
 	// replica outlasts. A dead replica's runs are run again 10s after it.
@@ -291,6 +296,7 @@ func Load(getenv func(string) string) (Config, error) {
 	r.duration("SPACE_DISPATCHER_MAX_SNOOZE", &c.Dispatcher.MaxSnooze)
 	r.positive("SPACE_DISPATCHER_MAX_ATTEMPTS", &c.Dispatcher.MaxAttempts)
 	r.duration("SPACE_DISPATCHER_JOB_TIMEOUT", &c.Dispatcher.JobTimeout)
+	r.boolean("SPACE_RIVER_UI", &c.Dispatcher.UI)
 
 	if r.err != nil {
 		return Config{}, r.err

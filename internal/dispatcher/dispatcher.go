@@ -124,6 +124,11 @@ type Dispatcher struct {
 	started bool
 }
 
+// River is the River client the dispatcher queues and runs operations with, for River
+// UI to read the queue through (SPACE_RIVER_UI). It is not for queueing: Enqueue
+// keeps each operation's row and job together.
+func (d *Dispatcher) River() *river.Client[pgx.Tx] { return d.client }
+
 // New returns a Dispatcher; Start runs its workers.
 func New(opts Options) (*Dispatcher, error) {
 	switch {

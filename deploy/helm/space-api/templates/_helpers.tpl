@@ -279,6 +279,8 @@ chartEnv, what the values render, then extraEnv.
 - name: SPACE_DISPATCHER_JOB_TIMEOUT
   value: {{ . | quote }}
 {{- end }}
+- name: SPACE_RIVER_UI
+  value: {{ .Values.dispatcher.riverUI | quote }}
 {{- end }}
 
 {{/*
