@@ -54,7 +54,7 @@ type Main struct {
 	OnTemplatesReload func(reload.Result)
 
 	DB          *pgxpool.Pool
-	Redis       redis.UniversalClient
+	Redis       redis.UniversalClient // *redis.Client or *redis.ClusterClient (redis.go)
 	API         *api.Server
 	Resolver    *flags.Resolver
 	Admitter    *admission.Admitter
@@ -117,21 +117,12 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 
-	// Redis is not pinged here: a Redis outage at start is a Redis outage like any
-	// other (admission fails open, /readyz says so), not a reason to crash-loop.
-	// ContextTimeoutEnabled makes each call's socket deadlines those of its context,
-	// so that the admission components run their calls directly instead of racing
-	// each in a goroutine of its own against the timeout (see admission.Options.Redis):
-	// one goroutine, channel and select fewer per Redis call, three calls per create.
-	m.Redis = redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs:                 cfg.Redis.Addrs,
-		IsClusterMode:         len(cfg.Redis.Addrs) > 1,
-		DialTimeout:           time.Second,
-		ReadTimeout:           cfg.Redis.Timeout,
-		WriteTimeout:          cfg.Redis.Timeout,
-		ContextTimeoutEnabled: true,
-	})
-	m.onClose(func(context.Context) error { return m.Redis.Close() })
+	// Redis is asked what it is, but an outage at start is a Redis outage like any
+	// other (admission fails open, /readyz says so), not a reason to crash-loop: only
+	// settings that cannot work stop the start (redis.go).
+	if err := m.openRedis(ctx); err != nil {
+		return err
+	}
 
 	opts, err := m.domain(ctx)
 	if err != nil {

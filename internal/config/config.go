@@ -7,13 +7,23 @@
 package config
 
 import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
 	"math"
 	"net"
 	"net/netip"
+	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
 )
@@ -81,11 +91,40 @@ const (
 	AuthTrustedHeader AuthMode = "trusted_header"
 )
 
-// Redis locates the Redis that holds the buckets and leases.
+// Redis locates the Redis that holds the buckets and leases, and says how to log in to
+// it.
+//
+// It comes either from SPACE_REDIS_ADDRS or from SPACE_REDIS_URL (one of the two, never
+// both); SPACE_REDIS_USERNAME, SPACE_REDIS_PASSWORD(_FILE) and SPACE_REDIS_TLS override
+// the URL's parts (TLS only upwards: a rediss:// URL always speaks TLS). Printed with
+// fmt or logged with slog, the password shows as [redacted].
 type Redis struct {
-	// Addrs is SPACE_REDIS_ADDRS (required): one address for a standalone Redis,
+	// Addrs is SPACE_REDIS_ADDRS (required unless SPACE_REDIS_URL is set): one address
+	// for a standalone Redis, or for one node of a Redis Cluster (Mode says which);
 	// several for a Redis Cluster.
 	Addrs []string
+	// Mode is SPACE_REDIS_MODE (default auto): auto asks the server at start (INFO
+	// cluster) when there is one address, and takes several for a cluster.
+	Mode RedisMode
+	// Username is the ACL user (SPACE_REDIS_USERNAME, or the URL's); empty: the
+	// default user.
+	Username string
+	// Password is SPACE_REDIS_PASSWORD, the content of SPACE_REDIS_PASSWORD_FILE (read
+	// at load, one trailing newline trimmed), or the URL's. Empty: no password.
+	Password Secret
+	// DB is the database number of SPACE_REDIS_URL's path (default 0). A Redis Cluster
+	// has database 0 only.
+	DB int
+	// TLS connects with TLS 1.2 or later (SPACE_REDIS_TLS, or a rediss:// URL).
+	TLS bool
+	// TLSCAFile is SPACE_REDIS_TLS_CA_FILE, a PEM bundle of the CAs that may sign the
+	// server's certificate; TLSRootCAs is that bundle, parsed at load. Unset (nil): the
+	// system roots.
+	TLSCAFile  string
+	TLSRootCAs *x509.CertPool
+	// TLSServerName is the name to verify in the server's certificate
+	// (SPACE_REDIS_TLS_SERVER_NAME); empty: the host of the address dialled.
+	TLSServerName string
 	// Timeout bounds every Redis call on the request path (SPACE_REDIS_TIMEOUT, default
 	// 100ms): a slow Redis must not make every create slow.
 	Timeout time.Duration
@@ -94,7 +133,73 @@ type Redis struct {
 	// staging beside a production) each set their own. No braces: the cluster key is
 	// the client keys' Redis Cluster hash tag.
 	KeyPrefix string
+	// From names the variable each setting came from, so that a start-up error (refused
+	// credentials, a failed TLS handshake) names what to fix. Empty: not set.
+	From RedisSources
 }
+
+// RedisSources names the variables the Redis settings came from: SPACE_REDIS_URL or
+// the setting's own variable.
+type RedisSources struct {
+	Addrs, Username, Password, TLS string
+}
+
+// LogValue logs the Redis settings without the password (only whether one is set).
+func (r Redis) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Any("addrs", r.Addrs),
+		slog.String("mode", string(r.Mode)),
+		slog.String("username", r.Username),
+		slog.Bool("password_set", r.Password != ""),
+		slog.Int("db", r.DB),
+		slog.Bool("tls", r.TLS),
+		slog.String("tls_ca_file", r.TLSCAFile),
+		slog.String("tls_server_name", r.TLSServerName),
+		slog.Duration("timeout", r.Timeout),
+		slog.String("key_prefix", r.KeyPrefix),
+	)
+}
+
+// RedisMode is the value of SPACE_REDIS_MODE.
+type RedisMode string
+
+const (
+	// RedisAuto takes several addresses for a Redis Cluster and asks a single address
+	// what it is (INFO cluster): a managed cluster's one configuration endpoint is a
+	// cluster, and is never taken for a standalone server.
+	RedisAuto RedisMode = "auto"
+	// RedisStandalone is one standalone server; a cluster node there is a start-up
+	// error.
+	RedisStandalone RedisMode = "standalone"
+	// RedisCluster is a Redis Cluster, found from the addresses given (one is enough);
+	// a server not in cluster mode there is a start-up error.
+	RedisCluster RedisMode = "cluster"
+)
+
+// Secret is a string that must never be printed: fmt (every verb), slog and
+// encoding/json all see "[redacted]" for a non-empty one. Reveal returns the value.
+type Secret string
+
+const redacted = "[redacted]"
+
+// Reveal returns the secret itself, for the one place that sends it (the Redis client).
+func (s Secret) Reveal() string { return string(s) }
+
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+// GoString keeps %#v from printing the value.
+func (s Secret) GoString() string { return `"` + s.String() + `"` }
+
+// LogValue keeps slog from printing the value.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// MarshalText keeps encoding/json (and every text encoder) from printing the value.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // FailureMode says what admission does when Redis cannot answer.
 type FailureMode string
@@ -204,7 +309,7 @@ func Default() Config {
 		ShutdownTimeout:   25 * time.Second,
 		IdempotencyKeyTTL: 24 * time.Hour,
 		Auth:              Auth{Mode: AuthAPIKey, FailureRate: space.Rate{RefillRPS: 0.2, Burst: 20}},
-		Redis:             Redis{Timeout: 100 * time.Millisecond, KeyPrefix: "space"},
+		Redis:             Redis{Mode: RedisAuto, Timeout: 100 * time.Millisecond, KeyPrefix: "space"},
 		Admission: Admission{
 			Enabled:     true,
 			Cluster:     space.Rate{RefillRPS: 100, Burst: 200},
@@ -246,10 +351,7 @@ func Load(getenv func(string) string) (Config, error) {
 	r.rate("SPACE_AUTH_FAILURE_REFILL_RPS", &c.Auth.FailureRate.RefillRPS)
 	r.burst("SPACE_AUTH_FAILURE_BURST", &c.Auth.FailureRate.Burst)
 
-	r.addrs("SPACE_REDIS_ADDRS", &c.Redis.Addrs)
-	if len(c.Redis.Addrs) == 0 {
-		r.required("SPACE_REDIS_ADDRS", "", "host:port, or several comma separated for a Redis Cluster")
-	}
+	r.redis(&c.Redis)
 	r.duration("SPACE_REDIS_TIMEOUT", &c.Redis.Timeout)
 	r.str("SPACE_REDIS_KEY_PREFIX", &c.Redis.KeyPrefix, func(v string) string {
 		if strings.ContainsAny(v, "{} ") {
@@ -324,10 +426,20 @@ type VarError struct {
 	Var     string
 	Value   string
 	Accepts string
+	// Hidden is set for a variable whose value may hold a secret (a password, a URL
+	// that cannot be parsed to redact its password): the message leaves the value out.
+	Hidden bool
+	// With names a variable that must not be set together with Var.
+	With string
 }
 
 func (e *VarError) Error() string {
-	if e.Value == "" {
+	switch {
+	case e.With != "":
+		return fmt.Sprintf("%s and %s are both set: want %s", e.Var, e.With, e.Accepts)
+	case e.Hidden:
+		return fmt.Sprintf("%s is invalid (its value is not shown): want %s", e.Var, e.Accepts)
+	case e.Value == "":
 		return fmt.Sprintf("%s is not set: want %s", e.Var, e.Accepts)
 	}
 	return fmt.Sprintf("%s=%q is invalid: want %s", e.Var, e.Value, e.Accepts)
@@ -342,6 +454,12 @@ type reader struct {
 func (r *reader) fail(name, value, accepts string) {
 	if r.err == nil {
 		r.err = &VarError{Var: name, Value: value, Accepts: accepts}
+	}
+}
+
+func (r *reader) failErr(err *VarError) {
+	if r.err == nil {
+		r.err = err
 	}
 }
 
@@ -545,4 +663,212 @@ func checkDatabaseURL(v string) string {
 		return "a postgres:// URL"
 	}
 	return ""
+}
+
+// The Redis variables whose names the errors and RedisSources use.
+const (
+	envRedisURL           = "SPACE_REDIS_URL"
+	envRedisAddrs         = "SPACE_REDIS_ADDRS"
+	envRedisMode          = "SPACE_REDIS_MODE"
+	envRedisUsername      = "SPACE_REDIS_USERNAME"
+	envRedisPassword      = "SPACE_REDIS_PASSWORD"
+	envRedisPasswordFile  = "SPACE_REDIS_PASSWORD_FILE"
+	envRedisTLS           = "SPACE_REDIS_TLS"
+	envRedisTLSCAFile     = "SPACE_REDIS_TLS_CA_FILE"
+	envRedisTLSServerName = "SPACE_REDIS_TLS_SERVER_NAME"
+)
+
+// redis reads where Redis is and how to log in to it (see Redis for the precedence).
+func (r *reader) redis(c *Redis) {
+	_, hasURL := r.lookup(envRedisURL)
+	_, hasAddrs := r.lookup(envRedisAddrs)
+	switch {
+	case hasURL && hasAddrs:
+		r.failErr(&VarError{Var: envRedisURL, With: envRedisAddrs, Accepts: "one of the two: the URL names one address, the list one or several"})
+		return
+	case hasURL:
+		r.redisURL(c)
+	default:
+		r.addrs(envRedisAddrs, &c.Addrs)
+		if len(c.Addrs) == 0 {
+			r.required(envRedisAddrs, "", "host:port, or several comma separated for a Redis Cluster (or set "+envRedisURL+")")
+		}
+		c.From.Addrs = envRedisAddrs
+	}
+
+	mode := string(c.Mode)
+	r.oneOf(envRedisMode, &mode, string(RedisAuto), string(RedisStandalone), string(RedisCluster))
+	c.Mode = RedisMode(mode)
+	if c.Mode == RedisStandalone && len(c.Addrs) > 1 {
+		r.fail(envRedisMode, mode, fmt.Sprintf("auto or cluster for the %d addresses of %s: a standalone server has one", len(c.Addrs), envRedisAddrs))
+	}
+	if c.Mode == RedisCluster && c.DB != 0 {
+		r.fail(envRedisMode, mode, fmt.Sprintf("standalone or auto for database %d of %s: a Redis Cluster has database 0 only", c.DB, envRedisURL))
+	}
+
+	if v, ok := r.lookup(envRedisUsername); ok {
+		c.Username, c.From.Username = v, envRedisUsername
+	}
+	r.redisPassword(c)
+
+	var tlsOn bool
+	r.boolean(envRedisTLS, &tlsOn)
+	if tlsOn && !c.TLS {
+		// Only upwards: "false", which the chart renders by default, never turns off
+		// the TLS a rediss:// URL asks for.
+		c.TLS, c.From.TLS = true, envRedisTLS
+	}
+	if v, ok := r.lookup(envRedisTLSCAFile); ok {
+		if !c.TLS {
+			r.fail(envRedisTLSCAFile, v, "a CA bundle for TLS, which is off: set "+envRedisTLS+"=true (or use a rediss:// "+envRedisURL+")")
+			return
+		}
+		pool, err := readCAFile(v)
+		if err != nil {
+			r.fail(envRedisTLSCAFile, v, "a readable PEM file of CA certificates ("+err.Error()+")")
+			return
+		}
+		c.TLSCAFile, c.TLSRootCAs = v, pool
+	}
+	if v, ok := r.lookup(envRedisTLSServerName); ok {
+		if !c.TLS {
+			r.fail(envRedisTLSServerName, v, "a name to verify with TLS, which is off: set "+envRedisTLS+"=true (or use a rediss:// "+envRedisURL+")")
+			return
+		}
+		c.TLSServerName = v
+	}
+}
+
+// redisURL reads SPACE_REDIS_URL: redis://[user:password@]host:port[/db], or rediss://
+// for TLS. Errors show the URL with its user and password replaced, or not at all.
+func (r *reader) redisURL(c *Redis) {
+	const accepts = "redis://[user:password@]host:port[/db], or rediss:// for TLS"
+	raw := r.getenv(envRedisURL) // untrimmed: a password is taken as it is
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil {
+		// url.Parse's error quotes the whole URL, password included: not shown.
+		r.failErr(&VarError{Var: envRedisURL, Hidden: true, Accepts: accepts})
+		return
+	}
+	shown := redactURL(u)
+	switch {
+	case u.Scheme != "redis" && u.Scheme != "rediss":
+		r.fail(envRedisURL, shown, accepts)
+		return
+	case u.RawQuery != "" || u.Fragment != "":
+		r.fail(envRedisURL, shown, accepts+", without query options: SPACE_REDIS_TIMEOUT and the SPACE_REDIS_TLS_* variables set those")
+		return
+	case u.Hostname() == "":
+		r.fail(envRedisURL, shown, accepts+", with a host")
+		return
+	}
+	opts, err := redis.ParseURL(u.String())
+	if err != nil {
+		// Past url.Parse, go-redis' errors are about the scheme or the path (the
+		// database number), never the user info.
+		r.fail(envRedisURL, shown, accepts+" ("+err.Error()+")")
+		return
+	}
+	if opts.DB < 0 {
+		r.fail(envRedisURL, shown, accepts+", with a database number >= 0")
+		return
+	}
+	if checkHostPort(opts.Addr) != "" {
+		r.fail(envRedisURL, shown, accepts+", with a port number up to 65535")
+		return
+	}
+	c.Addrs, c.DB = []string{opts.Addr}, opts.DB
+	c.From.Addrs = envRedisURL
+	if opts.Username != "" {
+		c.Username, c.From.Username = opts.Username, envRedisURL
+	}
+	if opts.Password != "" {
+		c.Password, c.From.Password = Secret(opts.Password), envRedisURL
+	}
+	if u.Scheme == "rediss" {
+		c.TLS, c.From.TLS = true, envRedisURL
+	}
+}
+
+// redactURL is u for an error message: its user and password, if any, replaced.
+func redactURL(u *url.URL) string {
+	shown := *u
+	if shown.User != nil {
+		shown.User = url.User("REDACTED")
+	}
+	return shown.String()
+}
+
+// redisPassword reads SPACE_REDIS_PASSWORD or SPACE_REDIS_PASSWORD_FILE (not both);
+// either replaces the URL's password. No error shows the password.
+func (r *reader) redisPassword(c *Redis) {
+	// The password is taken as it is, spaces included; only an empty one is unset.
+	pw := r.getenv(envRedisPassword)
+	file, hasFile := r.lookup(envRedisPasswordFile)
+	switch {
+	case pw != "" && hasFile:
+		r.failErr(&VarError{Var: envRedisPassword, With: envRedisPasswordFile, Accepts: "one of the two (prefer the file: it keeps the password out of the environment)"})
+	case pw != "":
+		c.Password, c.From.Password = Secret(pw), envRedisPassword
+	case hasFile:
+		b, err := os.ReadFile(file)
+		if err != nil {
+			r.fail(envRedisPasswordFile, file, "a readable file holding the Redis password ("+pathErr(err)+")")
+			return
+		}
+		s := string(b)
+		if strings.HasSuffix(s, "\r\n") {
+			s = s[:len(s)-2]
+		} else {
+			s = strings.TrimSuffix(s, "\n")
+		}
+		if s == "" {
+			r.fail(envRedisPasswordFile, file, "a file holding the Redis password; this one is empty")
+			return
+		}
+		c.Password, c.From.Password = Secret(s), envRedisPasswordFile
+	}
+}
+
+// readCAFile parses a PEM bundle of CA certificates: every block a certificate, at
+// least one.
+func readCAFile(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, errors.New(pathErr(err))
+	}
+	pool := x509.NewCertPool()
+	n := 0
+	for rest := b; ; {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			switch {
+			case n == 0:
+				return nil, errors.New("no PEM certificate in it")
+			case len(bytes.TrimSpace(rest)) != 0:
+				return nil, errors.New("text that is not PEM after certificate " + strconv.Itoa(n))
+			}
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("a %s block, not a CERTIFICATE", block.Type)
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("certificate %d: %w", n+1, err)
+		}
+		pool.AddCert(cert)
+		n++
+	}
+	return pool, nil
+}
+
+// pathErr is an os error without the path, which the message names already.
+func pathErr(err error) string {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err.Error()
+	}
+	return err.Error()
 }

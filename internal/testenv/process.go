@@ -42,12 +42,31 @@ func FreeLoopbackAddr() (string, error) {
 type RedisProcess struct {
 	Addr string
 	// Dir holds the server's working directory and its log, redis.log.
-	Dir   string
-	extra []string
+	Dir  string
+	opts RedisServerOptions
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
+}
+
+// RedisServerOptions are what a redis-server of StartRedisServerWith needs beyond the
+// defaults (a plain port, no password).
+type RedisServerOptions struct {
+	// Args are more redis-server arguments, e.g. "--databases", "4", or
+	// "--requirepass", "pw".
+	Args []string
+	// TLS, when set, makes the address a TLS port and the only one (--port 0,
+	// --tls-port), with these files; clients are not asked for certificates.
+	TLS *RedisTLSFiles
+	// Client are the options (Addr aside) of the client that checks the server
+	// answers: the password or the TLS configuration the server wants.
+	Client redis.Options
+}
+
+// RedisTLSFiles are a TLS server's PEM files.
+type RedisTLSFiles struct {
+	CertFile, KeyFile, CAFile string
 }
 
 // StartRedisServer starts redis-server on a free loopback port, in a new directory
@@ -55,6 +74,12 @@ type RedisProcess struct {
 // e.g. "--databases", "4". The caller stops it (Stop). It needs redis-server on PATH,
 // which `make services` installs.
 func StartRedisServer(ctx context.Context, dir string, extra ...string) (*RedisProcess, error) {
+	return StartRedisServerWith(ctx, dir, RedisServerOptions{Args: extra})
+}
+
+// StartRedisServerWith is StartRedisServer for a server with a password, ACL users or
+// TLS (opts).
+func StartRedisServerWith(ctx context.Context, dir string, opts RedisServerOptions) (*RedisProcess, error) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return nil, fmt.Errorf("redis-server is not on PATH; install it with %s: %w", StartCommand, err)
 	}
@@ -66,7 +91,7 @@ func StartRedisServer(ctx context.Context, dir string, extra ...string) (*RedisP
 	if err != nil {
 		return nil, fmt.Errorf("redis-server directory: %w", err)
 	}
-	p := &RedisProcess{Addr: addr, Dir: d, extra: extra}
+	p := &RedisProcess{Addr: addr, Dir: d, opts: opts}
 	if err := p.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -86,8 +111,14 @@ func (p *RedisProcess) Start(ctx context.Context) error {
 		return fmt.Errorf("redis-server address %q: %w", p.Addr, err)
 	}
 	logPath := filepath.Join(p.Dir, "redis.log")
-	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no",
-		"--dir", p.Dir, "--logfile", logPath}, p.extra...)
+	ports := []string{"--port", port}
+	if f := p.opts.TLS; f != nil {
+		ports = []string{"--port", "0", "--tls-port", port, "--tls-cert-file", f.CertFile, "--tls-key-file", f.KeyFile,
+			"--tls-ca-cert-file", f.CAFile, "--tls-auth-clients", "no"}
+	}
+	args := append([]string{"--bind", "127.0.0.1"}, ports...)
+	args = append(args, "--save", "", "--appendonly", "no", "--dir", p.Dir, "--logfile", logPath)
+	args = append(args, p.opts.Args...)
 	cmd := exec.Command("redis-server", args...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server on %s: %w", p.Addr, err)
@@ -96,7 +127,9 @@ func (p *RedisProcess) Start(ctx context.Context) error {
 	go func() { _ = cmd.Wait(); close(done) }()
 	p.cmd, p.done = cmd, done
 
-	client := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+	copts := p.opts.Client
+	copts.Addr, copts.MaxRetries = p.Addr, -1
+	client := redis.NewClient(&copts)
 	defer client.Close()
 	deadline := time.Now().Add(redisStartTimeout)
 	for {

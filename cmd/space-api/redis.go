@@ -1,0 +1,421 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space/internal/config"
+)
+
+// The Redis client of a replica, built from config.Redis: credentials and TLS for
+// every connection, and a mode (standalone or cluster) that the server itself
+// confirms. A single address taken for a standalone server when it is one node of a
+// cluster answers every decision with MOVED, which fail-open admission turns into
+// unbudgeted activations for as long as the replica lives; so the mode is never
+// guessed from the number of addresses alone.
+//
+// At start the replica asks the first address that answers (INFO cluster):
+//
+//   - it answers: the mode follows from what it says (SPACE_REDIS_MODE=auto) or must
+//     match it (standalone, cluster); a mismatch, refused credentials or a failed TLS
+//     handshake stops the start with an error naming the variables to fix.
+//   - nothing answers (Redis down, a network partition): that is a Redis outage like
+//     any other, not a reason to crash-loop, so the replica starts (admission fails
+//     open or closed as configured; /readyz says so). Its client then asks again each
+//     time it needs to know where keys live, and starts sending commands only once a
+//     server has answered and passed the same checks; a problem found then is logged
+//     and fails every Redis call with the same message, never silently.
+
+const (
+	// redisDialTimeout bounds one connection's dial and TLS handshake.
+	redisDialTimeout = time.Second
+	// redisCheckTimeout bounds the start-up check: a Redis that has not answered within
+	// it is down for now, and the start goes on without it.
+	redisCheckTimeout = 2 * time.Second
+)
+
+// redisSetupError is a Redis setting that cannot work: refused credentials, a failed
+// TLS handshake, a server of the other mode. Its message names the variables to fix
+// and never holds the password.
+type redisSetupError struct {
+	msg string
+	err error
+}
+
+func (e *redisSetupError) Error() string {
+	if e.err == nil {
+		return e.msg
+	}
+	return e.msg + ": " + e.err.Error()
+}
+
+func (e *redisSetupError) Unwrap() error { return e.err }
+
+// openRedis builds m.Redis after checking what the configured Redis is. Only a setup
+// error stops the start; an unreachable Redis does not (see above).
+func (m *Main) openRedis(ctx context.Context) error {
+	cfg := m.Config.Redis
+	check := &redisCheck{cfg: cfg}
+	checkCtx, cancel := context.WithTimeout(ctx, redisCheckTimeout)
+	found, err := check.detect(checkCtx, false)
+	cancel()
+	var setup *redisSetupError
+	switch {
+	case errors.As(err, &setup):
+		return err
+	case err != nil:
+		m.Logger.Warn("redis does not answer at start: its mode is checked when it does, and until then every Redis call fails",
+			"redis", cfg, "err", err)
+		check.logger = m.Logger
+		m.Redis = check.deferredClient()
+	case found.cluster:
+		m.Logger.Info("redis is a cluster", "redis", cfg, "answered", found.addr)
+		m.Redis = redis.NewClusterClient(clusterOptions(cfg))
+	default:
+		m.Logger.Info("redis is a standalone server", "redis", cfg, "answered", found.addr)
+		m.Redis = redis.NewClient(redisOptions(cfg, found.addr))
+	}
+	m.onClose(func(context.Context) error { return m.Redis.Close() })
+	return nil
+}
+
+// redisOptions are the options of a standalone client of addr. ContextTimeoutEnabled
+// makes each call's socket deadlines those of its context, so that the admission
+// components run their calls directly instead of racing each in a goroutine of its own
+// against the timeout (see admission.Options.Redis): one goroutine, channel and select
+// fewer per Redis call, three calls per create.
+func redisOptions(cfg config.Redis, addr string) *redis.Options {
+	return &redis.Options{
+		Addr:                  addr,
+		Username:              cfg.Username,
+		Password:              cfg.Password.Reveal(),
+		DB:                    cfg.DB,
+		TLSConfig:             redisTLS(cfg),
+		DialTimeout:           redisDialTimeout,
+		ReadTimeout:           cfg.Timeout,
+		WriteTimeout:          cfg.Timeout,
+		ContextTimeoutEnabled: true,
+	}
+}
+
+// clusterOptions are the options of a cluster client seeded with every configured
+// address (one is enough: the cluster names the others).
+func clusterOptions(cfg config.Redis) *redis.ClusterOptions {
+	return &redis.ClusterOptions{
+		Addrs:                 cfg.Addrs,
+		Username:              cfg.Username,
+		Password:              cfg.Password.Reveal(),
+		TLSConfig:             redisTLS(cfg),
+		DialTimeout:           redisDialTimeout,
+		ReadTimeout:           cfg.Timeout,
+		WriteTimeout:          cfg.Timeout,
+		ContextTimeoutEnabled: true,
+	}
+}
+
+// redisTLS is the TLS configuration of every connection, nil without TLS. An empty
+// ServerName verifies the host of the address dialled (crypto/tls fills it in per
+// connection), so cluster nodes found by IP are verified by IP.
+func redisTLS(cfg config.Redis) *tls.Config {
+	if !cfg.TLS {
+		return nil
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		RootCAs:    cfg.TLSRootCAs, // nil: the system roots
+		ServerName: cfg.TLSServerName,
+	}
+}
+
+// redisCheck asks the configured Redis what it is, and judges the answer against the
+// configuration.
+type redisCheck struct {
+	cfg config.Redis
+	// logger, set for a deferred client, is told when the answer changes.
+	logger *slog.Logger
+
+	mu sync.Mutex
+	// learnt are the node addresses of the last CLUSTER SLOTS: asked after the
+	// configured ones, so that a deferred client follows a cluster whose configured
+	// node is gone.
+	learnt []string
+	// last is the outcome last logged.
+	last string
+}
+
+// redisFound is what a Redis said it is.
+type redisFound struct {
+	addr    string
+	cluster bool
+	// slots are the cluster's, when asked for.
+	slots []redis.ClusterSlot
+}
+
+// detect asks the configured addresses in turn until one answers. The error is a
+// *redisSetupError when the answer (or the refusal) shows the settings cannot work,
+// and any other error when no address answered.
+func (c *redisCheck) detect(ctx context.Context, withSlots bool) (redisFound, error) {
+	var firstErr error
+	for _, addr := range c.candidates() {
+		found, err := c.probe(ctx, addr, withSlots)
+		if err == nil {
+			return found, c.judge(found)
+		}
+		if setup := c.classify(addr, err); setup != nil {
+			return redisFound{}, setup
+		}
+		if firstErr == nil {
+			firstErr = fmt.Errorf("redis at %s: %w%s", addr, err, c.hint(err))
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return redisFound{}, fmt.Errorf("detect redis mode: %w", firstErr)
+}
+
+func (c *redisCheck) candidates() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := slices.Clone(c.cfg.Addrs)
+	for _, a := range c.learnt {
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// probe asks addr for INFO cluster (and CLUSTER SLOTS of a cluster, withSlots) on a
+// connection of its own.
+func (c *redisCheck) probe(ctx context.Context, addr string, withSlots bool) (redisFound, error) {
+	opts := redisOptions(c.cfg, addr)
+	opts.DB = 0 // every server has database 0; a cluster has no other
+	opts.PoolSize, opts.MaxRetries = 1, -1
+	client := redis.NewClient(opts)
+	defer client.Close()
+
+	found := redisFound{addr: addr}
+	info, err := client.Info(ctx, "cluster").Result()
+	switch {
+	case err == nil:
+		found.cluster = clusterEnabled(info)
+	case redis.IsPermissionError(err) && c.cfg.Mode != config.RedisAuto:
+		// A user that may not run INFO: the mode set explicitly is believed.
+		found.cluster = c.cfg.Mode == config.RedisCluster
+	default:
+		return found, err
+	}
+	if found.cluster && withSlots {
+		if found.slots, err = client.ClusterSlots(ctx).Result(); err != nil {
+			return found, fmt.Errorf("CLUSTER SLOTS: %w", err)
+		}
+	}
+	return found, nil
+}
+
+// clusterEnabled reads cluster_enabled from INFO cluster; a server without the line
+// (an old or Redis-compatible one) is not a cluster.
+func clusterEnabled(info string) bool {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cluster_enabled:"); ok {
+			return v == "1"
+		}
+	}
+	return false
+}
+
+// judge checks what a server said it is against the configured mode.
+func (c *redisCheck) judge(f redisFound) error {
+	cfg := c.cfg
+	what := "not in cluster mode (cluster_enabled:0)"
+	if f.cluster {
+		what = "a Redis Cluster node (cluster_enabled:1)"
+	}
+	switch {
+	case cfg.Mode == config.RedisStandalone && f.cluster:
+		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_MODE=standalone, but Redis at %s is %s: set SPACE_REDIS_MODE=cluster (or auto)", f.addr, what)}
+	case cfg.Mode == config.RedisCluster && !f.cluster:
+		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_MODE=cluster, but Redis at %s is %s: set SPACE_REDIS_MODE=standalone (or auto)", f.addr, what)}
+	case cfg.Mode == config.RedisAuto && len(cfg.Addrs) > 1 && !f.cluster:
+		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_MODE=auto takes the %d addresses of SPACE_REDIS_ADDRS for a Redis Cluster, but Redis at %s is %s: name one address for a standalone server", len(cfg.Addrs), f.addr, what)}
+	case f.cluster && cfg.DB != 0:
+		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_URL names database %d, but Redis at %s is %s, which has database 0 only", cfg.DB, f.addr, what)}
+	}
+	return nil
+}
+
+// classify returns the setup error that err shows, or nil when err may pass (an
+// outage).
+func (c *redisCheck) classify(addr string, err error) *redisSetupError {
+	cfg := c.cfg
+	switch {
+	case redis.IsAuthError(err) || redis.HasErrorPrefix(err, "AUTH"):
+		if cfg.Password == "" {
+			return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_PASSWORD_FILE/SPACE_REDIS_PASSWORD: Redis at %s wants a password and none is set", addr), err: err}
+		}
+		return &redisSetupError{msg: fmt.Sprintf("%s: Redis at %s refused the credentials", c.credentialVars(), addr), err: err}
+	case redis.IsPermissionError(err) && cfg.Mode == config.RedisAuto:
+		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_USERNAME/SPACE_REDIS_MODE: the Redis user %s at %s may not run INFO, which SPACE_REDIS_MODE=auto needs to tell a standalone server from a cluster: allow it (+info) or set SPACE_REDIS_MODE",
+			orDefault(cfg.Username, "default"), addr), err: err}
+	case redis.IsPermissionError(err):
+		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_USERNAME: the Redis user %s at %s may not run a command the replica needs", orDefault(cfg.Username, "default"), addr), err: err}
+	}
+	if !cfg.TLS {
+		return nil
+	}
+	tlsVar := orDefault(cfg.From.TLS, "SPACE_REDIS_TLS")
+	var (
+		unknownCA x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+		record    tls.RecordHeaderError
+		opErr     *net.OpError
+	)
+	switch {
+	case errors.As(err, &unknownCA):
+		roots := "the system roots (SPACE_REDIS_TLS_CA_FILE is not set)"
+		if cfg.TLSCAFile != "" {
+			roots = cfg.TLSCAFile
+		}
+		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_TLS_CA_FILE: the TLS handshake with Redis at %s failed: its certificate is not signed by a CA of %s", addr, roots), err: err}
+	case errors.As(err, &hostname):
+		name := cfg.TLSServerName
+		if name == "" {
+			name, _, _ = net.SplitHostPort(addr)
+		}
+		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_TLS_SERVER_NAME: the TLS handshake with Redis at %s failed: its certificate is not for %s", addr, name), err: err}
+	case errors.As(err, &invalid):
+		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_TLS_CA_FILE: the TLS handshake with Redis at %s failed: its certificate is not valid", addr), err: err}
+	case errors.As(err, &record):
+		return &redisSetupError{msg: fmt.Sprintf("%s: Redis at %s does not speak TLS", tlsVar, addr), err: err}
+	case errors.As(err, &opErr) && opErr.Op == "remote error":
+		return &redisSetupError{msg: fmt.Sprintf("%s/SPACE_REDIS_TLS_CA_FILE/SPACE_REDIS_TLS_SERVER_NAME: Redis at %s refused the TLS handshake", tlsVar, addr), err: err}
+	}
+	return nil
+}
+
+// credentialVars names the variables the credentials came from, e.g.
+// "SPACE_REDIS_USERNAME/SPACE_REDIS_PASSWORD_FILE".
+func (c *redisCheck) credentialVars() string {
+	var vars []string
+	for _, v := range []string{c.cfg.From.Username, c.cfg.From.Password} {
+		if v != "" && !slices.Contains(vars, v) {
+			vars = append(vars, v)
+		}
+	}
+	return strings.Join(vars, "/")
+}
+
+// hint adds what an outage may really be: a plain client on a TLS port gets its
+// connection closed without an answer, and a TLS client of a plain port (Redis waits
+// for a line that the TLS hello never ends) gets no answer at all. Neither is certain
+// enough to stop a start: a proxy without backends closes connections too, and a
+// stalled server does not answer either.
+func (c *redisCheck) hint(err error) string {
+	var ne net.Error
+	switch {
+	case !c.cfg.TLS && errors.Is(err, io.EOF):
+		return " (the server closed the connection without answering: if it serves TLS, set SPACE_REDIS_TLS=true)"
+	case c.cfg.TLS && errors.As(err, &ne) && ne.Timeout():
+		return " (no answer: if the server does not speak TLS, " + orDefault(c.cfg.From.TLS, "SPACE_REDIS_TLS") + " must not ask for it)"
+	}
+	return ""
+}
+
+// orDefault is v, or fallback when v is empty.
+func orDefault(v, fallback string) string {
+	if v == "" {
+		return fallback
+	}
+	return v
+}
+
+// deferredClient is the client of a replica that could not reach Redis at start: a
+// cluster client whose view of the slots comes from detect, asked again at each state
+// load, so that it serves a standalone server (every slot on it) or a cluster (its
+// CLUSTER SLOTS) as found once one answers, and fails every call until then, or
+// after a setup error.
+func (c *redisCheck) deferredClient() *redis.ClusterClient {
+	opts := clusterOptions(c.cfg)
+	opts.ClusterSlots = c.slots
+	db := c.cfg.DB
+	opts.NewClient = func(o *redis.Options) *redis.Client {
+		o.DB = db // a standalone server's database; judge refuses a cluster with one
+		return redis.NewClient(o)
+	}
+	return redis.NewClusterClient(opts)
+}
+
+// slots is deferredClient's ClusterSlots.
+func (c *redisCheck) slots(ctx context.Context) ([]redis.ClusterSlot, error) {
+	if _, ok := ctx.Deadline(); !ok { // a background reload
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, redisCheckTimeout)
+		defer cancel()
+	}
+	found, err := c.detect(ctx, true)
+	c.report(found, err)
+	switch {
+	case err != nil:
+		return nil, err
+	case !found.cluster:
+		return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: found.addr}}}}, nil
+	}
+	var learnt []string
+	for _, s := range found.slots {
+		for _, n := range s.Nodes {
+			learnt = append(learnt, n.Addr)
+		}
+	}
+	c.mu.Lock()
+	c.learnt = learnt
+	c.mu.Unlock()
+	return found.slots, nil
+}
+
+// report logs the deferred client's outcome when it changes: once when the mode is
+// known, once per distinct problem.
+func (c *redisCheck) report(found redisFound, err error) {
+	var outcome string
+	var setup *redisSetupError
+	switch {
+	case errors.As(err, &setup):
+		outcome = "setup: " + err.Error()
+	case err != nil:
+		outcome = "unreachable"
+	case found.cluster:
+		outcome = "cluster"
+	default:
+		outcome = "standalone at " + found.addr
+	}
+	c.mu.Lock()
+	changed := outcome != c.last
+	c.last = outcome
+	c.mu.Unlock()
+	if !changed || c.logger == nil {
+		return
+	}
+	switch {
+	case setup != nil:
+		c.logger.Error("redis answered, and cannot be used as configured: every Redis call fails until the configuration is fixed", "err", err)
+	case err != nil:
+		c.logger.Warn("redis does not answer; its mode is checked when it does", "err", err)
+	case found.cluster:
+		c.logger.Info("redis answered: it is a cluster", "answered", found.addr)
+	default:
+		c.logger.Info("redis answered: it is a standalone server", "answered", found.addr)
+	}
+}
