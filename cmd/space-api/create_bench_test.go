@@ -16,7 +16,7 @@ import (
 )
 
 // BenchmarkCreate is the whole create path of one in-process server, over loopback
-// HTTP, the client in the same process: what cmd/space-bench measures from outside,
+// HTTP, the client in the same process: what bench/ (make bench) measures from outside,
 // here so that a CPU profile covers the server's every layer:
 //
 //	go test -run '^$' -bench Create -benchtime 5s -cpuprofile cpu.out ./cmd/space-api/
