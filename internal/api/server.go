@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/space-sandbox/space"
+	openapi "github.com/space-sandbox/space/api"
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/dispatcher"
 	"github.com/space-sandbox/space/internal/flags"
@@ -150,7 +151,17 @@ func (s *Server) Internal() http.Handler {
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
 	r.Post("/internal/v1/sandboxes/{id}/wake", s.wakeSandbox)
 	r.Get("/internal/v1/operations/{id}", s.getOperationInternal)
+	r.Get("/openapi.yaml", serveOpenAPI)
 	return r
+}
+
+// serveOpenAPI answers GET /openapi.yaml (internal listener) with the OpenAPI document
+// built into the binary: the description of exactly this build's two listeners. It is
+// internal because it describes the internal API too; the file is in the repository
+// for anyone else.
+func serveOpenAPI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	_, _ = w.Write(openapi.Document())
 }
 
 func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
