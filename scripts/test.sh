@@ -33,6 +33,10 @@ if [ -z "${TESTFLAGS:-}" ]; then
   # A module of its own, so ./... above does not reach it. No -race: the test's cost is
   # compiling space-api for linux, which the race detector would not make any safer.
   (cd tools/image && go test -count=1 -timeout 20m ./...)
+  echo "== openapi client (tools/openapi: generates a Go client from api/openapi.yaml and compiles it)"
+  # A module of its own too, so that oapi-codegen stays out of space-api's go.mod. lint.sh
+  # covers the product module and tools/image, so this one's vet and tidiness are here.
+  (cd tools/openapi && go mod tidy -diff && go vet ./... && go test -count=1 ./...)
 fi
 
 fuzztime="${FUZZTIME:-20000x}"
