@@ -536,7 +536,12 @@ func describe(errs []*verrors.ValidationError) []string {
 			if where == "" {
 				where = "/" + strings.Join(f.InstancePath, "/")
 			}
-			s += fmt.Sprintf(" [%s: %s]", where, f.Reason)
+			reason := f.Reason
+			if reason == "false schema" {
+				// How JSON Schema words a property left over by unevaluatedProperties: false.
+				reason = "a property the document does not declare"
+			}
+			s += fmt.Sprintf(" [%s: %s]", where, reason)
 		}
 		out = append(out, s)
 	}
