@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # `make lint`: go vet, a gofmt check, and go.mod/go.sum kept tidy, for the product module,
-# tools/image (the image builder) and bench (the benchmark driver and its peers), each a
-# module of its own.
+# tools/image (the image builder), bench (the benchmark driver and its peers) and
+# tools/openapi (the client generated from api/openapi.yaml), each a module of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go vet ./...
 (cd tools/image && go vet ./...)
 (cd bench && go vet ./...)
+(cd tools/openapi && go vet ./...)
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.services/*'))
 if [ -n "$unformatted" ]; then
   echo "gofmt would change:" >&2
@@ -14,7 +15,7 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 # `go mod tidy -diff` prints what tidy would change and fails without touching the files.
-for mod in . tools/image bench; do
+for mod in . tools/image bench tools/openapi; do
   if ! diff=$(cd "$mod" && go mod tidy -diff); then
     echo "go.mod/go.sum of $mod are not tidy; run (cd $mod && go mod tidy) and commit:" >&2
     echo "$diff" >&2

@@ -41,6 +41,10 @@ if [ -z "${TESTFLAGS:-}" ]; then
   # says how).
   bench/wrk.sh
   (cd bench && go test -count=1 -timeout 20m ./...)
+  echo "== openapi client (tools/openapi: generates a Go client from api/openapi.yaml and compiles it)"
+  # A module of its own too, so that oapi-codegen stays out of space-api's go.mod (lint.sh
+  # vets it and checks it tidy).
+  (cd tools/openapi && go test -count=1 ./...)
 fi
 
 fuzztime="${FUZZTIME:-20000x}"

@@ -144,6 +144,10 @@ func TestHostileInput(t *testing.T) {
 		if resp.StatusCode != 405 || resp.Header.Get("Content-Type") != "application/problem+json" {
 			t.Fatalf("BREW = %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 		}
+		// RFC 9110: a 405 lists the methods the path is served with.
+		if allow := resp.Header.Get("Allow"); allow != "GET, POST" {
+			t.Fatalf("BREW /v1/sandboxes: Allow %q, want \"GET, POST\"", allow)
+		}
 	})
 }
 
@@ -207,4 +211,4 @@ func fuzzRequest(t *testing.T, base, method, path, body string, header map[strin
 	}
 }
 
-var fuzzClient = &http.Client{Timeout: 30 * time.Second}
+var fuzzClient = &http.Client{Timeout: 30 * time.Second, Transport: openAPITransport(http.DefaultTransport, checkAnswersOnly)}

@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(runCheckingOpenAPI(m))
 }
 
 // replica is a space-api serving in a process of its own: the test binary started with

@@ -130,3 +130,43 @@ func FuzzCreateBody(f *testing.F) {
 		}
 	})
 }
+
+func TestDecodeJSONIsStrict(t *testing.T) {
+	t.Parallel()
+
+	for name, tc := range map[string]struct{ body, field string }{
+		"a field named in another case is refused, naming the field": {
+			`{"Template":"python-3.12","cpu_millis":1,"memory_mib":1,"disk_gib":1}`, "template"},
+		"a field given twice is refused, naming it (the last would win)": {
+			`{"template":"x","template":"python-3.12","cpu_millis":1,"memory_mib":1,"disk_gib":1}`, "template"},
+		"null metadata is refused, not read as none": {
+			`{"template":"python-3.12","cpu_millis":1,"memory_mib":1,"disk_gib":1,"metadata":null}`, "metadata"},
+		"a null metadata value is refused, not stored as an empty string": {
+			`{"template":"python-3.12","cpu_millis":1,"memory_mib":1,"disk_gib":1,"metadata":{"team":null}}`, "metadata.team"},
+		"a metadata value that is not a string is refused": {
+			`{"template":"python-3.12","cpu_millis":1,"memory_mib":1,"disk_gib":1,"metadata":{"n":1}}`, "metadata.n"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(tc.body))
+			r.Header.Set("Content-Type", "application/json")
+			var b createBody
+			err := decodeJSON(r, &b)
+			var de *space.Error
+			if !errors.As(err, &de) || de.Code != space.EINVALID || de.Field != tc.field {
+				t.Fatalf("decode = %v, want EINVALID naming %q", err, tc.field)
+			}
+		})
+	}
+
+	t.Run("a body with every field once, in the right case, decodes", func(t *testing.T) {
+		t.Parallel()
+		r := httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(
+			`{"template":"python-3.12","cpu_millis":1,"memory_mib":2,"disk_gib":3,"metadata":{"team":"ml"}}`))
+		r.Header.Set("Content-Type", "application/json")
+		var b createBody
+		if err := decodeJSON(r, &b); err != nil || b.Metadata["team"] != "ml" || b.DiskGiB != 3 {
+			t.Fatalf("decode = %+v, %v", b, err)
+		}
+	})
+}

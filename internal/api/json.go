@@ -8,8 +8,11 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/space-sandbox/space"
@@ -38,6 +41,69 @@ func decodeJSON(r *http.Request, v any) error {
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return space.FieldError(space.EINVALID, "body", "must hold a single JSON object and nothing after it")
+	}
+	return checkKeys(body, v)
+}
+
+// knownKeys caches, by struct type, the JSON names of its fields.
+var knownKeys sync.Map // reflect.Type -> []string
+
+// checkKeys refuses what encoding/json lets through a struct: a key that names a field
+// in another case ("Template" decodes into template) and a key given twice (the last
+// one wins). Both would let a body mean one thing to a proxy or a log reader that
+// checks "template" and another to space-api. v is the struct (pointer) body was
+// decoded into; body is one JSON object that decoded cleanly.
+func checkKeys(body []byte, v any) error {
+	t := reflect.TypeOf(v)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil || t.Kind() != reflect.Struct {
+		return nil
+	}
+	cached, ok := knownKeys.Load(t)
+	if !ok {
+		var names []string
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "-" || !f.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			names = append(names, name)
+		}
+		cached, _ = knownKeys.LoadOrStore(t, names)
+	}
+	names := cached.([]string)
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil // not an object: Decode has answered already
+	}
+	seen := make(map[string]bool, len(names))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return jsonError(err)
+		}
+		key, _ := tok.(string)
+		if !slices.Contains(names, key) {
+			for _, n := range names {
+				if strings.EqualFold(n, key) {
+					return space.FieldError(space.EINVALID, n, "is given as %s: field names are case-sensitive", quoteField(key))
+				}
+			}
+			return space.FieldError(space.EINVALID, "body", "has an unknown field %s", quoteField(key))
+		}
+		if seen[key] {
+			return space.FieldError(space.EINVALID, key, "is given twice")
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return jsonError(err)
+		}
 	}
 	return nil
 }
@@ -132,6 +198,10 @@ func invalidUTF8Field(body []byte) string {
 // jsonError turns a decoding error into a 400 that names the offending field where the
 // decoder knows it.
 func jsonError(err error) error {
+	var de *space.Error
+	if errors.As(err, &de) {
+		return de // a field's own decoder said what is wrong (see metadata)
+	}
 	var (
 		syntax *json.SyntaxError
 		typ    *json.UnmarshalTypeError

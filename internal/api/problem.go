@@ -51,8 +51,15 @@ type Problem struct {
 	RequestID string          `json:"request_id,omitempty"`
 }
 
-// ProblemType is the type URI of a problem with the given code.
-func ProblemType(code string) string { return "urn:space:problem:" + code }
+// problemTypeBase is the page that documents every problem type, one section per code.
+// A type URI is first an identifier, compared by clients, so it is one absolute URI
+// whatever the deployment (RFC 9457 §3.1.1 warns against relative ones), and second a
+// locator: followed, it shows the code's section of docs/problems.md.
+const problemTypeBase = "https://github.com/space-sandbox/space/blob/main/docs/problems.md#"
+
+// ProblemType is the type URI of a problem with the given code: its section of
+// docs/problems.md.
+func ProblemType(code string) string { return problemTypeBase + code }
 
 // writeError renders err as problem+json with the status of its code. Internal errors
 // are logged with the request id and shown to the caller as a bare "internal error".

@@ -1,13 +1,20 @@
 package api
 
 import (
+	"encoding/json"
 	"math"
 	"net/http"
+	"os"
+	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/space-sandbox/space"
+	openapi "github.com/space-sandbox/space/api"
 )
 
 func TestLimitHeaders(t *testing.T) {
@@ -77,6 +84,94 @@ func TestLimitHeaders(t *testing.T) {
 		setLimitHeaders(h, &space.LimitError{Bucket: space.BucketLiveSandboxCap, Cap: 50, RetryAfter: time.Second}, func() float64 { return 0 })
 		if got := h.Get("RateLimit-Policy"); got != `"live_sandbox_cap";q=50` {
 			t.Errorf("RateLimit-Policy = %q", got)
+		}
+	})
+}
+
+func TestProblemTypes(t *testing.T) {
+	t.Parallel()
+	docs, err := os.ReadFile("../../docs/problems.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	headings := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^#{2,3} ([a-z_]+)$`).FindAllStringSubmatch(string(docs), -1) {
+		headings[m[1]] = true
+	}
+	// Every code the server answers: the table's, and the router's 405.
+	codes := map[string]int{"method_not_allowed": http.StatusMethodNotAllowed}
+	for code, status := range statusByCode {
+		codes[code] = status
+	}
+
+	t.Run("every code's type is an absolute URI of its section of docs/problems.md", func(t *testing.T) {
+		t.Parallel()
+		for code := range codes {
+			typ := ProblemType(code)
+			if !strings.HasPrefix(typ, "https://") || !strings.HasSuffix(typ, "/docs/problems.md#"+code) {
+				t.Errorf("ProblemType(%q) = %q", code, typ)
+			}
+			if !headings[code] {
+				t.Errorf("docs/problems.md has no section %q for the type %s", "## "+code, typ)
+			}
+		}
+	})
+
+	t.Run("every bucket has its section under limited", func(t *testing.T) {
+		t.Parallel()
+		for _, b := range []space.Bucket{space.BucketClientActivation, space.BucketClusterActivation,
+			space.BucketClientConcurrency, space.BucketLiveSandboxCap, space.BucketAuthFailures} {
+			if !headings[string(b)] {
+				t.Errorf("docs/problems.md has no section %q", "### "+b)
+			}
+		}
+	})
+
+	t.Run("api/openapi.yaml has every code, with its status and type", func(t *testing.T) {
+		t.Parallel()
+		js, err := yaml.YAMLToJSON(openapi.Document())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			Components struct {
+				Schemas map[string]struct {
+					Enum  []string `json:"enum"`
+					AllOf []struct {
+						Properties map[string]struct {
+							Const any `json:"const"`
+						} `json:"properties"`
+					} `json:"allOf"`
+				} `json:"schemas"`
+			} `json:"components"`
+		}
+		if err := json.Unmarshal(js, &doc); err != nil {
+			t.Fatal(err)
+		}
+		enum := map[string]bool{}
+		for _, c := range doc.Components.Schemas["ErrorCode"].Enum {
+			enum[c] = true
+		}
+		documented := map[string]bool{}
+		for name, s := range doc.Components.Schemas {
+			if len(s.AllOf) != 2 || s.AllOf[1].Properties["code"].Const == nil {
+				continue
+			}
+			p := s.AllOf[1].Properties
+			code, _ := p["code"].Const.(string)
+			status, _ := p["status"].Const.(float64)
+			if want, ok := codes[code]; !ok || int(status) != want || p["type"].Const != ProblemType(code) {
+				t.Errorf("schema %s: code %q, status %v, type %v; the server answers %q with %d and %s", name, code, status, p["type"].Const, code, want, ProblemType(code))
+			}
+			documented[code] = true
+		}
+		for code := range codes {
+			if !enum[code] || !documented[code] {
+				t.Errorf("code %q: in the ErrorCode enum %v, with a problem schema %v", code, enum[code], documented[code])
+			}
+		}
+		if len(enum) != len(codes) {
+			t.Errorf("the ErrorCode enum has %d codes, the server %d", len(enum), len(codes))
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"net/http"
 	"strconv"
 
@@ -14,11 +15,37 @@ import (
 
 // createBody is POST /v1/sandboxes.
 type createBody struct {
-	Template  string            `json:"template"`
-	CPUMillis int               `json:"cpu_millis"`
-	MemoryMiB int               `json:"memory_mib"`
-	DiskGiB   int               `json:"disk_gib"`
-	Metadata  map[string]string `json:"metadata,omitempty"`
+	Template  string   `json:"template"`
+	CPUMillis int      `json:"cpu_millis"`
+	MemoryMiB int      `json:"memory_mib"`
+	DiskGiB   int      `json:"disk_gib"`
+	Metadata  metadata `json:"metadata,omitempty"`
+}
+
+// metadata is a create's metadata as it is decoded: an object of strings, where a
+// null (for the object or for a value) is refused naming it, rather than read as no
+// metadata or as "".
+type metadata map[string]string
+
+func (m *metadata) UnmarshalJSON(b []byte) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil || raw == nil {
+		return space.FieldError(space.EINVALID, "metadata", "must be an object of strings")
+	}
+	out := make(metadata, len(raw))
+	for k, v := range raw {
+		var s *string
+		if err := json.Unmarshal(v, &s); err != nil || s == nil {
+			field := "metadata." + k
+			if len(k) > 64 {
+				field = "metadata"
+			}
+			return space.FieldError(space.EINVALID, field, "must be a string")
+		}
+		out[k] = *s
+	}
+	*m = out
+	return nil
 }
 
 func (b createBody) request() sandbox.CreateRequest {

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/space-sandbox/space"
+	openapi "github.com/space-sandbox/space/api"
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/dispatcher"
 	"github.com/space-sandbox/space/internal/flags"
@@ -127,7 +128,7 @@ func (s *Server) Public() http.Handler {
 	r := chi.NewRouter()
 	r.Use(requestID, s.observe("public"), s.limitHeaders, s.limitBody)
 	r.NotFound(s.notFound)
-	r.MethodNotAllowed(s.methodNotAllowed)
+	r.MethodNotAllowed(s.methodNotAllowed(r))
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz(false))
 	r.Route("/v1", func(r chi.Router) {
@@ -155,7 +156,7 @@ func (s *Server) Internal() http.Handler {
 	r := chi.NewRouter()
 	r.Use(requestID, s.observe("internal"), s.limitHeaders, s.limitBody)
 	r.NotFound(s.notFound)
-	r.MethodNotAllowed(s.methodNotAllowed)
+	r.MethodNotAllowed(s.methodNotAllowed(r))
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz(true))
 	// A collector that fails (Postgres down, for the series read from it at scrape
@@ -173,7 +174,17 @@ func (s *Server) Internal() http.Handler {
 			http.Redirect(w, r, RiverUIPath, http.StatusMovedPermanently)
 		})
 	}
+	r.Get("/openapi.yaml", serveOpenAPI)
 	return r
+}
+
+// serveOpenAPI answers GET /openapi.yaml (internal listener) with the OpenAPI document
+// built into the binary: the description of exactly this build's two listeners. It is
+// internal because it describes the internal API too; the file is in the repository
+// for anyone else.
+func serveOpenAPI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	_, _ = w.Write(openapi.Document())
 }
 
 func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
@@ -183,11 +194,25 @@ func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (s *Server) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
-	writeProblem(w, Problem{
-		Type: ProblemType("method_not_allowed"), Title: http.StatusText(http.StatusMethodNotAllowed), Status: http.StatusMethodNotAllowed,
-		Detail: r.Method + " is not allowed here", Instance: r.URL.Path, Code: "method_not_allowed", RequestID: RequestID(r.Context()),
-	})
+// methodNotAllowed answers a path that routes serves with a method it does not: a 405
+// problem with the Allow field RFC 9110 requires, listing the methods that path is
+// served with.
+func (s *Server) methodNotAllowed(routes chi.Routes) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var allowed []string
+		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+			if routes.Match(chi.NewRouteContext(), m, r.URL.Path) {
+				allowed = append(allowed, m)
+			}
+		}
+		if len(allowed) > 0 {
+			w.Header().Set("Allow", strings.Join(allowed, ", "))
+		}
+		writeProblem(w, Problem{
+			Type: ProblemType("method_not_allowed"), Title: http.StatusText(http.StatusMethodNotAllowed), Status: http.StatusMethodNotAllowed,
+			Detail: r.Method + " is not allowed here", Instance: r.URL.Path, Code: "method_not_allowed", RequestID: RequestID(r.Context()),
+		})
+	}
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
