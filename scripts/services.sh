@@ -12,9 +12,13 @@
 #   scripts/services.sh env     print the SPACE_* / SPACE_TEST_* variables for the services
 #   scripts/services.sh status  say what is running and where Postgres keeps its data
 #
-# Ports can be moved with SPACE_SERVICES_PG_PORT, SPACE_SERVICES_REDIS_PORT and
-# SPACE_SERVICES_CLUSTER_PORTS (three ports, space separated). SPACE_SERVICES_DIR moves
-# .services/. SPACE_SERVICES_ONLY limits what `up` starts to some of "postgres redis
+# The ports are 55432 (Postgres), 56379 (Redis) and 37001-37003 (the cluster), or
+# SPACE_SERVICES_PG_PORT, SPACE_SERVICES_REDIS_PORT and SPACE_SERVICES_CLUSTER_PORTS
+# (three ports, space separated). When another process holds one of the defaults (the
+# services of another checkout: a clean clone in CI beside a working copy), `up` takes
+# free ports instead and says so; a port set explicitly is never moved. `up` records
+# the ports in .services/ports, and env, status and down read them from there.
+# SPACE_SERVICES_DIR moves .services/. SPACE_SERVICES_ONLY limits what `up` starts to some of "postgres redis
 # cluster" (all three by default); `down` and `clean` always stop all three.
 set -euo pipefail
 
@@ -25,6 +29,17 @@ dir=$(realpath -m "${SPACE_SERVICES_DIR:-$root/.services}")
 pg_port="${SPACE_SERVICES_PG_PORT:-55432}"
 redis_port="${SPACE_SERVICES_REDIS_PORT:-56379}"
 read -r -a cluster_ports <<<"${SPACE_SERVICES_CLUSTER_PORTS:-37001 37002 37003}"
+# The ports `up` last started this checkout's services on, when they were not given.
+ports_file="$dir/ports"
+if [ -f "$ports_file" ]; then
+  while IFS='=' read -r k v; do
+    case "$k" in
+      pg) [ -n "${SPACE_SERVICES_PG_PORT:-}" ] || pg_port=$v ;;
+      redis) [ -n "${SPACE_SERVICES_REDIS_PORT:-}" ] || redis_port=$v ;;
+      cluster) [ -n "${SPACE_SERVICES_CLUSTER_PORTS:-}" ] || read -r -a cluster_ports <<<"$v" ;;
+    esac
+  done <"$ports_file"
+fi
 pg_bin="${SPACE_SERVICES_PG_BIN:-/usr/lib/postgresql/15/bin}"
 only="${SPACE_SERVICES_ONLY:-postgres redis cluster}"
 # As root, Postgres's data of every checkout lives under here, one directory each,
@@ -85,6 +100,48 @@ exited() {
 }
 
 pid_alive() { [ -f "$1" ] && ! exited "$(cat "$1" 2>/dev/null)"; }
+
+# ---------------------------------------------------------------- ports
+
+# port_taken says whether something accepts connections on 127.0.0.1:$1.
+port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# free_ports prints $1 ports, consecutive, that nothing listens on, nor on each port
+# plus 10000 (a Redis Cluster node's bus port), below the kernel's ephemeral range.
+free_ports() {
+  local n=$1 tries base i ok
+  for tries in $(seq 1 200); do
+    base=$((20000 + RANDOM % 9000))
+    ok=1
+    for i in $(seq 0 $((n - 1))); do
+      if port_taken $((base + i)) || port_taken $((base + i + 10000)); then ok=0; break; fi
+    done
+    if [ $ok -eq 1 ]; then
+      seq "$base" $((base + n - 1)) | tr '\n' ' '
+      return 0
+    fi
+  done
+  die "no free ports found for the services"
+}
+
+# choose_port VAR NAME EXPLICIT: when the port in VAR is held by another process and
+# was not set explicitly, move VAR to a free one.
+choose_port() {
+  local var=$1 name=$2 explicit=$3 port
+  port=${!var}
+  port_taken "$port" || return 0
+  [ -z "$explicit" ] || die "$name: port $port is taken (set explicitly); free it or choose another"
+  local free
+  free=$(free_ports 1)
+  free=${free% }
+  log "$name: port $port is taken by another process (another checkout's services?); using $free"
+  printf -v "$var" '%s' "$free"
+}
+
+save_ports() {
+  mkdir -p "$dir"
+  printf 'pg=%s\nredis=%s\ncluster=%s\n' "$pg_port" "$redis_port" "${cluster_ports[*]}" >"$ports_file"
+}
 
 # ---------------------------------------------------------------- Postgres
 
@@ -208,9 +265,13 @@ EOF
   if pid=$(pg_pid); then
     local running
     running=$(pg_running_port)
-    [ "$running" = "$pg_port" ] || die "postgres of $dir already runs on port $running, not $pg_port; stop it first with scripts/services.sh down"
+    if [ "$running" != "$pg_port" ]; then
+      [ -z "${SPACE_SERVICES_PG_PORT:-}" ] || die "postgres of $dir already runs on port $running, not $pg_port; stop it first with scripts/services.sh down"
+      pg_port=$running
+    fi
     log "postgres already running on 127.0.0.1:$pg_port"
   else
+    choose_port pg_port postgres "${SPACE_SERVICES_PG_PORT:-}"
     log "starting postgres on 127.0.0.1:$pg_port (data in $pg_data)"
     # The unix socket goes beside the data. A socket path is limited to 107 bytes, and
     # pg_ctl hands -o to a shell: for a long or quoted path, no socket (every client
@@ -296,13 +357,32 @@ cluster_ok() {
 }
 
 redis_up() {
+  if ! pid_alive "$dir/redis/redis.pid"; then
+    choose_port redis_port redis "${SPACE_SERVICES_REDIS_PORT:-}"
+  fi
   log "starting redis on 127.0.0.1:$redis_port"
   # Many logical databases so that tests can each take one.
   redis_start redis "$redis_port" --databases 256
 }
 
 cluster_up() {
-  local p
+  local p running=1
+  for p in "${cluster_ports[@]}"; do
+    pid_alive "$dir/cluster-$p/redis.pid" || running=0
+  done
+  if [ $running -eq 0 ]; then
+    local taken=0
+    for p in "${cluster_ports[@]}"; do
+      if port_taken "$p" || port_taken $((p + 10000)); then taken=1; fi
+    done
+    if [ $taken -eq 1 ]; then
+      [ -z "${SPACE_SERVICES_CLUSTER_PORTS:-}" ] || die "redis cluster: ports ${cluster_ports[*]} (or their bus ports, +10000) are taken (set explicitly); free them or choose others"
+      local free
+      free=$(free_ports 3)
+      log "redis cluster: ports ${cluster_ports[*]} are taken by another process (another checkout's services?); using ${free% }"
+      read -r -a cluster_ports <<<"$free"
+    fi
+  fi
   for p in "${cluster_ports[@]}"; do
     redis_start "cluster-$p" "$p" --cluster-enabled yes --cluster-config-file nodes.conf \
       --cluster-node-timeout 2000
@@ -381,6 +461,7 @@ case "${1:-}" in
     if wanted postgres; then pg_up; fi
     if wanted redis; then redis_up; fi
     if wanted cluster; then cluster_up; fi
+    save_ports
     ;;
   down)
     redis_down
@@ -391,6 +472,7 @@ case "${1:-}" in
     pg_down
     pg_clean
     rm -rf "$dir/redis"
+    rm -f "$ports_file"
     # The demo API key of `make run` names a key in the database just deleted.
     rm -f "$dir/demo-api-key"
     ;;

@@ -43,12 +43,7 @@ func TestIdempotencyKeyOnASynchronousCreate(t *testing.T) {
 	t.Run("a repeat returns the same sandbox and charges nothing", func(t *testing.T) {
 		t.Parallel()
 		s := startServer(t, e2eOptions{quota: acmeQuota})
-		first := s.keyed("acme", pythonBody, "build-7")
-		if first.StatusCode != http.StatusCreated {
-			t.Fatalf("first create = %d %s", first.StatusCode, first.body)
-		}
-		var sb space.Sandbox
-		first.json(t, &sb)
+		sb := s.create("acme", pythonBody, idempotency.Header, "build-7")
 		before := s.rawBuckets("acme")
 
 		// The draft's form of the key, a quoted string, names the same key.
@@ -131,11 +126,8 @@ func TestIdempotencyKeyOnASynchronousCreate(t *testing.T) {
 		if first.StatusCode != http.StatusCreated {
 			t.Fatalf("the first create = %d %s", first.StatusCode, first.body)
 		}
-		again := s.keyed("acme", pythonBody, "slow")
-		var got space.Sandbox
-		again.json(t, &got)
-		if again.StatusCode != http.StatusCreated || got.ID != sb.ID {
-			t.Fatalf("the repeat after = %d %+v, want sandbox %s", again.StatusCode, got, sb.ID)
+		if got := s.create("acme", pythonBody, idempotency.Header, "slow"); got.ID != sb.ID {
+			t.Fatalf("the repeat after got sandbox %s, want %s", got.ID, sb.ID)
 		}
 		if starts := s.coldStarts(); starts != 1 {
 			t.Fatalf("%d cold starts, want 1", starts)
@@ -163,11 +155,8 @@ func TestIdempotencyKeyOnASynchronousCreate(t *testing.T) {
 		if r.StatusCode != http.StatusCreated || sb.State != space.StateRunning {
 			t.Fatalf("the admitted retry = %d %s", r.StatusCode, r.body)
 		}
-		again := s.keyed("acme", pythonBody, "retry-me")
-		var got space.Sandbox
-		again.json(t, &got)
-		if again.StatusCode != http.StatusCreated || got.ID != sb.ID {
-			t.Fatalf("a repeat after = %d %+v, want sandbox %s", again.StatusCode, got, sb.ID)
+		if got := s.create("acme", pythonBody, idempotency.Header, "retry-me"); got.ID != sb.ID {
+			t.Fatalf("a repeat after got sandbox %s, want %s", got.ID, sb.ID)
 		}
 		if n, keys := s.sandboxCount(), s.keyCount(); n != 2 || keys != 1 {
 			t.Fatalf("%d sandboxes and %d keys, want 2 (one plain, one keyed) and 1", n, keys)
@@ -177,20 +166,13 @@ func TestIdempotencyKeyOnASynchronousCreate(t *testing.T) {
 	t.Run("an expired key names nothing: the same key makes a new sandbox", func(t *testing.T) {
 		t.Parallel()
 		s := startServer(t, e2eOptions{quota: acmeQuota})
-		if r := s.keyed("acme", pythonBody, "other"); r.StatusCode != http.StatusCreated {
-			t.Fatalf("create = %d %s", r.StatusCode, r.body)
-		}
-		r := s.keyed("acme", pythonBody, "daily")
-		var sb space.Sandbox
-		r.json(t, &sb)
+		s.create("acme", pythonBody, idempotency.Header, "other")
+		sb := s.create("acme", pythonBody, idempotency.Header, "daily")
 		if _, err := s.m.DB.Exec(testenv.Context(t), "UPDATE idempotency_keys SET expires_at = now() - interval '1 second'"); err != nil {
 			t.Fatal(err)
 		}
-		again := s.keyed("acme", pythonBody, "daily")
-		var got space.Sandbox
-		again.json(t, &got)
-		if again.StatusCode != http.StatusCreated || got.ID == sb.ID {
-			t.Fatalf("the expired key = %d %+v, want a new sandbox", again.StatusCode, got)
+		if got := s.create("acme", pythonBody, idempotency.Header, "daily"); got.ID == sb.ID {
+			t.Fatalf("the expired key gave sandbox %s again, want a new one", got.ID)
 		}
 		// The reconciler purges the expired key; the replica's own loop may hold the
 		// round's lock, so rounds are run until one is this test's.

@@ -122,9 +122,11 @@ func (s *server) internal(method, path, body string) response {
 	return s.request(s.m.InternalURL(), method, path, "", body)
 }
 
-func (s *server) create(client, body string) *space.Sandbox {
+// create makes a sandbox of client's with body (and header pairs), which must answer
+// 201, and returns it.
+func (s *server) create(client, body string, header ...string) *space.Sandbox {
 	s.t.Helper()
-	resp := s.do("POST", "/v1/sandboxes", client, body)
+	resp := s.do("POST", "/v1/sandboxes", client, body, header...)
 	if resp.StatusCode != http.StatusCreated {
 		s.t.Fatalf("create = %d %s", resp.StatusCode, resp.body)
 	}

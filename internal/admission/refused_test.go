@@ -9,32 +9,14 @@ import (
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
-// clock is a controllable replica clock for Refused.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 func TestRefusedWithoutRedis(t *testing.T) {
 	t.Parallel()
 
 	// known is an Admitter on a replica clock the test moves, whose acme bucket of 2
 	// refills one token every 10s.
-	known := func(t *testing.T) (*bundle, *clock, *space.Rate) {
+	known := func(t *testing.T) (*bundle, *testenv.Clock, *space.Rate) {
 		t.Helper()
-		c := &clock{now: time.Unix(1_000_000, 0)}
+		c := testenv.NewClock(time.Unix(1_000_000, 0))
 		opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 100})
 		opts.Now = c.Now
 		return setup(t, testenv.Redis(t), opts), c, rate(0.1, 2)
@@ -115,7 +97,7 @@ func TestRefusedWithoutRedis(t *testing.T) {
 
 	t.Run("the cluster bucket known empty refuses every cold create, and a client short too names the client", func(t *testing.T) {
 		t.Parallel()
-		c := &clock{now: time.Unix(1_000_000, 0)}
+		c := testenv.NewClock(time.Unix(1_000_000, 0))
 		opts := enabled(space.Rate{RefillRPS: 0.01, Burst: 1})
 		opts.Now = c.Now
 		b := setup(t, testenv.Redis(t), opts)

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/testenv"
 )
 
 // waitTimeout bounds every wait for a reload or an event. It is a failure bound, not a
@@ -57,7 +58,7 @@ type fixture struct {
 	resolver *Resolver
 	reg      *prometheus.Registry
 	logs     *logRecorder
-	clock    *fakeClock
+	clock    *testenv.Clock
 	reloads  chan ReloadResult
 }
 
@@ -85,7 +86,7 @@ func setup(t testing.TB, file string, opts ...option) *fixture {
 		dir:     t.TempDir(),
 		reg:     prometheus.NewRegistry(),
 		logs:    &logRecorder{},
-		clock:   newFakeClock(),
+		clock:   testenv.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		reloads: make(chan ReloadResult, 1024),
 	}
 	f.path = filepath.Join(f.dir, "flags.json")
@@ -277,28 +278,6 @@ func (f *fixture) counter(name string, labels map[string]string) float64 {
 		}
 	}
 	return 0
-}
-
-// fakeClock is the resolver's clock in tests: time moves only when told.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
 }
 
 // logRecorder is a slog.Handler that keeps every record, for tests to count.

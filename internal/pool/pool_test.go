@@ -57,30 +57,13 @@ func (c *charger) set(reject bool) {
 	c.mu.Unlock()
 }
 
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 type bundle struct {
 	ctx     context.Context
 	db      *pgxpool.Pool
 	sim     *substrate.Simulated
 	pool    *pool.Pool
 	charger *charger
-	clock   *clock
+	clock   *testenv.Clock
 	target  atomic.Int64
 	fail    atomic.Int64 // warm-ups still to fail
 }
@@ -92,7 +75,7 @@ func setup(t *testing.T) *bundle {
 
 func setupOn(t *testing.T, db *pgxpool.Pool) *bundle {
 	t.Helper()
-	b := &bundle{ctx: testenv.Context(t), db: db, charger: &charger{}, clock: &clock{now: time.Unix(1_800_000_000, 0)}}
+	b := &bundle{ctx: testenv.Context(t), db: db, charger: &charger{}, clock: testenv.NewClock(time.Unix(1_800_000_000, 0))}
 	b.sim = substrate.NewSimulated(substrate.SimulatedOptions{Fail: func(c substrate.Call) error {
 		if c.Op == substrate.OpWarm && b.fail.Add(-1) >= 0 {
 			return errors.New("node out of disk")
@@ -348,7 +331,7 @@ func TestReplenisher(t *testing.T) {
 		if res := mustRound(t, r, b.ctx); res.Warmed != 0 || b.charger.charges != 0 {
 			t.Fatalf("a round inside the backoff warmed %d (charges %d)", res.Warmed, b.charger.charges)
 		}
-		b.clock.advance(res.BackoffUntil.Sub(b.clock.Now()))
+		b.clock.Advance(res.BackoffUntil.Sub(b.clock.Now()))
 		if res := mustRound(t, r, b.ctx); res.Warmed != 2 {
 			t.Fatalf("after the backoff: %+v, want 2 warmed", res)
 		}
@@ -366,7 +349,7 @@ func TestReplenisher(t *testing.T) {
 		for range 4 {
 			res := mustRound(t, r, b.ctx)
 			waits = append(waits, res.BackoffUntil.Sub(b.clock.Now()))
-			b.clock.advance(waits[len(waits)-1])
+			b.clock.Advance(waits[len(waits)-1])
 		}
 		want := []time.Duration{4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}
 		for i := range want {

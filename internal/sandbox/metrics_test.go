@@ -2,7 +2,6 @@ package sandbox_test
 
 import (
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,30 +11,13 @@ import (
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/substrate"
+	"github.com/space-sandbox/space/internal/testenv"
 )
 
-// clock is a test clock the substrate hook moves forward, so durations are exact.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // timed rebuilds b's service with a registry and a clock.
-func timed(b *bundle) (*prometheus.Registry, *clock) {
+func timed(b *bundle) (*prometheus.Registry, *testenv.Clock) {
 	reg := prometheus.NewRegistry()
-	c := &clock{now: time.Unix(1_800_000_000, 0)}
+	c := testenv.NewClock(time.Unix(1_800_000_000, 0))
 	b.svc = sandbox.New(sandbox.Options{
 		DB: b.db, Pool: b.pool, Substrate: b.sim, Charger: b.charger,
 		Catalog:    sandbox.Catalog{Templates: substrate.Templates{python.Template: {Name: python.Template, Image: "python:3.12-slim"}}, Max: space.Shape{CPUMillis: 8000, MemoryMiB: 16384, DiskGiB: 100}},
@@ -88,7 +70,7 @@ func TestActivationSignals(t *testing.T) {
 		reg, clk := timed(b)
 		b.setFail(func(c substrate.Call) error {
 			if c.Op == substrate.OpStartCold {
-				clk.advance(3 * time.Second)
+				clk.Advance(3 * time.Second)
 			}
 			return nil
 		})

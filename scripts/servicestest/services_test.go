@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -348,4 +349,87 @@ func exited(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i >= 0 && i+2 < len(s) && s[i+2] == 'Z'
+}
+
+// TestUpMovesAsideFromPortsAnotherProcessHolds is a clean clone in CI beside a working
+// copy whose services hold the default ports: `up` takes free ports, says so, records
+// them, and env hands them to the tests. A port set explicitly is never moved.
+func TestUpMovesAsideFromPortsAnotherProcessHolds(t *testing.T) {
+	t.Parallel()
+	_, checkout := privateClone(t)
+	// Two ports held by "another checkout's services", recorded as this checkout's last
+	// ones: what `up` finds when the defaults (55432, 56379) are taken.
+	held := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		return port
+	}
+	pgHeld, redisHeld := held(), held()
+	if err := os.MkdirAll(filepath.Join(checkout, ".services"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(checkout, ".services", "ports"),
+		[]byte("pg="+pgHeld+"\nredis="+redisHeld+"\ncluster=37001 37002 37003\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := func(env []string, args ...string) (string, error) {
+		cmd := exec.Command(filepath.Join(checkout, "scripts", "services.sh"), args...)
+		cmd.Dir, cmd.Env = checkout, env
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	env := scriptEnv("SPACE_SERVICES_ONLY=postgres redis")
+	t.Cleanup(func() {
+		if out, err := script(env, "clean"); err != nil {
+			t.Errorf("scripts/services.sh clean: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("a port set explicitly is never moved: up fails naming it", func(t *testing.T) {
+		out, err := script(scriptEnv("SPACE_SERVICES_ONLY=redis", "SPACE_SERVICES_REDIS_PORT="+redisHeld), "up")
+		if err == nil || !strings.Contains(out, "port "+redisHeld+" is taken") {
+			t.Fatalf("up with a taken explicit port: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("up takes free ports, and env hands them on", func(t *testing.T) {
+		out, err := script(env, "up")
+		if err != nil {
+			t.Fatalf("up: %v\n%s", err, out)
+		}
+		for _, p := range []string{pgHeld, redisHeld} {
+			if !strings.Contains(out, "port "+p+" is taken by another process") {
+				t.Errorf("up did not say it moved from %s:\n%s", p, out)
+			}
+		}
+		vars, err := script(env, "env")
+		if err != nil {
+			t.Fatal(err)
+		}
+		url := regexp.MustCompile(`SPACE_TEST_DATABASE_URL='([^']+)'`).FindStringSubmatch(vars)
+		addr := regexp.MustCompile(`SPACE_TEST_REDIS_ADDR='([^']+)'`).FindStringSubmatch(vars)
+		if url == nil || addr == nil || strings.Contains(url[1], ":"+pgHeld+"/") || strings.HasSuffix(addr[1], ":"+redisHeld) {
+			t.Fatalf("env still names the taken ports:\n%s", vars)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, url[1])
+		if err != nil {
+			t.Fatalf("postgres on the port env names: %v", err)
+		}
+		conn.Close(ctx)
+		if c, err := net.DialTimeout("tcp", addr[1], 5*time.Second); err != nil {
+			t.Fatalf("redis on the port env names: %v", err)
+		} else {
+			c.Close()
+		}
+		again, err := script(env, "up")
+		if err != nil || strings.Contains(again, "is taken") {
+			t.Fatalf("a second up moved running services: %v\n%s", err, again)
+		}
+	})
 }
