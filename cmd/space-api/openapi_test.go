@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,11 +123,24 @@ func (t *checkingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		out.Body = io.NopCloser(bytes.NewReader(reqBody))
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(reqBody)), nil }
 	}
-	listener := c.listener(req.URL.Host)
+	// Which listener answered is known per connection: a port the kernel hands to a
+	// later server is another listener, but a connection stays with its server.
+	var conn atomic.Pointer[string]
+	out = out.WithContext(httptrace.WithClientTrace(out.Context(), &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			key := info.Conn.LocalAddr().String() + ">" + info.Conn.RemoteAddr().String()
+			conn.Store(&key)
+		},
+	}))
 	resp, err := t.next.RoundTrip(out)
 	if err != nil {
 		return nil, err
 	}
+	connKey := ""
+	if k := conn.Load(); k != nil {
+		connKey = *k
+	}
+	listener := c.listener(req.URL.Host, connKey)
 	if listener == "internal" && strings.HasPrefix(req.URL.Path, strings.TrimSuffix(api.RiverUIPath, "/")) {
 		// River UI (SPACE_RIVER_UI): River's own pages and API, which the document
 		// names but does not describe.
@@ -150,7 +165,7 @@ type contract struct {
 	paths     []docPath
 
 	mu         sync.Mutex
-	listeners  map[string]string        // host:port -> "public" or "internal"
+	listeners  map[string]string        // connection (local>remote) -> "public" or "internal"
 	asking     map[string]chan struct{} // host:port -> closed once it has been asked
 	mismatches map[string]bool
 	seen       map[string]bool // "METHOD path status" of every documented answer got
@@ -340,34 +355,41 @@ func closeObjects(node any) {
 
 func underV1(path string) bool { return path == "/v1" || strings.HasPrefix(path, "/v1/") }
 
-// listener names the listener at host, asking it once: only the internal one serves
-// /openapi.yaml. Concurrent first requests to a host wait for the one question. A host
-// that cannot be asked (not up yet, or gone) is "" and is asked again next time.
-func (c *contract) listener(host string) string {
+// listener names the listener at host that answered on connection conn, asking the
+// host once per connection: only the internal one serves /openapi.yaml. Knowing it per
+// connection, not per host:port, keeps a port that a closed server's listener had and
+// a later server's other listener got (the kernel reuses ports) from being taken for
+// the first. Concurrent first requests on a connection wait for the one question. A
+// host that cannot be asked (gone) is "" and is asked again next time.
+func (c *contract) listener(host, conn string) string {
+	key := conn
+	if key == "" {
+		key = host // no connection seen (an error before one): ask the host now
+	}
 	c.mu.Lock()
-	if l, ok := c.listeners[host]; ok {
+	if l, ok := c.listeners[key]; ok {
 		c.mu.Unlock()
 		return l
 	}
-	asking, ok := c.asking[host]
+	asking, ok := c.asking[key]
 	if !ok {
 		asking = make(chan struct{})
-		c.asking[host] = asking
+		c.asking[key] = asking
 	}
 	c.mu.Unlock()
 	if ok {
 		<-asking
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.listeners[host]
+		return c.listeners[key]
 	}
 	l := askListener(host)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if l != "" {
-		c.listeners[host] = l
+	if l != "" && conn != "" {
+		c.listeners[key] = l
 	}
-	delete(c.asking, host)
+	delete(c.asking, key)
 	close(asking)
 	return l
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
+	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
@@ -22,6 +23,9 @@ func TestSignals(t *testing.T) {
 		quota: `{"clients": {"acme": {"concurrency": 50, "live_sandboxes": 100}},
 			"rate": {"acme": {"refill_rps": 0.000001, "burst": 2}}}`,
 		poolShapes: `[{"template": "python-3.12", "cpu_millis": 1000, "memory_mib": 2048, "disk_gib": 10, "target": 1}]`,
+		// No worker: the queued create stays queued, and no run of it is refused (and
+		// counted) while the test reads the series.
+		config: func(c *config.Config) { c.Dispatcher.Workers = 0 },
 	})
 	testenv.Eventually(t, 30*time.Second, "the warm pool to fill", func() bool {
 		return s.metric("space_pool_ready_slots", `shape="python-3.12/1000m/2048Mi/10Gi"`) == 1
@@ -55,7 +59,8 @@ func TestSignals(t *testing.T) {
 			`space_sandbox_activation_seconds_count{kind="create",outcome="rejected"} 1`,
 			`space_sandbox_activation_seconds_count{kind="restore",outcome="failed"} 0`,
 			`space_sandbox_cold_start_seconds_count{kind="create"} 2`,
-			`space_dispatcher_queue_depth{kind="create",state="(queued|running)"} 1`,
+			`space_dispatcher_queue_depth{kind="create",state="queued"} 1`,
+			`space_dispatcher_queue_depth{kind="create",state="running"} 0`,
 			`space_dispatcher_oldest_queued_seconds{kind="wake"} 0`,
 			`space_pool_target_slots{shape="python-3.12/1000m/2048Mi/10Gi"} 1`,
 			`space_pool_ready_slots{shape="python-3.12/1000m/2048Mi/10Gi"} [01]`,
