@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"os"
@@ -125,22 +126,16 @@ func (t *checkingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	}
 	// Which listener answered is known per connection: a port the kernel hands to a
 	// later server is another listener, but a connection stays with its server.
-	var conn atomic.Pointer[string]
+	var conn atomic.Value // net.Conn
 	out = out.WithContext(httptrace.WithClientTrace(out.Context(), &httptrace.ClientTrace{
-		GotConn: func(info httptrace.GotConnInfo) {
-			key := info.Conn.LocalAddr().String() + ">" + info.Conn.RemoteAddr().String()
-			conn.Store(&key)
-		},
+		GotConn: func(info httptrace.GotConnInfo) { conn.Store(info.Conn) },
 	}))
 	resp, err := t.next.RoundTrip(out)
 	if err != nil {
 		return nil, err
 	}
-	connKey := ""
-	if k := conn.Load(); k != nil {
-		connKey = *k
-	}
-	listener := c.listener(req.URL.Host, connKey)
+	c2, _ := conn.Load().(net.Conn)
+	listener := c.listener(req.URL.Host, c2)
 	if listener == "internal" && strings.HasPrefix(req.URL.Path, strings.TrimSuffix(api.RiverUIPath, "/")) {
 		// River UI (SPACE_RIVER_UI): River's own pages and API, which the document
 		// names but does not describe.
@@ -165,8 +160,8 @@ type contract struct {
 	paths     []docPath
 
 	mu         sync.Mutex
-	listeners  map[string]string        // connection (local>remote) -> "public" or "internal"
-	asking     map[string]chan struct{} // host:port -> closed once it has been asked
+	listeners  map[any]string        // net.Conn (or host:port) -> "public" or "internal"
+	asking     map[any]chan struct{} // the same keys -> closed once it has been asked
 	mismatches map[string]bool
 	seen       map[string]bool // "METHOD path status" of every documented answer got
 }
@@ -244,7 +239,7 @@ func newContract(document []byte) (*contract, error) {
 		}
 		return map[string]any{"security": []any{}, "responses": rs}
 	}
-	c := &contract{listeners: map[string]string{}, asking: map[string]chan struct{}{}, mismatches: map[string]bool{}, seen: map[string]bool{}}
+	c := &contract{listeners: map[any]string{}, asking: map[any]chan struct{}{}, mismatches: map[string]bool{}, seen: map[string]bool{}}
 	paths, _ := doc["paths"].(map[string]any)
 	for template, item := range paths {
 		item, _ := item.(map[string]any)
@@ -357,14 +352,15 @@ func underV1(path string) bool { return path == "/v1" || strings.HasPrefix(path,
 
 // listener names the listener at host that answered on connection conn, asking the
 // host once per connection: only the internal one serves /openapi.yaml. Knowing it per
-// connection, not per host:port, keeps a port that a closed server's listener had and
-// a later server's other listener got (the kernel reuses ports) from being taken for
-// the first. Concurrent first requests on a connection wait for the one question. A
+// connection, not per host:port (nor per pair of addresses: the kernel reuses both
+// ports in time), keeps a port that a closed server's listener had and a later server's
+// other listener got from being taken for the first. The map keeps every connection it
+// has seen, so none is collected and its identity handed to another. Concurrent first requests on a connection wait for the one question. A
 // host that cannot be asked (gone) is "" and is asked again next time.
-func (c *contract) listener(host, conn string) string {
-	key := conn
-	if key == "" {
-		key = host // no connection seen (an error before one): ask the host now
+func (c *contract) listener(host string, conn net.Conn) string {
+	var key any = conn
+	if conn == nil {
+		key = host // no connection seen: ask the host now
 	}
 	c.mu.Lock()
 	if l, ok := c.listeners[key]; ok {
@@ -386,7 +382,7 @@ func (c *contract) listener(host, conn string) string {
 	l := askListener(host)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if l != "" && conn != "" {
+	if l != "" && conn != nil {
 		c.listeners[key] = l
 	}
 	delete(c.asking, key)
