@@ -3,6 +3,7 @@ package space
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -66,12 +67,11 @@ func ErrorCode(err error) string {
 	if err == nil {
 		return ""
 	}
-	var le *LimitError
-	if errors.As(err, &le) {
+	// AsType, not As: no reflection and no allocation, on the path of every refusal.
+	if _, ok := errors.AsType[*LimitError](err); ok {
 		return ELIMITED
 	}
-	var e *Error
-	if errors.As(err, &e) {
+	if e, ok := errors.AsType[*Error](err); ok {
 		return e.Code
 	}
 	return EINTERNAL
@@ -83,12 +83,10 @@ func ErrorMessage(err error) string {
 	if err == nil {
 		return ""
 	}
-	var le *LimitError
-	if errors.As(err, &le) {
+	if le, ok := errors.AsType[*LimitError](err); ok {
 		return le.Message()
 	}
-	var e *Error
-	if errors.As(err, &e) {
+	if e, ok := errors.AsType[*Error](err); ok {
 		return e.Message
 	}
 	return "internal error"
@@ -136,7 +134,7 @@ func (e *LimitError) Message() string { return e.MessageFor("") }
 func (e *LimitError) MessageFor(mode IdentityMode) string {
 	switch e.Bucket {
 	case BucketClientActivation:
-		msg := fmt.Sprintf("client %q is over its sandbox activation rate; slow down and retry after the Retry-After delay", string(e.Client))
+		msg := "client " + strconv.Quote(string(e.Client)) + " is over its sandbox activation rate; slow down and retry after the Retry-After delay"
 		if e.Client == Unknown {
 			switch mode {
 			case IdentityAPIKey:

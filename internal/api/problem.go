@@ -3,7 +3,6 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -29,8 +28,11 @@ var statusByCode = map[string]int{
 }
 
 // Status returns the HTTP status of a domain error.
-func Status(err error) int {
-	if s, ok := statusByCode[space.ErrorCode(err)]; ok {
+func Status(err error) int { return statusOf(space.ErrorCode(err)) }
+
+// statusOf is the HTTP status of a domain error code.
+func statusOf(code string) int {
+	if s, ok := statusByCode[code]; ok {
 		return s
 	}
 	return http.StatusInternalServerError
@@ -57,34 +59,48 @@ type Problem struct {
 // locator: followed, it shows the code's section of docs/problems.md.
 const problemTypeBase = "https://github.com/space-sandbox/space/blob/main/docs/problems.md#"
 
+// problemTypes holds the type URI of every code in statusByCode, made once rather than
+// on each answer.
+var problemTypes = func() map[string]string {
+	types := make(map[string]string, len(statusByCode))
+	for code := range statusByCode {
+		types[code] = problemTypeBase + code
+	}
+	return types
+}()
+
 // ProblemType is the type URI of a problem with the given code: its section of
 // docs/problems.md.
-func ProblemType(code string) string { return problemTypeBase + code }
+func ProblemType(code string) string {
+	if t, ok := problemTypes[code]; ok {
+		return t
+	}
+	return problemTypeBase + code
+}
 
 // writeError renders err as problem+json with the status of its code. Internal errors
 // are logged with the request id and shown to the caller as a bare "internal error".
 // A refusal is explained in the words of the server's identity mode.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	code := space.ErrorCode(err)
-	status := Status(err)
+	status := statusOf(code)
 	p := Problem{
 		Type:      ProblemType(code),
 		Title:     http.StatusText(status),
 		Status:    status,
-		Detail:    space.ErrorMessage(err),
 		Instance:  r.URL.Path,
 		Code:      code,
 		RequestID: RequestID(r.Context()),
 	}
-	var de *space.Error
-	if errors.As(err, &de) {
-		p.Field = de.Field
-	}
-	var le *space.LimitError
-	if errors.As(err, &le) {
+	if le, ok := errors.AsType[*space.LimitError](err); ok {
 		p.Bucket, p.Client = le.Bucket, le.Client
 		p.Detail = le.MessageFor(s.identity)
 		setLimitHeaders(w.Header(), le, rand.Float64)
+	} else {
+		p.Detail = space.ErrorMessage(err)
+	}
+	if de, ok := errors.AsType[*space.Error](err); ok {
+		p.Field = de.Field
 	}
 	switch {
 	case status >= 500:
@@ -120,18 +136,35 @@ func setLimitHeaders(h http.Header, le *space.LimitError, rnd func() float64) {
 	} else {
 		retry = int64(admission.RetryAfter(le.RetryAfter, rnd) / time.Second)
 	}
-	h.Set("Retry-After", strconv.FormatInt(retry, 10))
-	name := string(le.Bucket)
+	// The fields are set under their canonical keys directly and built by appending:
+	// Header.Set would canonicalise "RateLimit-Policy" into a new string on every
+	// refusal, and fmt would box each number.
+	h["Retry-After"] = []string{strconv.FormatInt(retry, 10)}
 	remaining := int64(math.Max(0, math.Floor(le.Remaining)))
+	var buf [96]byte
 	switch {
 	case le.Limit != nil:
 		window := int64(1)
 		if le.Limit.RefillRPS > 0 {
 			window = int64(math.Max(1, math.Ceil(float64(le.Limit.Burst)/le.Limit.RefillRPS)))
 		}
-		h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", name, le.Limit.Burst, window))
+		b := strconv.AppendQuote(buf[:0], string(le.Bucket))
+		b = strconv.AppendInt(append(b, ";q="...), int64(le.Limit.Burst), 10)
+		b = strconv.AppendInt(append(b, ";w="...), window, 10)
+		h[rateLimitPolicy] = []string{string(b)}
 	case le.Cap > 0:
-		h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d", name, le.Cap))
+		b := strconv.AppendQuote(buf[:0], string(le.Bucket))
+		b = strconv.AppendInt(append(b, ";q="...), int64(le.Cap), 10)
+		h[rateLimitPolicy] = []string{string(b)}
 	}
-	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", name, remaining, retry))
+	b := strconv.AppendQuote(buf[:0], string(le.Bucket))
+	b = strconv.AppendInt(append(b, ";r="...), remaining, 10)
+	b = strconv.AppendInt(append(b, ";t="...), retry, 10)
+	h[rateLimit] = []string{string(b)}
 }
+
+// The canonical forms (textproto.CanonicalMIMEHeaderKey) of the draft's field names.
+const (
+	rateLimitPolicy = "Ratelimit-Policy"
+	rateLimit       = "Ratelimit"
+)
