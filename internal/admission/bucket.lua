@@ -36,7 +36,10 @@
 
 local time = redis.call('TIME')
 local now = time[1] * 1000000 + time[2]
-local n = tonumber(ARGV[1])
+-- The usual costs are compared as strings: a tonumber costs about 2k instructions,
+-- over 2% of a decision.
+local n = ARGV[1]
+if n == '1' then n = 1 elseif n == '0' then n = 0 else n = tonumber(n) end
 local take = n > 0
 if not take then n = 1 end
 local format, ceil = string.format, math.ceil
