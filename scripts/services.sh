@@ -357,9 +357,11 @@ cluster_ok() {
 }
 
 redis_up() {
-  if ! pid_alive "$dir/redis/redis.pid"; then
-    choose_port redis_port redis "${SPACE_SERVICES_REDIS_PORT:-}"
+  if pid_alive "$dir/redis/redis.pid"; then
+    log "redis already running on 127.0.0.1:$redis_port"
+    return 0
   fi
+  choose_port redis_port redis "${SPACE_SERVICES_REDIS_PORT:-}"
   log "starting redis on 127.0.0.1:$redis_port"
   # Many logical databases so that tests can each take one.
   redis_start redis "$redis_port" --databases 256
