@@ -8,6 +8,7 @@ go vet ./...
 (cd tools/image && go vet ./...)
 (cd bench && go vet ./...)
 (cd tools/openapi && go vet ./...)
+# shellcheck disable=SC2046 # the file list is split into arguments on purpose
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.services/*'))
 if [ -n "$unformatted" ]; then
   echo "gofmt would change:" >&2

@@ -109,8 +109,8 @@ port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # free_ports prints $1 ports, consecutive, that nothing listens on, nor on each port
 # plus 10000 (a Redis Cluster node's bus port), below the kernel's ephemeral range.
 free_ports() {
-  local n=$1 tries base i ok
-  for tries in $(seq 1 200); do
+  local n=$1 base i ok
+  for _ in $(seq 1 200); do
     base=$((20000 + RANDOM % 9000))
     ok=1
     for i in $(seq 0 $((n - 1))); do
