@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -327,7 +328,9 @@ func (c *redisCheck) credentialVars() string {
 func (c *redisCheck) hint(err error) string {
 	var ne net.Error
 	switch {
-	case !c.cfg.TLS && errors.Is(err, io.EOF):
+	case !c.cfg.TLS && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
+		// A TLS server closes on the first bytes that are not a handshake: EOF, or a
+		// reset when some of them were still unread.
 		return " (the server closed the connection without answering: if it serves TLS, set SPACE_REDIS_TLS=true)"
 	case c.cfg.TLS && errors.As(err, &ne) && ne.Timeout():
 		return " (no answer: if the server does not speak TLS, " + orDefault(c.cfg.From.TLS, "SPACE_REDIS_TLS") + " must not ask for it)"

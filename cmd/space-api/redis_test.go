@@ -57,6 +57,20 @@ func startFails(t *testing.T, env map[string]string) error {
 	return err
 }
 
+// startLogs runs a Main on the Redis of env and returns what it logged and its
+// start-up error, closing it either way.
+func startLogs(t *testing.T, env map[string]string) (string, error) {
+	t.Helper()
+	var logs lockedBuffer
+	cfg := testConfig(t)
+	cfg.Redis = redisSettings(t, env)
+	m := NewMain(cfg, NewLogger(&logs, "info"))
+	m.RedisPrefix = testenv.Prefix(t)
+	err := m.Run(testenv.Context(t))
+	m.Close()
+	return logs.String(), err
+}
+
 // mustName fails the test unless err names every one of the variables.
 func mustName(t *testing.T, err error, variables ...string) {
 	t.Helper()
@@ -175,6 +189,29 @@ func TestRedisCredentialsAndTLS(t *testing.T) {
 		err := startFails(t, map[string]string{"SPACE_REDIS_ADDRS": tlsSrv.Addr, "SPACE_REDIS_TLS": "true", "SPACE_REDIS_TLS_CA_FILE": tlsSrv.CA.CertFile,
 			"SPACE_REDIS_TLS_SERVER_NAME": "other.space.test"})
 		mustName(t, err, "SPACE_REDIS_TLS_SERVER_NAME", "other.space.test")
+	})
+
+	t.Run("a plain client of a TLS port is told at start that the server may speak TLS", func(t *testing.T) {
+		t.Parallel()
+		out, err := startLogs(t, map[string]string{"SPACE_REDIS_ADDRS": tlsSrv.Addr, "SPACE_REDIS_MODE": "standalone"})
+		if err != nil || !strings.Contains(out, "if it serves TLS, set SPACE_REDIS_TLS=true") {
+			t.Fatalf("start = %v; want it to go on and warn to set SPACE_REDIS_TLS=true:\n%s", err, out)
+		}
+	})
+
+	t.Run("a TLS client of a plain port is told to drop SPACE_REDIS_TLS, whichever way the server answers the hello", func(t *testing.T) {
+		t.Parallel()
+		// Redis reads a TLS hello as an inline command: if the hello's random bytes hold
+		// a newline it answers an error, which the handshake reads as a record that is not
+		// TLS (a start-up error); otherwise it waits for the line, and the check times out
+		// (an outage, with the hint). Both must name the variable.
+		out, err := startLogs(t, map[string]string{"SPACE_REDIS_ADDRS": testenv.RedisAddr(t), "SPACE_REDIS_TLS": "true", "SPACE_REDIS_MODE": "standalone"})
+		switch {
+		case err != nil:
+			mustName(t, err, "SPACE_REDIS_TLS")
+		case !strings.Contains(out, "if the server does not speak TLS, SPACE_REDIS_TLS must not ask for it"):
+			t.Fatalf("the start went on without telling to drop SPACE_REDIS_TLS:\n%s", out)
+		}
 	})
 
 	t.Run("the logged Redis settings and start-up errors never show the password", func(t *testing.T) {
