@@ -351,12 +351,13 @@ func closeObjects(node any) {
 func underV1(path string) bool { return path == "/v1" || strings.HasPrefix(path, "/v1/") }
 
 // listener names the listener at host that answered on connection conn, asking the
-// host once per connection: only the internal one serves /openapi.yaml. Knowing it per
+// host once per connection: only the internal one serves /openapi.yaml. It is known per
 // connection, not per host:port (nor per pair of addresses: the kernel reuses both
-// ports in time), keeps a port that a closed server's listener had and a later server's
-// other listener got from being taken for the first. The map keeps every connection it
-// has seen, so none is collected and its identity handed to another. Concurrent first requests on a connection wait for the one question. A
-// host that cannot be asked (gone) is "" and is asked again next time.
+// ports in time), so that a port a closed server's listener had and a later server's
+// other listener got is not taken for the first. The map keeps every connection it has
+// seen, so none is collected and its identity handed to another. Concurrent first
+// requests on a connection wait for the one question. A host that cannot be asked
+// (gone) is "" and is asked again next time.
 func (c *contract) listener(host string, conn net.Conn) string {
 	var key any = conn
 	if conn == nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"maps"
 	"net/http"
 	"strings"
@@ -45,12 +44,7 @@ func startWithRedis(t *testing.T, env map[string]string) *server {
 // the test when it starts.
 func startFails(t *testing.T, env map[string]string) error {
 	t.Helper()
-	cfg := testConfig(t)
-	cfg.Redis = redisSettings(t, env)
-	m := NewMain(cfg, NewLogger(io.Discard, "error"))
-	m.RedisPrefix = testenv.Prefix(t)
-	defer m.Close()
-	err := m.Run(testenv.Context(t))
+	_, err := startLogs(t, env)
 	if err == nil {
 		t.Fatal("the replica started; want a start-up error")
 	}
