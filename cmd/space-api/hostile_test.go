@@ -164,6 +164,8 @@ func FuzzWholeStack(f *testing.F) {
 		{`{"template":"py\u0000","cpu_millis":1,"memory_mib":1,"disk_gib":1}`, "%00", "page_token=%ff", "a,b", "\x00"},
 		{"{\"template\":\"python-3.12\",\"metadata\":{\"k\":\"\xff\"}}", "", "limit=99999999999999999999", "unknown", strings.Repeat("k", 300)},
 		{`{"template":"node-22","cpu_millis":1,"memory_mib":1,"disk_gib":1,"metadata":{"a\u0000":"b"}}`, "00000000-0000-4000-8000-00000000000g", "page_token=eyJ0IjoieCJ9", "hooli", "k2"},
+		// Found in CI: a raw query with a space, which the client sends unescaped.
+		{"", "", " ", "", ""},
 	} {
 		f.Add(seed.body, seed.id, seed.query, seed.client, seed.key)
 	}
@@ -187,11 +189,14 @@ func FuzzWholeStack(f *testing.F) {
 
 // fuzzRequest sends one request of FuzzWholeStack and fails t on a 5xx. A request the
 // client library refuses to build or send (an invalid URL or header value) is not the
-// server's to answer, and is skipped.
+// server's to answer, and is skipped. So is a request target with a space in it: Go's
+// client writes a raw query as it is, the request line then has more than three parts,
+// and net/http answers its own plain "400 Bad Request" before any handler runs (a
+// framing error, like a bad header line, that no route of ours sees).
 func fuzzRequest(t *testing.T, base, method, path, body string, header map[string]string) {
 	t.Helper()
 	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
-	if err != nil {
+	if err != nil || strings.ContainsRune(req.URL.RequestURI(), ' ') {
 		return
 	}
 	for k, v := range header {
