@@ -138,29 +138,29 @@ func setLimitHeaders(h http.Header, le *space.LimitError, rnd func() float64) {
 	}
 	// The fields are set under their canonical keys directly and built by appending:
 	// Header.Set would canonicalise "RateLimit-Policy" into a new string on every
-	// refusal, and fmt would box each number.
+	// refusal, and fmt would box each number. Both fields start with the quoted bucket
+	// name; each is appended after it in buf and copied out by string() before the next.
 	h["Retry-After"] = []string{strconv.FormatInt(retry, 10)}
-	remaining := int64(math.Max(0, math.Floor(le.Remaining)))
 	var buf [96]byte
+	name := strconv.AppendQuote(buf[:0], string(le.Bucket))
 	switch {
 	case le.Limit != nil:
 		window := int64(1)
 		if le.Limit.RefillRPS > 0 {
 			window = int64(math.Max(1, math.Ceil(float64(le.Limit.Burst)/le.Limit.RefillRPS)))
 		}
-		b := strconv.AppendQuote(buf[:0], string(le.Bucket))
-		b = strconv.AppendInt(append(b, ";q="...), int64(le.Limit.Burst), 10)
-		b = strconv.AppendInt(append(b, ";w="...), window, 10)
-		h[rateLimitPolicy] = []string{string(b)}
+		h[rateLimitPolicy] = []string{string(appendParam(appendParam(name, ";q=", int64(le.Limit.Burst)), ";w=", window))}
 	case le.Cap > 0:
-		b := strconv.AppendQuote(buf[:0], string(le.Bucket))
-		b = strconv.AppendInt(append(b, ";q="...), int64(le.Cap), 10)
-		h[rateLimitPolicy] = []string{string(b)}
+		h[rateLimitPolicy] = []string{string(appendParam(name, ";q=", int64(le.Cap)))}
 	}
-	b := strconv.AppendQuote(buf[:0], string(le.Bucket))
-	b = strconv.AppendInt(append(b, ";r="...), remaining, 10)
-	b = strconv.AppendInt(append(b, ";t="...), retry, 10)
-	h[rateLimit] = []string{string(b)}
+	remaining := int64(math.Max(0, math.Floor(le.Remaining)))
+	h[rateLimit] = []string{string(appendParam(appendParam(name, ";r=", remaining), ";t=", retry))}
+}
+
+// appendParam appends a structured-field parameter with an integer value, such as
+// ";q=40", to b.
+func appendParam(b []byte, param string, v int64) []byte {
+	return strconv.AppendInt(append(b, param...), v, 10)
 }
 
 // The canonical forms (textproto.CanonicalMIMEHeaderKey) of the draft's field names.
