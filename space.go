@@ -105,6 +105,12 @@ type Sandbox struct {
 	// SnapshotRef names its last snapshot. Neither is shown to clients.
 	SubstrateRef string `json:"-"`
 	SnapshotRef  string `json:"-"`
+	// Answered is true once a client has been told of the sandbox: the 201 of its
+	// create (or of a retry under the create's Idempotency-Key), or the 202 of a queued
+	// create, which names the sandbox before it exists. An unanswered sandbox that no
+	// key can claim is ended by the reconciler (docs/design.md, "Unanswered creates").
+	// Not shown.
+	Answered bool `json:"-"`
 	// LastError says why a failed sandbox failed.
 	LastError string `json:"last_error,omitempty"`
 }

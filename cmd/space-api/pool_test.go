@@ -202,6 +202,36 @@ func TestActivationCost(t *testing.T) {
 		}
 	})
 
+	t.Run("a cost above a client's burst is a 422 whether its bucket is full, empty or known empty", func(t *testing.T) {
+		t.Parallel()
+		s := startServer(t, e2eOptions{
+			quota: `{"clients": {"acme": {"concurrency": 50, "live_sandboxes": 100}}, "rate": {"acme": {"refill_rps": 0.000001, "burst": 2}}}`,
+			config: func(c *config.Config) {
+				c.Sandbox.TemplatesFile = testenv.WriteFile(t, "templates.json", costTemplates)
+			}})
+		never := func(when string) {
+			t.Helper()
+			r := s.do("POST", "/v1/sandboxes", "acme", gpuBody)
+			if p := r.problem(t); r.StatusCode != 422 || p.Field != "template" || r.Header.Get("Retry-After") != "" {
+				t.Fatalf("gpu create (cost 3, burst 2) with the bucket %s = %d %+v, Retry-After %q; want a 422 naming the template",
+					when, r.StatusCode, p, r.Header.Get("Retry-After"))
+			}
+		}
+		never("full")
+		s.create("acme", pythonBody)
+		s.create("acme", pythonBody)
+		if r := s.do("POST", "/v1/sandboxes", "acme", pythonBody); r.StatusCode != 429 {
+			t.Fatalf("a create of the empty bucket = %d, want Redis's 429", r.StatusCode)
+		}
+		never("empty")
+		local := s.metric("space_sandbox_admission_local_refusals_total", `bucket="client_activation"`)
+		if r := s.do("POST", "/v1/sandboxes", "acme", pythonBody); r.StatusCode != 429 ||
+			s.metric("space_sandbox_admission_local_refusals_total", `bucket="client_activation"`) != local+1 {
+			t.Fatalf("a create of the bucket known empty = %d, want a 429 from memory", r.StatusCode)
+		}
+		never("known empty in memory")
+	})
+
 	t.Run("three replicas with mixed costs admit exactly burst plus refill times elapsed", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)

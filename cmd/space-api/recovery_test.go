@@ -234,8 +234,11 @@ func TestRecovery(t *testing.T) {
 		}
 	})
 
-	t.Run("postgres down between a cold start and its running write: the sandbox is settled running", func(t *testing.T) {
-		t.Parallel()
+	// cutRunningWrite sends a create (with header pairs) and cuts Postgres once it is
+	// starting, so that the write recording it running fails; it returns the sandbox's
+	// id once the reconciler has settled it, and the server.
+	cutRunningWrite := func(t *testing.T, header ...string) (*server, string) {
+		t.Helper()
 		var proxy *testenv.Proxy
 		s := startServer(t, e2eOptions{quota: acmeQuota, config: func(c *config.Config) {
 			c.DatabaseURL, proxy = testenv.ProxyDatabaseURL(t, c.DatabaseURL)
@@ -244,7 +247,7 @@ func TestRecovery(t *testing.T) {
 			c.Reconcile = config.Reconcile{Interval: 100 * time.Millisecond, Grace: 200 * time.Millisecond}
 		}})
 		done := make(chan response, 1)
-		go func() { done <- s.do("POST", "/v1/sandboxes", "acme", pythonBody) }()
+		go func() { done <- s.do("POST", "/v1/sandboxes", "acme", pythonBody, header...) }()
 		var id string
 		testenv.Eventually(t, 10*time.Second, "the create to be starting", func() bool {
 			return s.m.DB.QueryRow(testenv.Context(t), "SELECT id::text FROM sandboxes WHERE state = 'starting'").Scan(&id) == nil
@@ -254,20 +257,47 @@ func TestRecovery(t *testing.T) {
 			t.Fatalf("the create whose running write failed = %d %s, want 503", r.StatusCode, r.body)
 		}
 		proxy.Restore()
-		var sb space.Sandbox
 		testenv.Eventually(t, 30*time.Second, "the reconciler to settle the sandbox", func() bool {
+			var sb space.Sandbox
 			r := s.do("GET", "/v1/sandboxes/"+id, "acme", "")
 			r.json(t, &sb)
 			return r.StatusCode == 200 && sb.State != space.StateStarting
 		})
+		return s, id
+	}
+
+	t.Run("postgres down between a cold start and its running write, no key: the sandbox nobody was told of fails and is stopped", func(t *testing.T) {
+		t.Parallel()
+		s, id := cutRunningWrite(t)
+		sb, err := s.m.Sandboxes.Get(testenv.Context(t), "acme", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found, err := s.m.Substrate.Find(testenv.Context(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.State != space.StateFailed || !strings.Contains(sb.LastError, "not answered") || len(found.Resources) != 0 {
+			t.Fatalf("settled as %s (%s) with %d resources, want failed as not answered with none", sb.State, sb.LastError, len(found.Resources))
+		}
+	})
+
+	t.Run("postgres down between a cold start and its running write, with a key: the sandbox is kept running for the retry", func(t *testing.T) {
+		t.Parallel()
+		s, id := cutRunningWrite(t, "Idempotency-Key", "outage-1")
 		stored, err := s.m.Sandboxes.Get(testenv.Context(t), "acme", id) // with its substrate ref, which the API does not show
 		if err != nil {
 			t.Fatal(err)
 		}
-		sb = *stored
 		sim := s.m.Substrate.(*substrate.Simulated)
-		if sb.State != space.StateRunning || !sim.IsRunning(sb.SubstrateRef) {
-			t.Fatalf("settled as %s (%s) on %q, want running on the resource its cold start made", sb.State, sb.LastError, sb.SubstrateRef)
+		if stored.State != space.StateRunning || !sim.IsRunning(stored.SubstrateRef) {
+			t.Fatalf("settled as %s (%s) on %q, want running on the resource its cold start made", stored.State, stored.LastError, stored.SubstrateRef)
+		}
+		r := s.do("POST", "/v1/sandboxes", "acme", pythonBody, "Idempotency-Key", "outage-1")
+		var sb space.Sandbox
+		r.json(t, &sb)
+		if r.StatusCode != http.StatusCreated || sb.ID != id {
+			t.Fatalf("the retry = %d %s, want 201 with sandbox %s", r.StatusCode, r.body, id)
 		}
 	})
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/admission"
+	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/testenv"
 )
@@ -75,6 +78,27 @@ func TestRefusalsWithoutRedis(t *testing.T) {
 			t.Fatalf("after the rate was raised: refused %+v", p)
 		}
 	})
+
+	for _, refill := range []float64{0, 0.01} {
+		t.Run(fmt.Sprintf("a bucket reset by hand in Redis admits once the refusal in memory is past its bound (refill %g/s)", refill), func(t *testing.T) {
+			t.Parallel()
+			const bound = 300 * time.Millisecond
+			quota := fmt.Sprintf(`{"clients": {"acme": {"concurrency": 50, "live_sandboxes": 100}}, "rate": {"acme": {"refill_rps": %g, "burst": 3}}}`, refill)
+			s := startServer(t, e2eOptions{quota: quota, config: func(c *config.Config) {
+				c.Admission.RefusalCacheMaxAge = bound
+			}})
+			if n, _ := s.admitted("acme", 4); n != 3 {
+				t.Fatalf("admitted %d, want the burst of 3", n)
+			}
+			if err := s.m.Redis.Del(testenv.Context(t), admission.ClientKey(s.m.RedisPrefix, "acme")).Err(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(bound) // whatever this replica learnt of the bucket is older than the bound now
+			if n, p := s.admitted("acme", 4); n != 3 {
+				t.Fatalf("after the reset: admitted %d (then %+v), want the full burst of 3 that Redis holds", n, p)
+			}
+		})
+	}
 
 	t.Run("three replicas still admit exactly the burst", func(t *testing.T) {
 		t.Parallel()

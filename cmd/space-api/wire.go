@@ -61,16 +61,17 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	// per call.
 	m.Breaker = admission.NewBreaker(admission.BreakerOptions{Registerer: m.Registry, Logger: m.Logger})
 	m.Admitter, err = admission.New(admission.Options{
-		Redis:      m.Redis,
-		Prefix:     m.RedisPrefix,
-		Enabled:    cfg.Admission.Enabled,
-		Cluster:    cfg.Admission.Cluster,
-		FailClosed: cfg.Admission.FailureMode == config.FailClosed,
-		Shadow:     cfg.Admission.Shadow,
-		Timeout:    cfg.Redis.Timeout,
-		Breaker:    m.Breaker,
-		Registerer: m.Registry,
-		Logger:     m.Logger,
+		Redis:         m.Redis,
+		Prefix:        m.RedisPrefix,
+		Enabled:       cfg.Admission.Enabled,
+		Cluster:       cfg.Admission.Cluster,
+		FailClosed:    cfg.Admission.FailureMode == config.FailClosed,
+		Shadow:        cfg.Admission.Shadow,
+		Timeout:       cfg.Redis.Timeout,
+		RefusalMaxAge: cfg.Admission.RefusalCacheMaxAge,
+		Breaker:       m.Breaker,
+		Registerer:    m.Registry,
+		Logger:        m.Logger,
 	})
 	if err != nil {
 		return opts, fmt.Errorf("admission: %w", err)

@@ -70,6 +70,13 @@ type Options struct {
 	// Now is the replica's clock of the refusals it knows without Redis (see Refused);
 	// default time.Now. Bucket time itself is always Redis TIME.
 	Now func() time.Time
+	// RefusalMaxAge bounds how old what a replica learnt of a bucket may be and still
+	// refuse from memory (SPACE_REFUSAL_CACHE_MAX_AGE): past it, the next charge asks
+	// Redis again. Memory can only know a bucket as far as every writer of it is
+	// another replica taking tokens; an operator who deletes the key to reset it, or
+	// anything else that gives tokens back, is seen within this bound. Zero refuses
+	// nothing from memory.
+	RefusalMaxAge time.Duration
 }
 
 // Admitter decides activations against the cluster bucket and, when the caller has a
@@ -99,8 +106,9 @@ type Admitter struct {
 	// known holds, per bucket, its state as this replica last learnt it from Redis, so
 	// that Refused can refuse without asking (see Refused). Keys are the cluster key
 	// and bounded budget keys: the map is bounded by the allowlist.
-	known sync.Map // string (Redis key) -> *atomic.Pointer[knownBucket]
-	now   func() time.Time
+	known  sync.Map // string (Redis key) -> *atomic.Pointer[knownBucket]
+	now    func() time.Time
+	maxAge time.Duration
 }
 
 // knownBucket is one bucket as a decision found it: at most Tokens at time At (the
@@ -194,6 +202,7 @@ func New(opts Options) (*Admitter, error) {
 	}
 	return &Admitter{
 		now:          now,
+		maxAge:       opts.RefusalMaxAge,
 		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker),
 		enabled:      opts.Enabled,
 		failClosed:   opts.FailClosed,
@@ -309,12 +318,14 @@ func (a *Admitter) admit(ctx context.Context, client space.ClientKey, clientRate
 // It only ever refuses; nil means "ask Redis" (Charge then does). A bucket is known
 // under the rate it was decided with: a flag that changes the client's rate, exempts
 // it or moves it on or off the allowlist makes the entry not apply, so the next create
-// is Redis's. The known tokens are an upper bound (other replicas only take tokens),
-// so a refusal here is never wrong beyond the instant of the refill itself, and its
-// Retry-After is counted from that refill. Nothing is refused in shadow mode or with
-// admission disabled. A refusal is counted as Admit counts one.
+// is Redis's. The known tokens are an upper bound as long as other replicas only take
+// tokens, so a refusal here is never wrong beyond the instant of the refill itself,
+// and its Retry-After is counted from that refill. What gives tokens back (a key reset
+// by hand) is seen once the entry is older than Options.RefusalMaxAge, when the next
+// charge asks Redis and learns the bucket afresh. Nothing is refused in shadow mode or
+// with admission disabled. A refusal is counted as Admit counts one.
 func (a *Admitter) Refused(key space.ClientKey, rate *space.Rate, cost int) *space.LimitError {
-	if !a.enabled || a.shadow {
+	if !a.enabled || a.shadow || a.maxAge <= 0 {
 		return nil
 	}
 	now := a.now()
@@ -348,9 +359,13 @@ func (a *Admitter) knownShort(key string, rate space.Rate, cost int, now time.Ti
 	if k == nil || k.Rate != rate {
 		return nil
 	}
+	age := now.Sub(k.At)
+	if age > a.maxAge {
+		return nil
+	}
 	tokens := k.Tokens
-	if elapsed := now.Sub(k.At).Seconds(); elapsed > 0 {
-		tokens += elapsed * rate.RefillRPS
+	if age > 0 {
+		tokens += age.Seconds() * rate.RefillRPS
 	}
 	tokens = math.Min(tokens, float64(rate.Burst))
 	need := float64(cost)

@@ -58,7 +58,7 @@ func setup(t *testing.T, rdb redis.UniversalClient, opts Options) *bundle {
 
 // enabled is the Options of most tests: admission on, failing closed.
 func enabled(cluster space.Rate) Options {
-	return Options{Enabled: true, FailClosed: true, Cluster: cluster}
+	return Options{Enabled: true, FailClosed: true, Cluster: cluster, RefusalMaxAge: time.Hour}
 }
 
 func rate(rps float64, burst int64) *space.Rate { return &space.Rate{RefillRPS: rps, Burst: burst} }

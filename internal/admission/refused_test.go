@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -130,6 +131,54 @@ func TestRefusedWithoutRedis(t *testing.T) {
 		off := setup(t, rdb, Options{Cluster: space.Rate{RefillRPS: neverRefills, Burst: 1}})
 		if le := off.adm.Refused("acme", r, 1); le != nil {
 			t.Fatal("a disabled Admitter refused")
+		}
+	})
+
+	for _, refill := range []float64{0, 0.1} {
+		t.Run(fmt.Sprintf("a bucket reset by hand is admitted once what was known of it is older than the bound (refill %g/s)", refill), func(t *testing.T) {
+			t.Parallel()
+			c := testenv.NewClock(time.Unix(1_000_000, 0))
+			opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 100})
+			opts.Now = c.Now
+			opts.RefusalMaxAge = time.Second
+			b := setup(t, testenv.Redis(t), opts)
+			r := rate(refill, 3)
+			b.drain("acme", r)
+			if err := b.adm.Charge(b.ctx, "acme", r, 1); space.ErrorCode(err) != space.ELIMITED {
+				t.Fatalf("charge of the drained bucket = %v, want a refusal", err)
+			}
+			// An operator resets the bucket: Redis would admit 3 now.
+			if err := b.rdb.Del(b.ctx, b.clientKey("acme")).Err(); err != nil {
+				t.Fatal(err)
+			}
+			c.Advance(999 * time.Millisecond)
+			if le := b.adm.Refused("acme", r, 1); le == nil {
+				t.Fatal("not refused from memory within the bound: the cache is not on")
+			}
+			c.Advance(2 * time.Millisecond)
+			if le := b.adm.Refused("acme", r, 1); le != nil {
+				t.Fatalf("refused from memory %v after it was learnt, past the bound of 1s: %+v", time.Second+time.Millisecond, le)
+			}
+			for i := range 3 {
+				if err := b.adm.Charge(b.ctx, "acme", r, 1); err != nil {
+					t.Fatalf("charge %d of the reset bucket = %v, want admitted", i+1, err)
+				}
+			}
+		})
+	}
+
+	t.Run("a bound of zero refuses nothing from memory", func(t *testing.T) {
+		t.Parallel()
+		opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 100})
+		opts.RefusalMaxAge = 0
+		b := setup(t, testenv.Redis(t), opts)
+		r := rate(neverRefills, 1)
+		b.drain("acme", r)
+		if le := b.adm.Refused("acme", r, 1); le != nil {
+			t.Fatalf("refused from memory with the cache off: %+v", le)
+		}
+		if err := b.adm.Charge(b.ctx, "acme", r, 1); space.ErrorCode(err) != space.ELIMITED {
+			t.Fatalf("charge = %v, want Redis's refusal", err)
 		}
 	})
 

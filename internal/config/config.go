@@ -229,6 +229,10 @@ type Admission struct {
 	FailureMode FailureMode
 	// Shadow decides and records but admits (SPACE_CLUSTER_ACTIVATION_ADMISSION_SHADOW).
 	Shadow bool
+	// RefusalCacheMaxAge bounds how old a replica's memory of a bucket may be and still
+	// refuse a create without asking Redis (SPACE_REFUSAL_CACHE_MAX_AGE, default 1s; 0
+	// refuses nothing from memory). A bucket reset by hand is seen within it.
+	RefusalCacheMaxAge time.Duration
 }
 
 // Flags locates the flag-definition file.
@@ -311,9 +315,10 @@ func Default() Config {
 		Auth:              Auth{Mode: AuthAPIKey, FailureRate: space.Rate{RefillRPS: 0.2, Burst: 20}},
 		Redis:             Redis{Mode: RedisAuto, Timeout: 100 * time.Millisecond, KeyPrefix: "space"},
 		Admission: Admission{
-			Enabled:     true,
-			Cluster:     space.Rate{RefillRPS: 100, Burst: 200},
-			FailureMode: FailOpen,
+			Enabled:            true,
+			Cluster:            space.Rate{RefillRPS: 100, Burst: 200},
+			FailureMode:        FailOpen,
+			RefusalCacheMaxAge: time.Second,
 		},
 		Flags: Flags{PollInterval: 2 * time.Second},
 		Sandbox: Sandbox{
@@ -368,6 +373,7 @@ func Load(getenv func(string) string) (Config, error) {
 	r.oneOf("SPACE_CLUSTER_ACTIVATION_ADMISSION_FAILURE_MODE", &fm, string(FailOpen), string(FailClosed))
 	c.Admission.FailureMode = FailureMode(fm)
 	r.boolean("SPACE_CLUSTER_ACTIVATION_ADMISSION_SHADOW", &c.Admission.Shadow)
+	r.durationOrZero("SPACE_REFUSAL_CACHE_MAX_AGE", &c.Admission.RefusalCacheMaxAge)
 
 	r.str("SPACE_FLAGS_FILE", &c.Flags.File, nil)
 	r.duration("SPACE_FLAGS_POLL_INTERVAL", &c.Flags.PollInterval)
@@ -523,6 +529,20 @@ func (r *reader) duration(name string, dst *time.Duration) {
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
 		r.fail(name, v, "a positive Go duration such as 100ms, 2s or 10m")
+		return
+	}
+	*dst = d
+}
+
+// durationOrZero is duration where 0 is a value of its own (off).
+func (r *reader) durationOrZero(name string, dst *time.Duration) {
+	v, ok := r.lookup(name)
+	if !ok {
+		return
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		r.fail(name, v, "a Go duration >= 0 such as 500ms or 1s (0 turns it off)")
 		return
 	}
 	*dst = d

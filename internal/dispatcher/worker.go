@@ -176,6 +176,7 @@ func (d *Dispatcher) run(ctx context.Context, op *row, caller space.Caller) erro
 			return space.Errorf(space.EINVALID, "operation %s holds an unreadable request: %v", op.ID, derr)
 		}
 		req.ID = op.SandboxID
+		req.Answered = true // its 202 named the sandbox
 		_, err = svc.Create(ctx, caller, req)
 	case space.OperationRestore:
 		_, err = svc.Restore(ctx, caller, op.SandboxID)

@@ -31,6 +31,10 @@ type CreateRequest struct {
 	// Create) and a different request under it is EUNPROCESSABLE. Queued creates keep
 	// their key on the operation instead, and set ID.
 	IdempotencyKey string
+	// Answered is true when the caller was told of the sandbox before it exists: a
+	// queued create's 202 named its id. A synchronous create is answered only by its
+	// 201; until then nobody but this request can claim the sandbox (see finish).
+	Answered bool
 }
 
 // createBody is a create's request as a queued operation stores it and an idempotency
@@ -100,6 +104,11 @@ func (s *Service) Create(ctx context.Context, caller space.Caller, req CreateReq
 		case err != nil:
 			return nil, err
 		case cur != nil && cur.State != space.StateFailed:
+			// A repeat under the key is answered with the sandbox, which from now on
+			// no longer depends on the key to be claimed.
+			if err := markAnswered(ctx, s.opts.DB, cur); err != nil {
+				return nil, store.Classify(err)
+			}
 			return cur, nil
 		}
 		retry = cur != nil
@@ -111,6 +120,7 @@ func (s *Service) Create(ctx context.Context, caller space.Caller, req CreateReq
 		State:     space.StateStarting,
 		Shape:     req.Shape,
 		Metadata:  req.Metadata,
+		Answered:  req.Answered,
 	}
 	if tmpl, err := s.opts.Catalog.Resolve(req.Shape); err == nil {
 		sb.TemplateVersion = tmpl.Version // inserted with the row; activate checks it again
@@ -155,6 +165,9 @@ func (s *Service) Create(ctx context.Context, caller space.Caller, req CreateReq
 			return setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateFailed, LastError: &msg, From: starting})
 		},
 		transient: space.StateStarting,
+		// Without a key to be retried under, the sandbox of an unanswered create is
+		// this request's alone: if its caller leaves, nobody can ever claim it.
+		unclaimable: !req.Answered && req.IdempotencyKey == "",
 	})
 }
 
@@ -351,6 +364,11 @@ type activation struct {
 	// later write is guarded on it, so that an activation that finds its sandbox moved
 	// on (deleted meanwhile, or settled by the reconciler) writes nothing over it.
 	transient space.SandboxState
+	// unclaimable is true when only this request's answer can ever tell a client of
+	// the sandbox (an unanswered create without an idempotency key): if the caller is
+	// gone by the time it is ready, it is stopped and failed rather than left running
+	// at its cost, holding a live place nobody will free.
+	unclaimable bool
 }
 
 // activate runs steps 4 to 8 of the create path (docs/design.md), in that order:
@@ -368,6 +386,9 @@ type activation struct {
 //  8. cold start; a failure leaves the tokens spent.
 func (s *Service) activate(ctx context.Context, caller space.Caller, a activation) (*space.Sandbox, error) {
 	began := s.opts.Now()
+	// The caller's own context tells, at the end, whether anyone is still waiting for
+	// the answer; the work itself runs detached from it.
+	callerCtx := ctx
 	var sb *space.Sandbox
 	var slot *pool.Slot
 	var tmpl substrate.Template
@@ -407,7 +428,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
 				s.logger.WarnContext(ctx, "consume adopted slot", "slot", slot.ID, "err", cerr)
 			}
-			return s.finish(ctx, a, sb, ref, true, began)
+			return s.finish(ctx, callerCtx, a, sb, ref, true, began)
 		}
 		// A slot that cannot be adopted is discarded and the activation goes on cold,
 		// as if the pool had missed.
@@ -440,20 +461,29 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 			Message: fmt.Sprintf("the substrate failed to %s sandbox %s; see GET /v1/sandboxes/%s", activateVerb(a.kind), sb.ID, sb.ID)}
 	}
 	s.metrics.coldStart.WithLabelValues(a.kind).Observe(s.opts.Now().Sub(coldBegan).Seconds())
-	return s.finish(ctx, a, sb, ref, false, began)
+	return s.finish(ctx, callerCtx, a, sb, ref, false, began)
 }
 
-// finish records a started sandbox as running, provided it is still in the transitional
-// state this activation put it in. When it is not, its owner deleted it meanwhile (or
-// the reconciler settled it after this replica stalled past the bound): nothing owns
-// what was just started, so it is stopped, unless the reconciler already recorded that
-// very resource as the sandbox's.
-func (s *Service) finish(ctx context.Context, a activation, sb *space.Sandbox, ref string, warm bool, began time.Time) (*space.Sandbox, error) {
+// finish records a started sandbox as running and answered, provided it is still in the
+// transitional state this activation put it in. When it is not, its owner deleted it
+// meanwhile (or the reconciler settled it after this replica stalled past the bound):
+// nothing owns what was just started, so it is stopped, unless the reconciler already
+// recorded that very resource as the sandbox's.
+//
+// An unclaimable sandbox whose caller has gone (callerCtx is done: the connection
+// closed) is stopped and failed instead: no answer can reach anyone, and no key can
+// claim it later. A caller that leaves after this check, or whose connection breaks
+// while the 201 is written, has a running sandbox it was not told of: it finds it by
+// listing its sandboxes, or avoids the question with an Idempotency-Key.
+func (s *Service) finish(ctx, callerCtx context.Context, a activation, sb *space.Sandbox, ref string, warm bool, began time.Time) (*space.Sandbox, error) {
 	outcome := "cold"
 	if warm {
 		outcome = "warm"
 	}
-	out, err := setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, From: []space.SandboxState{a.transient}})
+	if a.unclaimable && callerCtx.Err() != nil {
+		return nil, s.abandon(ctx, a, sb, ref, began)
+	}
+	out, err := setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, Answered: true, From: []space.SandboxState{a.transient}})
 	var moved *movedError
 	if !errors.As(err, &moved) {
 		if err == nil {
@@ -472,6 +502,23 @@ func (s *Service) finish(ctx context.Context, a activation, sb *space.Sandbox, r
 	}
 	s.metrics.activation(a.kind, "failed", s.opts.Now().Sub(began))
 	return nil, movedOn(sb.ID, moved.cur.State, a.transient)
+}
+
+// abandon ends the activation of an unclaimable sandbox whose caller has gone: what was
+// started is stopped and the sandbox failed, with the reason. Should the write fail,
+// the reconciler ends the row the same way (it is unanswered and has no key).
+func (s *Service) abandon(ctx context.Context, a activation, sb *space.Sandbox, ref string, began time.Time) error {
+	if err := s.opts.Substrate.Stop(ctx, ref); err != nil {
+		s.logger.ErrorContext(ctx, "stop the sandbox of a caller that left", "sandbox", sb.ID, "ref", ref, "err", err)
+	}
+	msg := "the request was not answered: its caller left before the sandbox was ready, and without an Idempotency-Key nobody could claim it, so it was stopped"
+	if _, err := setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateFailed, LastError: &msg, ClearRef: true, From: []space.SandboxState{a.transient}}); ignoreMoved(err) != nil {
+		s.logger.ErrorContext(ctx, "record the sandbox of a caller that left", "sandbox", sb.ID, "err", err)
+	}
+	s.metrics.unanswered.WithLabelValues(unansweredCallerGone).Inc()
+	s.metrics.activation(a.kind, "failed", s.opts.Now().Sub(began))
+	s.logger.InfoContext(ctx, "stopped the sandbox of a create whose caller left before it was ready", "sandbox", sb.ID, "client", string(sb.Client))
+	return &space.Error{Code: space.EUNAVAILABLE, Message: fmt.Sprintf("the caller went away before sandbox %s was ready; it was stopped", sb.ID)}
 }
 
 // movedOn is the error of an activation whose sandbox moved on while it ran.

@@ -26,10 +26,20 @@ var activationBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, 
 // (sub-second) to a large image pulled onto a new node (minutes).
 var coldStartBuckets = []float64{.05, .1, .25, .5, 1, 2, 5, 10, 20, 30, 60, 120, 300}
 
+// Why an unanswered create was ended (space_sandbox_unanswered_total): its caller
+// went away before the sandbox was ready, it was never answered and has no key to be
+// retried under (settled by the reconciler), or its key expired unclaimed.
+const (
+	unansweredCallerGone = "caller_gone"
+	unansweredNoKey      = "not_answered"
+	unansweredKeyExpired = "key_expired"
+)
+
 type metrics struct {
 	activations *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	coldStart   *prometheus.HistogramVec
+	unanswered  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -49,6 +59,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "How long the substrate took to start (create) or restore (restore) a sandbox without a warm slot, for the starts that succeeded.",
 			Buckets: coldStartBuckets,
 		}, []string{"kind"})),
+		unanswered: metric.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_sandbox_unanswered_total",
+			Help: "Synchronous creates no client was ever answered for, ended failed with what ran for them stopped, by reason " +
+				"(caller_gone: the caller left before the sandbox was ready; not_answered: settled by the reconciler, no key; key_expired: its Idempotency-Key expired unclaimed).",
+		}, []string{"reason"})),
+	}
+	for _, r := range []string{unansweredCallerGone, unansweredNoKey, unansweredKeyExpired} {
+		m.unanswered.WithLabelValues(r)
 	}
 	for _, k := range activationKinds {
 		for _, o := range activationOutcomes {

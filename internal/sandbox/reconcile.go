@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -58,6 +59,9 @@ type ReconcilerOptions struct {
 //   - a sandbox starting, restoring or pausing for longer than its operation could take
 //     is settled from what the substrate holds for it (found by its id): running,
 //     paused or failed with a reason, and what was half made is stopped;
+//   - a create no client was answered for and none can claim (no live
+//     Idempotency-Key names it) is failed and what runs for it stopped, whether its
+//     replica died mid-create or its key expired after it was settled running;
 //   - a pool slot row stuck warming or claimed is forgotten;
 //   - a resource on the substrate that no row accounts for (a slot whose row is gone,
 //     a sandbox that is terminated, failed or paused, a second resource of one sandbox)
@@ -116,7 +120,7 @@ func NewReconciler(opts ReconcilerOptions) *Reconciler {
 	}
 	r.settled = metric.Register(opts.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "space_reconciler_settled_total",
-		Help: "Sandboxes left starting, restoring or pausing past the bound and settled by the reconciler, by the state they were in and the one they were settled in.",
+		Help: "Sandboxes left starting, restoring or pausing past the bound (or running, never answered, with their Idempotency-Key expired) and settled by the reconciler, by the state they were in and the one they were settled in.",
 	}, []string{"from", "to"}))
 	r.orphans = metric.Register(opts.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "space_reconciler_orphans_stopped_total",
@@ -127,6 +131,7 @@ func NewReconciler(opts ReconcilerOptions) *Reconciler {
 	}
 	// Every settlement verdict can reach (see verdict), at 0 from the start.
 	for from, tos := range map[space.SandboxState][]space.SandboxState{
+		space.StateRunning:   {space.StateFailed},
 		space.StateStarting:  {space.StateRunning, space.StateFailed},
 		space.StateRestoring: {space.StateRunning, space.StatePaused},
 		space.StatePausing:   {space.StateRunning, space.StatePaused, space.StateFailed},
@@ -194,33 +199,57 @@ func (r *Reconciler) Round(ctx context.Context) (ReconcileResult, error) {
 	return res, nil
 }
 
-// settle settles the sandboxes transitional for longer than Bound.
+// claimableSQL is true for a sandbox some client can still be answered with: it was
+// answered already, or a live Idempotency-Key names it, for its create's retry.
+const claimableSQL = `(answered OR EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.sandbox_id = sandboxes.id AND k.expires_at > now()))`
+
+// stale is a sandbox the reconciler found to settle, and whether a client can still
+// claim it (claimableSQL).
+type stale struct {
+	sb        *space.Sandbox
+	claimable bool
+}
+
+// findStale runs query, which selects sandboxColumns then claimableSQL.
+func (r *Reconciler) findStale(ctx context.Context, query string, args ...any) ([]stale, error) {
+	rows, err := r.svc.opts.DB.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []stale
+	for rows.Next() {
+		var st stale
+		if st.sb, err = scanSandbox(rows, &st.claimable); err != nil {
+			return nil, err
+		}
+		out = append(out, st)
+	}
+	return out, rows.Err()
+}
+
+// settle settles the sandboxes transitional for longer than Bound, and ends the
+// unanswered ones whose key expired unclaimed.
 func (r *Reconciler) settle(ctx context.Context, res *ReconcileResult) error {
-	db := r.svc.opts.DB
-	rows, err := db.Query(ctx, "SELECT "+sandboxColumns+` FROM sandboxes
+	found, err := r.findStale(ctx, "SELECT "+sandboxColumns+", "+claimableSQL+` FROM sandboxes
 		WHERE state IN ('starting', 'restoring', 'pausing') AND updated_at < now() - make_interval(secs => $1)
 		ORDER BY updated_at LIMIT $2`, r.Bound().Seconds(), settleBatch)
 	if err != nil {
 		return fmt.Errorf("find transitional sandboxes: %w", err)
 	}
-	var stale []*space.Sandbox
-	for rows.Next() {
-		sb, err := scanSandbox(rows)
-		if err != nil {
-			rows.Close()
-			return fmt.Errorf("find transitional sandboxes: %w", err)
-		}
-		stale = append(stale, sb)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("find transitional sandboxes: %w", err)
+	// A create answered by nobody and kept for its key's retry was settled running
+	// with its key live; once the key has expired, no retry can claim it any more.
+	expired, err := r.findStale(ctx, "SELECT "+sandboxColumns+", "+claimableSQL+` FROM sandboxes
+		WHERE NOT answered AND state = 'running' AND NOT `+claimableSQL+`
+		ORDER BY updated_at LIMIT $1`, settleBatch)
+	if err != nil {
+		return fmt.Errorf("find unanswered sandboxes: %w", err)
 	}
 	var errs []error
-	for _, sb := range stale {
-		to, err := r.settleOne(ctx, sb)
+	for _, st := range append(found, expired...) {
+		to, err := r.settleOne(ctx, st)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("settle sandbox %s: %w", sb.ID, err))
+			errs = append(errs, fmt.Errorf("settle sandbox %s: %w", st.sb.ID, err))
 			continue
 		}
 		if to != "" {
@@ -230,15 +259,16 @@ func (r *Reconciler) settle(ctx context.Context, res *ReconcileResult) error {
 	return errors.Join(errs...)
 }
 
-// settleOne settles one transitional sandbox from what the substrate holds for it, and
-// returns the state it settled it in ("" when the sandbox moved on meanwhile).
-func (r *Reconciler) settleOne(ctx context.Context, sb *space.Sandbox) (space.SandboxState, error) {
+// settleOne settles one sandbox from what the substrate holds for it, and returns the
+// state it settled it in ("" when the sandbox moved on meanwhile).
+func (r *Reconciler) settleOne(ctx context.Context, st stale) (space.SandboxState, error) {
+	sb := st.sb
 	sub := r.svc.opts.Substrate
 	found, err := sub.Find(ctx, sb.ID)
 	if err != nil {
 		return "", err
 	}
-	v := verdict(sb, found, r.Bound())
+	v := verdict(sb, found, st.claimable, r.Bound())
 	v.change.From = []space.SandboxState{sb.State}
 	v.change.Seen = sb.UpdatedAt
 	if _, err := setState(ctx, r.svc.opts.DB, sb.ID, v.change); err != nil {
@@ -249,6 +279,9 @@ func (r *Reconciler) settleOne(ctx context.Context, sb *space.Sandbox) (space.Sa
 		return "", err
 	}
 	r.settled.WithLabelValues(string(sb.State), string(v.change.State)).Inc()
+	if v.unanswered != "" {
+		r.svc.metrics.unanswered.WithLabelValues(v.unanswered).Inc()
+	}
 	r.logger.WarnContext(ctx, "settled a sandbox left transitional", "sandbox", sb.ID, "from", sb.State,
 		"to", v.change.State, "since", sb.UpdatedAt, "resources", len(found.Resources), "stopping", len(v.stop))
 	for _, ref := range v.stop {
@@ -261,11 +294,13 @@ func (r *Reconciler) settleOne(ctx context.Context, sb *space.Sandbox) (space.Sa
 	return v.change.State, nil
 }
 
-// settlement is what the reconciler does to one transitional sandbox: the change to
-// record and the resources to stop.
+// settlement is what the reconciler does to one sandbox: the change to record and the
+// resources to stop, and, for an unanswered create it ends, why (a reason of
+// space_sandbox_unanswered_total).
 type settlement struct {
-	change stateChange
-	stop   []string
+	change     stateChange
+	stop       []string
+	unanswered string
 }
 
 // verdict decides a transitional sandbox's settlement from what the substrate holds
@@ -280,8 +315,30 @@ type settlement struct {
 //
 // Every resource but the one kept is stopped: a second start of one sandbox, or one
 // half made.
-func verdict(sb *space.Sandbox, found substrate.Finding, bound time.Duration) settlement {
+//
+// A create that no client can claim (not claimable: never answered, and no live
+// Idempotency-Key names it) is ended failed whatever runs for it, and everything is
+// stopped: nobody was told of it, so nobody would ever use it or free its live place.
+// It is found starting (its replica died, or Postgres failed the write that would
+// have answered it) or, when its key expired unclaimed, running.
+func verdict(sb *space.Sandbox, found substrate.Finding, claimable bool, bound time.Duration) settlement {
 	var v settlement
+	if !claimable && (sb.State == space.StateStarting || sb.State == space.StateRunning) {
+		for _, res := range found.Resources {
+			v.stop = append(v.stop, res.Ref)
+		}
+		if sb.SubstrateRef != "" && !slices.Contains(v.stop, sb.SubstrateRef) {
+			v.stop = append(v.stop, sb.SubstrateRef)
+		}
+		msg := "settled by the reconciler: the request was not answered: no client was told of this sandbox and no Idempotency-Key can claim it, so it failed and what ran for it is stopped"
+		v.unanswered = unansweredNoKey
+		if sb.State == space.StateRunning {
+			msg = "settled by the reconciler: the request was not answered and its Idempotency-Key expired unclaimed, so it failed and what ran for it is stopped"
+			v.unanswered = unansweredKeyExpired
+		}
+		v.change = stateChange{State: space.StateFailed, ClearRef: true, LastError: &msg}
+		return v
+	}
 	ready, isReady := found.Ready()
 	for _, res := range found.Resources {
 		if !isReady || res.Ref != ready.Ref {

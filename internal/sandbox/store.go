@@ -23,13 +23,15 @@ type querier interface {
 }
 
 const sandboxColumns = `id::text, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata,
-	coalesce(substrate_ref, ''), coalesce(snapshot_ref, ''), coalesce(last_error, ''), created_at, updated_at`
+	coalesce(substrate_ref, ''), coalesce(snapshot_ref, ''), coalesce(last_error, ''), answered, created_at, updated_at`
 
-func scanSandbox(row pgx.Row) (*space.Sandbox, error) {
+// scanSandbox scans the sandboxColumns of row, then into extra the columns a query
+// selects after them.
+func scanSandbox(row pgx.Row, extra ...any) (*space.Sandbox, error) {
 	var sb space.Sandbox
 	var meta []byte
-	err := row.Scan(&sb.ID, &sb.Client, &sb.BudgetKey, &sb.State, &sb.Template, &sb.TemplateVersion, &sb.CPUMillis, &sb.MemoryMiB, &sb.DiskGiB,
-		&sb.Warm, &meta, &sb.SubstrateRef, &sb.SnapshotRef, &sb.LastError, &sb.CreatedAt, &sb.UpdatedAt)
+	err := row.Scan(append([]any{&sb.ID, &sb.Client, &sb.BudgetKey, &sb.State, &sb.Template, &sb.TemplateVersion, &sb.CPUMillis, &sb.MemoryMiB, &sb.DiskGiB,
+		&sb.Warm, &meta, &sb.SubstrateRef, &sb.SnapshotRef, &sb.LastError, &sb.Answered, &sb.CreatedAt, &sb.UpdatedAt}, extra...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -99,9 +101,9 @@ func insertSandbox(ctx context.Context, q querier, sb *space.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	return q.QueryRow(ctx, `INSERT INTO sandboxes (id, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING created_at, updated_at`,
-		sb.ID, string(sb.Client), string(sb.BudgetKey), string(sb.State), sb.Template, sb.TemplateVersion, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta,
+	return q.QueryRow(ctx, `INSERT INTO sandboxes (id, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata, answered)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING created_at, updated_at`,
+		sb.ID, string(sb.Client), string(sb.BudgetKey), string(sb.State), sb.Template, sb.TemplateVersion, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta, sb.Answered,
 	).Scan(&sb.CreatedAt, &sb.UpdatedAt)
 }
 
@@ -168,7 +170,10 @@ type stateChange struct {
 	SnapshotRef  string
 	Warm         *bool
 	LastError    *string
-	From         []space.SandboxState
+	// Answered records that the caller is being told of the sandbox (it never goes
+	// back to false).
+	Answered bool
+	From     []space.SandboxState
 	// Seen, when set, applies the change only if the sandbox was not changed since it
 	// was read with this updated_at (the reconciler's optimistic guard).
 	Seen time.Time
@@ -207,10 +212,11 @@ func setState(ctx context.Context, q querier, id string, c stateChange) (*space.
 			snapshot_ref = CASE WHEN $5 <> '' THEN $5 ELSE snapshot_ref END,
 			warm = coalesce($6, warm),
 			last_error = CASE WHEN $7::text IS NULL THEN last_error ELSE nullif($7, '') END,
+			answered = answered OR $10,
 			updated_at = now()
 		WHERE id = $1 AND ($8::text[] IS NULL OR state = ANY($8)) AND ($9::timestamptz IS NULL OR updated_at = $9)
 		RETURNING `+sandboxColumns,
-		id, string(c.State), c.SubstrateRef, c.ClearRef, c.SnapshotRef, c.Warm, c.LastError, from, seen))
+		id, string(c.State), c.SubstrateRef, c.ClearRef, c.SnapshotRef, c.Warm, c.LastError, from, seen, c.Answered))
 	if errors.Is(err, pgx.ErrNoRows) {
 		cur, gerr := getSandbox(ctx, q, id, "", false)
 		if gerr != nil {
@@ -255,6 +261,18 @@ func conflict(cur *space.Sandbox, to space.SandboxState, from []space.SandboxSta
 	}
 	return space.Errorf(space.ECONFLICT, "sandbox %s is %s; moving it to %s needs it %s",
 		cur.ID, cur.State, to, strings.Join(want, " or "))
+}
+
+// markAnswered records that sb's client is being told of it, unless it was already.
+func markAnswered(ctx context.Context, q querier, sb *space.Sandbox) error {
+	if sb.Answered {
+		return nil
+	}
+	if _, err := q.Exec(ctx, "UPDATE sandboxes SET answered = true WHERE id = $1", sb.ID); err != nil {
+		return fmt.Errorf("sandbox %s answered: %w", sb.ID, err)
+	}
+	sb.Answered = true
+	return nil
 }
 
 // setTemplateVersion records the template version an activation of sb runs, when it

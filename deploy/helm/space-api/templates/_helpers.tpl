@@ -219,6 +219,8 @@ chartEnv, what the values render, then extraEnv.
   value: {{ .Values.admission.failureMode | quote }}
 - name: SPACE_CLUSTER_ACTIVATION_ADMISSION_SHADOW
   value: {{ .Values.admission.shadow | toString | quote }}
+- name: SPACE_REFUSAL_CACHE_MAX_AGE
+  value: {{ .Values.admission.refusalCacheMaxAge | quote }}
 {{- if .Values.flags.enabled }}
 - name: SPACE_FLAGS_FILE
   value: /etc/space/flags/flags.json

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/config"
+	"github.com/space-sandbox/space/internal/substrate"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// unansweredQuota lets acme and globex create freely: the tests are about what is
+// left of creates nobody was answered for, not about limits.
+const unansweredQuota = `{"clients": {"acme": {"concurrency": 200, "live_sandboxes": 1000}, "globex": {"concurrency": 200, "live_sandboxes": 1000}}}`
+
+// answers is what clients were told: the sandbox ids their 201s named.
+type answers struct {
+	mu  sync.Mutex
+	ids map[string]bool
+}
+
+func (a *answers) add(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ids == nil {
+		a.ids = map[string]bool{}
+	}
+	a.ids[id] = true
+}
+
+func (a *answers) has(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ids[id]
+}
+
+// post sends a synchronous create of client to base, with key as its Idempotency-Key
+// when not empty, and returns the status and the sandbox a 201 named (0 and nil when
+// the connection was cut).
+func post(base, client, key string) (int, *space.Sandbox) {
+	req, err := http.NewRequest("POST", base+"/v1/sandboxes", strings.NewReader(pythonBody))
+	if err != nil {
+		return 0, nil
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(api.HeaderClientID, client)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return resp.StatusCode, nil
+	}
+	var sb space.Sandbox
+	if err := json.NewDecoder(resp.Body).Decode(&sb); err != nil {
+		return 0, nil
+	}
+	return resp.StatusCode, &sb
+}
+
+// leftOver checks that every sandbox of client that no 201 named is failed or
+// terminated with nothing running for it on sub, and that every one a 201 named is
+// running on it. It returns how many of each it saw.
+func leftOver(t *testing.T, f *fleet, sub substrate.Substrate, client string, told *answers) (unanswered, answered int) {
+	t.Helper()
+	ctx := testenv.Context(t)
+	rows, err := f.db.Query(ctx, "SELECT id::text, state, coalesce(last_error, '') FROM sandboxes WHERE client = $1", client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct{ id, state, lastError string }
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		err := r.Scan(&x.id, &x.state, &x.lastError)
+		return x, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range all {
+		found, err := sub.Find(ctx, r.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if told.has(r.id) {
+			answered++
+			if r.state != string(space.StateRunning) || len(found.Resources) != 1 {
+				t.Errorf("answered sandbox %s of %s is %s with %d resources, want running on one", r.id, client, r.state, len(found.Resources))
+			}
+			continue
+		}
+		unanswered++
+		if (r.state != string(space.StateFailed) && r.state != string(space.StateTerminated)) || len(found.Resources) != 0 {
+			t.Errorf("sandbox %s of %s, answered to nobody, is %s (%q) with %d resources; want failed or terminated with none",
+				r.id, client, r.state, r.lastError, len(found.Resources))
+		}
+	}
+	return unanswered, answered
+}
+
+func TestUnansweredCreates(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a replica killed during synchronous creates leaves nothing running that nobody was told of, and a keyed create's retry gets its sandbox", func(t *testing.T) {
+		t.Parallel()
+		env := replicaEnv(t, quotaFlags(unansweredQuota, ""), map[string]string{
+			"SPACE_SIMULATED_COLD_START": "1s",
+			"SPACE_SIMULATED_TIMEOUT":    "3s",
+			"SPACE_RECONCILE_INTERVAL":   "200ms",
+			"SPACE_RECONCILE_GRACE":      "500ms",
+		})
+		a := startReplica(t, "a", env)
+		b := startReplica(t, "b", env)
+		f := newFleet(t, env)
+		told := &answers{}
+		var wg sync.WaitGroup
+		keys := []string{"cut-1", "cut-2", "cut-3"}
+		for i := range 6 {
+			client, key := "acme", ""
+			if i%2 == 1 {
+				client, key = "globex", keys[i/2]
+			}
+			wg.Go(func() {
+				if code, sb := post(a.public, client, key); code == http.StatusCreated {
+					told.add(sb.ID)
+				}
+			})
+		}
+		testenv.Eventually(t, 30*time.Second, "the six creates to be starting", func() bool {
+			return f.count("SELECT count(*) FROM sandboxes WHERE state = 'starting'") == 6
+		})
+		a.kill()
+		wg.Wait()
+		testenv.Eventually(t, time.Minute, "the cut creates to be settled", func() bool {
+			sbs, _ := f.unsettled()
+			return sbs == 0
+		})
+		if n, _ := leftOver(t, f, f.sub, "acme", told); n != 3 {
+			t.Fatalf("%d unanswered sandboxes of acme, want the 3 cut", n)
+		}
+		// Each keyed create is kept for its retry, which gets the very sandbox its key
+		// named, running.
+		for _, key := range keys {
+			var named string
+			if err := f.db.QueryRow(testenv.Context(t), "SELECT sandbox_id::text FROM idempotency_keys WHERE client = 'globex' AND key = $1", key).Scan(&named); err != nil {
+				t.Fatalf("key %s: %v", key, err)
+			}
+			code, sb := post(b.public, "globex", key)
+			if code != http.StatusCreated || sb.ID != named || sb.State != space.StateRunning {
+				t.Fatalf("the retry under %s = %d %+v, want 201 with sandbox %s running", key, code, sb, named)
+			}
+			told.add(sb.ID)
+		}
+		if _, n := leftOver(t, f, f.sub, "globex", told); n != 3 {
+			t.Fatalf("%d answered sandboxes of globex, want the 3 its retries got", n)
+		}
+		testenv.Eventually(t, 30*time.Second, "a sweep to leave no orphan", func() bool {
+			orphans, missing := f.orphans()
+			return len(orphans) == 0 && len(missing) == 0
+		})
+	})
+
+	t.Run("postgres cut during a flood of synchronous creates leaves nothing running that nobody was told of", func(t *testing.T) {
+		t.Parallel()
+		var proxy *testenv.Proxy
+		s := startServer(t, e2eOptions{quota: unansweredQuota, config: func(c *config.Config) {
+			c.DatabaseURL, proxy = testenv.ProxyDatabaseURL(t, c.DatabaseURL)
+			c.Sandbox.SimulatedColdStart = 300 * time.Millisecond
+			c.Sandbox.SimulatedTimeout = time.Second
+			c.Reconcile = config.Reconcile{Interval: 100 * time.Millisecond, Grace: 200 * time.Millisecond}
+		}})
+		told := &answers{}
+		var mu sync.Mutex
+		var keyed []string // the keys of globex's creates not answered with a 201
+		codes := map[int]int{}
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range 6 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					client, key := "acme", ""
+					if w%2 == 1 {
+						client, key = "globex", fmt.Sprintf("flood-%d-%d", w, i)
+					}
+					code, sb := post(s.m.PublicURL(), client, key)
+					mu.Lock()
+					codes[code]++
+					if code == http.StatusCreated {
+						told.add(sb.ID)
+					} else if key != "" {
+						keyed = append(keyed, key)
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		testenv.Eventually(t, 30*time.Second, "creates to be answered before the outage", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return codes[http.StatusCreated] >= 6
+		})
+		proxy.Cut()
+		time.Sleep(2 * time.Second) // the outage
+		proxy.Restore()
+		testenv.Eventually(t, 30*time.Second, "creates to be answered after the outage", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return codes[http.StatusCreated] >= 12
+		})
+		close(stop)
+		wg.Wait()
+		if codes[http.StatusServiceUnavailable] == 0 {
+			t.Fatalf("no create met the outage: %v", codes)
+		}
+		f := &fleet{t: t, db: s.m.DB}
+		testenv.Eventually(t, 30*time.Second, "every cut create to be settled", func() bool {
+			sbs, _ := f.unsettled()
+			return sbs == 0
+		})
+		unanswered, answered := leftOver(t, f, s.m.Substrate, "acme", told)
+		t.Logf("statuses %v; acme: %d answered, %d unanswered", codes, answered, unanswered)
+		// globex's creates that got no 201 each get one from their retry.
+		for _, key := range keyed {
+			code, sb := post(s.m.PublicURL(), "globex", key)
+			if code != http.StatusCreated {
+				t.Fatalf("the retry under %s = %d, want 201", key, code)
+			}
+			told.add(sb.ID)
+		}
+		leftOver(t, f, s.m.Substrate, "globex", told)
+	})
+}

@@ -1,0 +1,223 @@
+package sandbox_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/sandbox"
+	"github.com/space-sandbox/space/internal/substrate"
+)
+
+// unanswered makes sandbox id look like a synchronous create nobody was told of.
+func (b *bundle) unanswered(t *testing.T, id string) {
+	t.Helper()
+	if _, err := b.db.Exec(b.ctx, "UPDATE sandboxes SET answered = false WHERE id = $1", id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// keyFor records a live idempotency key of acme naming sandbox id, as a keyed
+// synchronous create claims it.
+func (b *bundle) keyFor(t *testing.T, id string, expiresIn time.Duration) {
+	t.Helper()
+	if _, err := b.db.Exec(b.ctx, `INSERT INTO idempotency_keys (client, key, request_hash, sandbox_id, expires_at)
+		VALUES ('acme', 'k-' || $1, 'h', $1::uuid, now() + make_interval(secs => $2))`, id, expiresIn.Seconds()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (b *bundle) isAnswered(t *testing.T, id string) bool {
+	t.Helper()
+	var answered bool
+	if err := b.db.QueryRow(b.ctx, "SELECT answered FROM sandboxes WHERE id = $1", id).Scan(&answered); err != nil {
+		t.Fatal(err)
+	}
+	return answered
+}
+
+func TestUnansweredCreates(t *testing.T) {
+	t.Parallel()
+
+	t.Run("an unanswered create without a key is failed and what runs for it is stopped", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		id := b.insertStarting(t)
+		b.unanswered(t, id)
+		ref, err := b.sim.StartCold(b.ctx, substrate.Spec{SandboxID: id, Client: "acme", Shape: python})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := b.round(t, b.reconciler(time.Hour))
+		sb := b.get(t, id)
+		if res.Settled[space.StateFailed] != 1 || sb.State != space.StateFailed || !strings.Contains(sb.LastError, "not answered") {
+			t.Fatalf("round %+v; sandbox %s (%q), want failed because nobody was answered", res, sb.State, sb.LastError)
+		}
+		if b.sim.IsRunning(ref) || len(b.found(t, id).Resources) != 0 {
+			t.Fatal("what ran for the unanswered create still runs")
+		}
+	})
+
+	t.Run("an answered create left starting with its resource ready is still settled running", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		id := b.insertStarting(t) // answered: a queued create's 202 named it
+		ref, err := b.sim.StartCold(b.ctx, substrate.Spec{SandboxID: id, Client: "acme", Shape: python})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.round(t, b.reconciler(time.Hour))
+		if sb := b.get(t, id); sb.State != space.StateRunning || sb.SubstrateRef != ref {
+			t.Fatalf("sandbox %s on %q, want running on %s", sb.State, sb.SubstrateRef, ref)
+		}
+	})
+
+	t.Run("an unanswered create under a live key is kept for its retry and ended when the key expires unclaimed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		id := b.insertStarting(t)
+		b.unanswered(t, id)
+		b.keyFor(t, id, time.Hour)
+		ref, err := b.sim.StartCold(b.ctx, substrate.Spec{SandboxID: id, Client: "acme", Shape: python})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := b.reconciler(time.Hour)
+		b.round(t, r)
+		if sb := b.get(t, id); sb.State != space.StateRunning || !b.sim.IsRunning(ref) {
+			t.Fatalf("sandbox %s, want running for the key's retry", sb.State)
+		}
+		b.round(t, r)
+		if sb := b.get(t, id); sb.State != space.StateRunning {
+			t.Fatalf("sandbox %s under a live key, want it kept running", sb.State)
+		}
+		if _, err := b.db.Exec(b.ctx, "UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE sandbox_id = $1", id); err != nil {
+			t.Fatal(err)
+		}
+		b.round(t, r)
+		sb := b.get(t, id)
+		if sb.State != space.StateFailed || !strings.Contains(sb.LastError, "expired unclaimed") || b.sim.IsRunning(ref) {
+			t.Fatalf("after the key expired: %s (%q), running %v; want failed and stopped", sb.State, sb.LastError, b.sim.IsRunning(ref))
+		}
+	})
+
+	t.Run("a running sandbox whose key expired after it was answered is kept", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python, IdempotencyKey: "once"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.db.Exec(b.ctx, "UPDATE idempotency_keys SET expires_at = now() - interval '1 second'"); err != nil {
+			t.Fatal(err)
+		}
+		b.round(t, b.reconciler(time.Hour))
+		if got := b.get(t, sb.ID); got.State != space.StateRunning || !b.sim.IsRunning(got.SubstrateRef) {
+			t.Fatalf("answered sandbox %s, want it kept running", got.State)
+		}
+	})
+
+	// leaving starts a create whose caller leaves while its cold start is held, and
+	// returns the create's error and the sandbox id once the start is released.
+	leaving := func(t *testing.T, b *bundle, req sandbox.CreateRequest) (string, error) {
+		t.Helper()
+		release := make(chan struct{})
+		b.setFail(func(c substrate.Call) error {
+			if c.Op == substrate.OpStartCold {
+				<-release
+			}
+			return nil
+		})
+		ctx, cancel := context.WithCancel(b.ctx)
+		created := make(chan error, 1)
+		go func() {
+			_, err := b.svc.Create(ctx, acme(), req)
+			created <- err
+		}()
+		var id string
+		waitFor(t, "the create to be starting", func() bool {
+			return b.db.QueryRow(b.ctx, "SELECT id::text FROM sandboxes WHERE state = 'starting'").Scan(&id) == nil
+		})
+		cancel() // the caller hangs up mid cold start
+		close(release)
+		err := <-created
+		b.setFail(nil)
+		return id, err
+	}
+
+	t.Run("a create whose caller leaves before its sandbox is ready is stopped and failed at once", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		id, err := leaving(t, b, sandbox.CreateRequest{Shape: python})
+		if err == nil {
+			t.Fatal("the abandoned create returned a sandbox")
+		}
+		sb := b.get(t, id)
+		if sb.State != space.StateFailed || !strings.Contains(sb.LastError, "not answered") {
+			t.Fatalf("sandbox %s (%q), want failed: its caller left", sb.State, sb.LastError)
+		}
+		if f := b.found(t, id); len(f.Resources) != 0 {
+			t.Fatalf("the substrate still holds %+v", f.Resources)
+		}
+	})
+
+	t.Run("a keyed create whose caller leaves is kept, and its retry gets it", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		req := sandbox.CreateRequest{Shape: python, IdempotencyKey: "retry-me"}
+		id, _ := leaving(t, b, req)
+		if sb := b.get(t, id); sb.State != space.StateRunning {
+			t.Fatalf("keyed sandbox %s, want running for its retry", sb.State)
+		}
+		sb, err := b.svc.Create(b.ctx, acme(), req)
+		if err != nil || sb.ID != id || sb.State != space.StateRunning {
+			t.Fatalf("retry = %+v, %v; want sandbox %s running", sb, err, id)
+		}
+	})
+
+	t.Run("a keyed create answered by nobody is answered by the retry that returns it", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		req := sandbox.CreateRequest{Shape: python, IdempotencyKey: "later"}
+		sb, err := b.svc.Create(b.ctx, acme(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.unanswered(t, sb.ID) // as if its running write had been lost with the 201
+		again, err := b.svc.Create(b.ctx, acme(), req)
+		if err != nil || again.ID != sb.ID || !b.isAnswered(t, sb.ID) {
+			t.Fatalf("retry = %+v, %v; answered %v", again, err, b.isAnswered(t, sb.ID))
+		}
+	})
+
+	t.Run("a queued create is answered from the start", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		release := make(chan struct{})
+		b.setFail(func(c substrate.Call) error {
+			if c.Op == substrate.OpStartCold {
+				<-release
+			}
+			return nil
+		})
+		id := "7d1c2b9e-3f4a-4c5d-8e6f-0a1b2c3d4e5f"
+		done := make(chan error, 1)
+		go func() {
+			_, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python, Answered: true})
+			done <- err
+		}()
+		waitFor(t, "the create to be starting", func() bool {
+			var n int
+			return b.db.QueryRow(b.ctx, "SELECT count(*) FROM sandboxes WHERE id = $1 AND state = 'starting'", id).Scan(&n) == nil && n == 1
+		})
+		if !b.isAnswered(t, id) {
+			t.Fatal("a queued create's row is unanswered while it starts")
+		}
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
