@@ -17,7 +17,19 @@
 # (three ports, space separated). When another process holds one of the defaults (the
 # services of another checkout: a clean clone in CI beside a working copy), `up` takes
 # free ports instead and says so; a port set explicitly is never moved. `up` records
-# the ports in .services/ports, and env, status and down read them from there.
+# the ports in .services/ports before it starts a server on them, and env, status and
+# down read them from there.
+#
+# A server this checkout's earlier `up` started is taken over, not taken for another
+# process's: its PID file names a live process of the right program whose data
+# directory is this checkout's, and that process answers on the port. So a rerun after
+# an `up` that was killed part way finishes the job: it starts the servers that are
+# missing and makes the cluster anew when it was left half made. When `up` fails, or is
+# interrupted, it stops the servers this run started (not those it took over) and shows
+# the end of the failing server's log. SPACE_SERVICES_WAIT (seconds, 60 by default) is
+# how long `up` waits for each server to answer and for the cluster to reach
+# cluster_state:ok; raise it on a heavily loaded machine.
+#
 # SPACE_SERVICES_DIR moves .services/. SPACE_SERVICES_ONLY limits what `up` starts to some of "postgres redis
 # cluster" (all three by default); `down` and `clean` always stop all three.
 set -euo pipefail
@@ -42,6 +54,7 @@ if [ -f "$ports_file" ]; then
 fi
 pg_bin="${SPACE_SERVICES_PG_BIN:-/usr/lib/postgresql/15/bin}"
 only="${SPACE_SERVICES_ONLY:-postgres redis cluster}"
+wait_s="${SPACE_SERVICES_WAIT:-60}"
 # As root, Postgres's data of every checkout lives under here, one directory each,
 # named by a short hash of $dir (see pg_locate).
 pg_state_root=/var/lib/space-services
@@ -49,6 +62,21 @@ pg_outside="$pg_state_root/$(printf '%s' "$dir" | sha256sum | cut -c1-12)"
 
 log() { printf 'services: %s\n' "$*" >&2; }
 die() { printf 'services: %s\n' "$*" >&2; exit 1; }
+
+# die_log LOG MESSAGE...: die, after the message, with the end of a server's log, where
+# the reason it did not come up is.
+die_log() {
+  local file=$1
+  shift
+  log "$*"
+  if [ -s "$file" ]; then
+    log "the end of $file:"
+    tail -n 20 "$file" | sed 's/^/    /' >&2
+  fi
+  exit 1
+}
+
+[[ "$wait_s" =~ ^[1-9][0-9]*$ ]] || die "SPACE_SERVICES_WAIT is $wait_s; set it to a whole number of seconds, such as 120"
 
 is_root() { [ "$(id -u)" -eq 0 ]; }
 
@@ -99,7 +127,56 @@ exited() {
   ! kill -0 "$1" 2>/dev/null || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]
 }
 
-pid_alive() { [ -f "$1" ] && ! exited "$(cat "$1" 2>/dev/null)"; }
+# stop_pid PID WHAT: SIGTERM, and SIGKILL when the process has not exited within
+# SPACE_SERVICES_WAIT seconds.
+stop_pid() {
+  local pid=$1 what=$2 deadline=$((SECONDS + wait_s))
+  kill "$pid" 2>/dev/null || return 0
+  until exited "$pid"; do
+    if [ $SECONDS -ge $deadline ]; then
+      log "$what (pid $pid) did not stop within ${wait_s}s of SIGTERM; killing it"
+      kill -KILL "$pid" 2>/dev/null || true
+      deadline=$((SECONDS + 5))
+      until exited "$pid" || [ $SECONDS -ge $deadline ]; do sleep 0.05; done
+      return 0
+    fi
+    sleep 0.05
+  done
+}
+
+# ---------------------------------------------------------------- a failed up
+
+# What this run of `up` started, in order: "postgres" or "redis NAME PID". When `up`
+# fails or is interrupted, on_exit stops them, so that nothing half started is left
+# behind. Servers an earlier run started, which this one took over, keep running: they
+# may serve someone, and the next `up` takes them over again.
+started=()
+interrupted=""
+
+on_exit() {
+  local rc=$? i kind name pid
+  trap - EXIT
+  # The cleanup runs to its end: a second Ctrl-C would leave what it had not reached yet.
+  trap '' INT TERM HUP
+  if [ "$rc" -ne 0 ] && [ ${#started[@]} -gt 0 ]; then
+    if [ -n "$interrupted" ]; then
+      log "up was interrupted; stopping the servers it started"
+    else
+      log "up failed; stopping the servers it started"
+    fi
+    for ((i = ${#started[@]} - 1; i >= 0; i--)); do
+      read -r kind name pid <<<"${started[i]}"
+      case "$kind" in
+        redis) redis_kill "$name" "$pid" ;;
+        # In a subshell: pg_down dies when postgres will not stop, and the rest must
+        # still be stopped.
+        postgres) (pg_down) || true ;;
+      esac
+    done
+    [ -n "$interrupted" ] || log "fix what is said above, then run scripts/services.sh up again"
+  fi
+  exit "$rc"
+}
 
 # ---------------------------------------------------------------- ports
 
@@ -263,28 +340,45 @@ EOF
   fi
   local pid
   if pid=$(pg_pid); then
+    # The postmaster of this checkout's data directory: an earlier `up` started it.
     local running
     running=$(pg_running_port)
     if [ "$running" != "$pg_port" ]; then
       [ -z "${SPACE_SERVICES_PG_PORT:-}" ] || die "postgres of $dir already runs on port $running, not $pg_port; stop it first with scripts/services.sh down"
       pg_port=$running
     fi
+    save_ports
+    pg_wait
     log "postgres already running on 127.0.0.1:$pg_port"
   else
     choose_port pg_port postgres "${SPACE_SERVICES_PG_PORT:-}"
+    save_ports
     log "starting postgres on 127.0.0.1:$pg_port (data in $pg_data)"
     # The unix socket goes beside the data. A socket path is limited to 107 bytes, and
     # pg_ctl hands -o to a shell: for a long or quoted path, no socket (every client
     # here uses TCP).
     local sock="$pg_data"
     if [ ${#sock} -gt 90 ] || [[ "$sock" == *"'"* ]]; then sock=""; fi
-    as_pg "$pg_bin/pg_ctl" -D "$pg_data" -l "$pg_data/server.log" -o "-p $pg_port -k '$sock'" -w -t 60 start >/dev/null ||
-      die "postgres did not start (see $pg_data/server.log)"
+    started+=(postgres)
+    as_pg "$pg_bin/pg_ctl" -D "$pg_data" -l "$pg_data/server.log" -o "-p $pg_port -k '$sock'" -w -t "$wait_s" start >/dev/null ||
+      die_log "$pg_data/server.log" "postgres did not start on 127.0.0.1:$pg_port within ${wait_s}s (on a loaded machine, raise SPACE_SERVICES_WAIT)"
   fi
   for db in space space_test; do
     if ! as_pg "$pg_bin/psql" -h 127.0.0.1 -p "$pg_port" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$db'" postgres | grep -q 1; then
       as_pg "$pg_bin/createdb" -h 127.0.0.1 -p "$pg_port" -U postgres "$db"
     fi
+  done
+}
+
+# pg_wait waits until the running postmaster accepts connections: one an earlier `up`
+# started may still be starting, or recovering after a kill.
+pg_wait() {
+  local deadline=$((SECONDS + wait_s))
+  until "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -t 5; do
+    pg_pid >/dev/null || die_log "$pg_data/server.log" "postgres of $pg_data exited before it accepted connections"
+    [ $SECONDS -lt $deadline ] ||
+      die_log "$pg_data/server.log" "postgres on 127.0.0.1:$pg_port did not accept connections within ${wait_s}s (on a loaded machine, raise SPACE_SERVICES_WAIT)"
+    sleep 0.2
   done
 }
 
@@ -297,12 +391,11 @@ pg_down() {
   pid=$(pg_pid) || return 0
   log "stopping postgres"
   kill -INT "$pid"
-  local i
-  for i in $(seq 1 600); do
-    exited "$pid" && return 0
+  local deadline=$((SECONDS + wait_s))
+  until exited "$pid"; do
+    [ $SECONDS -lt $deadline ] || die "postgres (pid $pid) did not stop within ${wait_s}s (see $pg_data/server.log); stop it with: kill $pid"
     sleep 0.1
   done
-  die "postgres (pid $pid) did not stop within 60s (see $pg_data/server.log)"
 }
 
 # pg_clean deletes the data: the directory outside the checkout and the symlink to it
@@ -319,99 +412,273 @@ pg_clean() {
 
 # ---------------------------------------------------------------- Redis
 
-redis_start() { # name port [extra args...]
-  local name=$1 port=$2; shift 2
+# rcli PORT ARGS...: redis-cli against 127.0.0.1:PORT, bounded in time, because the
+# port may be held by a process that accepts a connection and never answers.
+rcli() {
+  local port=$1
+  shift
+  timeout 10 redis-cli -h 127.0.0.1 -p "$port" "$@"
+}
+
+# served_by PORT prints the PID of the Redis server that answers on PORT.
+served_by() {
+  rcli "$1" info server 2>/dev/null | tr -d '\r' | awk -F: '$1 == "process_id" {print $2}'
+}
+
+# own_pid NAME prints the PID of this checkout's redis-server for $dir/NAME when it
+# runs: the process its PID file names is alive, is a redis-server, and works in
+# $dir/NAME (its --dir, where the server changes directory as it reads its options).
+# A stale PID file whose PID another process took names nothing, and neither can a
+# server of another checkout. It may not listen yet: redis_wait says when it does.
+own_pid() {
+  local d="$dir/$1" pid
+  pid=$(head -n 1 "$d/redis.pid" 2>/dev/null) || return 1
+  [[ "$pid" =~ ^[0-9]+$ ]] && ! exited "$pid" || return 1
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = redis-server ] || return 1
+  [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$d" ] || return 1
+  printf '%s\n' "$pid"
+}
+
+# own_port NAME DEFAULT prints the port that redis_start gave $dir/NAME's server, or
+# DEFAULT for a server started without a record of it.
+own_port() {
+  local port
+  port=$(head -n 1 "$dir/$1/port" 2>/dev/null) || port=""
+  printf '%s\n' "${port:-$2}"
+}
+
+# redis_start NAME PORT [ARGS...] starts a redis-server for $dir/NAME on PORT and
+# records it (redis_wait then waits for it). It runs in the foreground in a session of
+# its own, not with --daemonize: its PID is known at once, before it listens (a
+# daemonized server writes its PID file only then), so a failed or interrupted `up`
+# can stop a server that never came up, and a rerun can recognise it.
+redis_start() {
+  local name=$1 port=$2
+  shift 2
   local d="$dir/$name"
   mkdir -p "$d"
-  if pid_alive "$d/redis.pid"; then
-    return 0
-  fi
-  redis-server --bind 127.0.0.1 --port "$port" --protected-mode yes \
-    --daemonize yes --pidfile "$d/redis.pid" --dir "$d" --logfile "$d/redis.log" \
-    --save '' --appendonly no "$@"
-  local i
-  for i in $(seq 1 100); do
-    redis-cli -h 127.0.0.1 -p "$port" ping >/dev/null 2>&1 && return 0
-    sleep 0.05
+  printf '%s\n' "$port" >"$d/port"
+  # No --logfile: the server logs to its standard output, redis.log, which thus also
+  # holds what it says before it reads its options.
+  # setsid execs the server in place (an asynchronous command of a script is no process
+  # group leader), so $! is the server's PID.
+  setsid redis-server --bind 127.0.0.1 --port "$port" --protected-mode yes \
+    --daemonize no --dir "$d" --save '' --appendonly no "$@" </dev/null >>"$d/redis.log" 2>&1 &
+  local pid=$!
+  started+=("redis $name $pid")
+  printf '%s\n' "$pid" >"$d/redis.pid"
+}
+
+# redis_wait NAME PORT waits until $dir/NAME's server answers on PORT, for up to
+# SPACE_SERVICES_WAIT seconds, and fails with the end of its log when it exits first
+# or does not answer in time.
+redis_wait() {
+  local name=$1 port=$2 d="$dir/$1" pid deadline=$((SECONDS + wait_s))
+  pid=$(head -n 1 "$d/redis.pid" 2>/dev/null) || die "redis $name: no PID file in $d; run scripts/services.sh up again"
+  until [ "$(served_by "$port")" = "$pid" ]; do
+    if exited "$pid"; then
+      die_log "$d/redis.log" "redis $name (pid $pid) exited before it answered on 127.0.0.1:$port"
+    fi
+    if [ $SECONDS -ge $deadline ]; then
+      die_log "$d/redis.log" "redis $name (pid $pid) did not answer on 127.0.0.1:$port within ${wait_s}s (on a loaded machine, raise SPACE_SERVICES_WAIT)"
+    fi
+    sleep 0.1
   done
-  die "redis $name did not answer on 127.0.0.1:$port (see $d/redis.log)"
 }
 
-redis_stop() { # name
-  local d="$dir/$1"
-  if pid_alive "$d/redis.pid"; then
-    local pid
-    pid=$(cat "$d/redis.pid")
-    kill "$pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 100); do
-      exited "$pid" && break
-      sleep 0.05
-    done
+# redis_stop NAME stops $dir/NAME's server, when it is this checkout's.
+redis_stop() {
+  local pid
+  if pid=$(own_pid "$1"); then
+    stop_pid "$pid" "redis $1"
   fi
-  rm -f "$d/redis.pid"
+  rm -f "$dir/$1/redis.pid" "$dir/$1/port"
 }
 
-cluster_ok() {
-  redis-cli -h 127.0.0.1 -p "${cluster_ports[0]}" cluster info 2>/dev/null | grep -q 'cluster_state:ok'
+# redis_kill NAME PID stops a server this run started, whatever it has become (it may
+# not be a redis-server in its directory yet), for on_exit. Its log stays, for whoever
+# reads why `up` failed.
+redis_kill() {
+  local name=$1 pid=$2 what="redis $1"
+  [ "$name" != redis ] || what=redis
+  log "stopping $what (pid $pid)"
+  stop_pid "$pid" "$what"
+  rm -f "$dir/$name/redis.pid" "$dir/$name/port" "$dir/$name/nodes.conf"
 }
 
 redis_up() {
-  if pid_alive "$dir/redis/redis.pid"; then
+  local pid port
+  if pid=$(own_pid redis); then
+    port=$(own_port redis "$redis_port")
+    if [ "$port" != "$redis_port" ]; then
+      [ -z "${SPACE_SERVICES_REDIS_PORT:-}" ] || die "redis of $dir already runs on port $port, not $redis_port; stop it first with scripts/services.sh down"
+      redis_port=$port
+    fi
+    save_ports
+    redis_wait redis "$redis_port"
     log "redis already running on 127.0.0.1:$redis_port"
     return 0
   fi
   choose_port redis_port redis "${SPACE_SERVICES_REDIS_PORT:-}"
+  save_ports
   log "starting redis on 127.0.0.1:$redis_port"
   # Many logical databases so that tests can each take one.
   redis_start redis "$redis_port" --databases 256
+  redis_wait redis "$redis_port"
+}
+
+# cluster_shape says what the nodes on cluster_ports make: "ok" when every node knows
+# the 3 nodes, has all 16384 slots assigned and says cluster_state:ok; "made" when
+# every node knows the 3 and has the slots assigned but is still converging; "blank"
+# when no node has a slot or knows another (nodes just started); "half" otherwise: a
+# `--cluster create` cut short, or a node started anew beside two of an earlier cluster.
+cluster_shape() {
+  local p info state slots known ok=1 made=1 blank=1
+  for p in "${cluster_ports[@]}"; do
+    info=$(rcli "$p" cluster info 2>/dev/null | tr -d '\r') || info=""
+    state=$(awk -F: '$1 == "cluster_state" {print $2}' <<<"$info")
+    slots=$(awk -F: '$1 == "cluster_slots_assigned" {print $2}' <<<"$info")
+    known=$(awk -F: '$1 == "cluster_known_nodes" {print $2}' <<<"$info")
+    if [ "$slots" != 16384 ] || [ "$known" != 3 ]; then ok=0 made=0; fi
+    [ "$state" = ok ] || ok=0
+    if [ "$slots" != 0 ] || [ "$known" != 1 ]; then blank=0; fi
+  done
+  if [ $ok -eq 1 ]; then
+    echo ok
+  elif [ $made -eq 1 ]; then
+    echo made
+  elif [ $blank -eq 1 ]; then
+    echo blank
+  else
+    echo half
+  fi
+}
+
+# cluster_wait_ok waits up to SPACE_SERVICES_WAIT seconds until every node says
+# cluster_state:ok, which a client's first MOVED-free call needs.
+cluster_wait_ok() {
+  local deadline=$((SECONDS + wait_s))
+  until [ "$(cluster_shape)" = ok ]; do
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 0.1
+  done
+}
+
+# cluster_reset empties the nodes and makes each forget the others, so that
+# cluster_make can make them a cluster again. Cluster state is disposable.
+cluster_reset() {
+  local p cmd out
+  for p in "${cluster_ports[@]}"; do
+    for cmd in flushall "cluster reset hard"; do
+      # redis-cli exits 0 on an error reply too: the reply tells.
+      # shellcheck disable=SC2086 # cmd is split into the command's words
+      out=$(rcli "$p" $cmd 2>&1) || true
+      [ "$out" = OK ] ||
+        die "redis cluster: $cmd on 127.0.0.1:$p says ${out:-nothing}; stop the cluster with scripts/services.sh down and run up again"
+    done
+  done
+}
+
+# cluster_make makes blank nodes a cluster and waits until it is ok.
+cluster_make() {
+  local p addrs=() out
+  log "creating the 3-node redis cluster on ports ${cluster_ports[*]}"
+  for p in "${cluster_ports[@]}"; do addrs+=("127.0.0.1:$p"); done
+  # `--cluster create` waits for the nodes to join with no bound of its own.
+  if ! out=$(timeout "$wait_s" redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes 2>&1); then
+    log "redis-cli --cluster create failed or took more than ${wait_s}s; it said:"
+    tail -n 20 <<<"$out" | sed 's/^/    /' >&2
+    die "the nodes' logs are $dir/cluster-*/redis.log; on a loaded machine, raise SPACE_SERVICES_WAIT"
+  fi
+  cluster_wait_ok || cluster_die
+}
+
+cluster_die() {
+  local p
+  log "redis cluster on ports ${cluster_ports[*]} did not reach cluster_state:ok within ${wait_s}s (on a loaded machine, raise SPACE_SERVICES_WAIT); the nodes say:"
+  for p in "${cluster_ports[@]}"; do
+    log "  127.0.0.1:$p: $(rcli "$p" cluster info 2>&1 | tr -d '\r' | grep -E '^cluster_(state|slots_assigned|known_nodes):' | tr '\n' ' ')"
+    if [ -s "$dir/cluster-$p/redis.log" ]; then
+      tail -n 5 "$dir/cluster-$p/redis.log" | sed 's/^/    /' >&2
+    fi
+  done
+  exit 1
+}
+
+cluster_ok() {
+  rcli "${cluster_ports[0]}" cluster info 2>/dev/null | grep -q 'cluster_state:ok'
 }
 
 cluster_up() {
-  local p running=1
+  local p d name taken=() adopted=()
+  # A port is free for the cluster unless something other than this checkout's node
+  # for it holds the port or its bus port (+10000).
   for p in "${cluster_ports[@]}"; do
-    pid_alive "$dir/cluster-$p/redis.pid" || running=0
+    own_pid "cluster-$p" >/dev/null && continue
+    if port_taken "$p" || port_taken $((p + 10000)); then taken+=("$p"); fi
   done
-  if [ $running -eq 0 ]; then
-    local taken=0
-    for p in "${cluster_ports[@]}"; do
-      if port_taken "$p" || port_taken $((p + 10000)); then taken=1; fi
-    done
-    if [ $taken -eq 1 ]; then
-      [ -z "${SPACE_SERVICES_CLUSTER_PORTS:-}" ] || die "redis cluster: ports ${cluster_ports[*]} (or their bus ports, +10000) are taken (set explicitly); free them or choose others"
-      local free
-      free=$(free_ports 3)
-      log "redis cluster: ports ${cluster_ports[*]} are taken by another process (another checkout's services?); using ${free% }"
-      read -r -a cluster_ports <<<"$free"
-    fi
+  if [ ${#taken[@]} -gt 0 ]; then
+    local which="ports ${taken[*]}"
+    [ ${#taken[@]} -eq 3 ] || which="$which of ${cluster_ports[*]}"
+    [ -z "${SPACE_SERVICES_CLUSTER_PORTS:-}" ] || die "redis cluster: $which (or their bus ports, +10000) are taken by another process (set explicitly); free them or choose others"
+    local free
+    free=$(free_ports 3)
+    log "redis cluster: $which (or their bus ports, +10000) are taken by another process (another checkout's services?); using ${free% }"
+    read -r -a cluster_ports <<<"$free"
   fi
+  # One cluster per checkout: this checkout's nodes on other ports (left by an earlier
+  # `up` on ports since moved) go.
+  for d in "$dir"/cluster-*/; do
+    [ -d "$d" ] || continue
+    d=${d%/}
+    name=${d##*/}
+    [[ " ${cluster_ports[*]} " == *" ${name#cluster-} "* ]] && continue
+    if own_pid "$name" >/dev/null; then
+      log "redis cluster: stopping this checkout's node on port ${name#cluster-}, not one of ${cluster_ports[*]}"
+    fi
+    redis_stop "$name"
+    rm -rf "$d"
+  done
+  save_ports
+  # Every missing node is started before any is waited for, so that a slow node costs
+  # its own start only. A node started now has no cluster state: its data went with the
+  # process it replaces (no persistence), and an old nodes.conf would name a cluster
+  # that is gone.
   for p in "${cluster_ports[@]}"; do
+    if own_pid "cluster-$p" >/dev/null; then
+      adopted+=("$p")
+      continue
+    fi
+    rm -f "$dir/cluster-$p/nodes.conf"
     redis_start "cluster-$p" "$p" --cluster-enabled yes --cluster-config-file nodes.conf \
       --cluster-node-timeout 2000
   done
-  if ! cluster_ok; then
-    local slots
-    slots=$(redis-cli -h 127.0.0.1 -p "${cluster_ports[0]}" cluster info | awk -F: '/cluster_slots_assigned/ {print $2+0}')
-    if [ "${slots:-0}" -eq 0 ]; then
-      log "creating the 3-node redis cluster on ports ${cluster_ports[*]}"
-      local addrs=()
-      for p in "${cluster_ports[@]}"; do addrs+=("127.0.0.1:$p"); done
-      redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >/dev/null
-    fi
+  if [ ${#adopted[@]} -gt 0 ] && [ ${#adopted[@]} -lt 3 ]; then
+    log "redis cluster: taking over the nodes on ${adopted[*]}, which an earlier up of this checkout started; starting the others"
+  elif [ ${#adopted[@]} -eq 0 ]; then
+    log "starting the redis cluster's nodes on ports ${cluster_ports[*]}"
   fi
-  local i
-  for i in $(seq 1 200); do
-    if cluster_ok; then
-      # every node must agree before a client's first MOVED-free call
-      local all=1
-      for p in "${cluster_ports[@]}"; do
-        redis-cli -h 127.0.0.1 -p "$p" cluster info | grep -q 'cluster_state:ok' || all=0
-      done
-      [ $all -eq 1 ] && { log "redis cluster ok"; return 0; }
-    fi
-    sleep 0.1
+  for p in "${cluster_ports[@]}"; do
+    redis_wait "cluster-$p" "$p"
   done
-  die "redis cluster did not reach cluster_state:ok (see $dir/cluster-*/redis.log)"
+  case "$(cluster_shape)" in
+    ok) ;;
+    blank) cluster_make ;;
+    made)
+      # An earlier cluster of these nodes, converging. If it does not, it is made anew.
+      if ! cluster_wait_ok; then
+        log "redis cluster: the nodes on ${cluster_ports[*]} did not agree within ${wait_s}s; making the cluster anew"
+        cluster_reset
+        cluster_make
+      fi
+      ;;
+    half)
+      log "redis cluster: the nodes on ${cluster_ports[*]} are a half-made cluster (an earlier up stopped part way?); making it anew"
+      cluster_reset
+      cluster_make
+      ;;
+  esac
+  log "redis cluster ok"
 }
 
 redis_down() {
@@ -450,7 +717,7 @@ status() {
   else
     echo "postgres: stopped (data in $pg_data)"
   fi
-  if pid_alive "$dir/redis/redis.pid"; then echo "redis: running on 127.0.0.1:$redis_port"; else echo "redis: stopped"; fi
+  if own_pid redis >/dev/null; then echo "redis: running on 127.0.0.1:$(own_port redis "$redis_port")"; else echo "redis: stopped"; fi
   if cluster_ok; then echo "redis cluster: ok on ${cluster_ports[*]}"; else echo "redis cluster: down"; fi
 }
 
@@ -459,6 +726,10 @@ case "${1:-}" in
     for s in $only; do
       case "$s" in postgres | redis | cluster) ;; *) die "SPACE_SERVICES_ONLY: unknown service $s (postgres, redis, cluster)" ;; esac
     done
+    trap on_exit EXIT
+    trap 'interrupted=1; exit 129' HUP
+    trap 'interrupted=1; exit 130' INT
+    trap 'interrupted=1; exit 143' TERM
     ensure_installed
     if wanted postgres; then pg_up; fi
     if wanted redis; then redis_up; fi
