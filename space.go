@@ -137,8 +137,9 @@ type Charger interface {
 	// taken. With rate nil (an exempt client, or a warm-up, which no client asked for)
 	// only the cluster bucket is charged.
 	Charge(ctx context.Context, key ClientKey, rate *Rate, cost int) error
-	// Refused returns the refusal a Charge now would meet when that is known without
-	// asking the budget store, or nil, in which case only a Charge can tell. It takes
-	// nothing; it lets a create be turned away before any other work.
-	Refused(key ClientKey, rate *Rate, cost int) *LimitError
+	// CachedRefusal returns the refusal a Charge now would meet when this replica
+	// knows it without asking the budget store (its refusal cache), or nil, in which
+	// case only a Charge can tell. It takes nothing; it lets a create be turned away
+	// before any other work.
+	CachedRefusal(key ClientKey, rate *Rate, cost int) *LimitError
 }

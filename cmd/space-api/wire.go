@@ -112,11 +112,13 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Registerer:     m.Registry,
 		Logger:         m.Logger,
 	})
-	if opts.Operations, err = m.dispatcher(ctx); err != nil {
+	operations, err := m.dispatcher(ctx)
+	if err != nil {
 		return opts, err
 	}
+	opts.Operations = operations
 	if cfg.Dispatcher.UI {
-		if opts.RiverUI, err = m.riverUI(opts.Operations); err != nil {
+		if opts.RiverUI, err = m.riverUI(operations); err != nil {
 			return opts, err
 		}
 	}
@@ -127,7 +129,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		// Purging expired idempotency keys is housekeeping rather than settling (an
 		// expired key names nothing whether or not it is deleted), but it wants the
 		// same one-replica-at-a-time round.
-		Also:       []func(context.Context) (int, error){opts.Operations.SettleLost, m.purgeIdempotencyKeys},
+		Also:       []func(context.Context) (int, error){operations.SettleLost, m.purgeIdempotencyKeys},
 		Registerer: m.Registry,
 		Logger:     m.Logger.With("component", "reconciler"),
 	})
@@ -135,9 +137,9 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	if opts.Auth, err = m.authenticator(); err != nil {
 		return opts, err
 	}
-	opts.Resolver = m.Resolver
+	opts.Callers = m.Resolver
 	opts.Concurrency = concurrency
-	opts.Admitter = m.Admitter
+	opts.Budgets = m.Admitter
 	opts.Sandboxes = m.Sandboxes
 	opts.Checks = append(opts.Checks, api.Check{Name: "substrate", Check: sub.Check, Detail: sub.Describe()})
 	return opts, nil

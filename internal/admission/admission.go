@@ -67,7 +67,7 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Logger receives Redis failures (at most one line per 10 s); nil discards.
 	Logger *slog.Logger
-	// Now is the replica's clock of the refusals it knows without Redis (see Refused);
+	// Now is the replica's clock of the refusals it knows without Redis (CachedRefusal);
 	// default time.Now. Bucket time itself is always Redis TIME.
 	Now func() time.Time
 	// RefusalMaxAge bounds how old what a replica learnt of a bucket may be and still
@@ -104,7 +104,7 @@ type Admitter struct {
 	errLog  *throttledLog
 
 	// known holds, per bucket, its state as this replica last learnt it from Redis, so
-	// that Refused can refuse without asking (see Refused). Keys are the cluster key
+	// that CachedRefusal can refuse without asking. Keys are the cluster key
 	// and bounded budget keys: the map is bounded by the allowlist.
 	known  sync.Map // string (Redis key) -> *atomic.Pointer[knownBucket]
 	now    func() time.Time
@@ -258,14 +258,11 @@ func (a *Admitter) Admit(ctx context.Context, client space.ClientKey, clientRate
 }
 
 // Charge is the activation flow's seam (space.Charger): cost tokens from the cluster
-// bucket and, when rate is not nil, from key's bucket, all or none. A refusal is a
-// *space.LimitError; a Redis failure admits in fail-open mode and is an error wrapping
-// ErrUnavailable in fail-closed mode. A refusal this replica already knows of (see
-// Refused) is answered without asking Redis.
+// bucket and, when rate is not nil, from key's bucket, all or none, decided by Redis.
+// A refusal is a *space.LimitError; a Redis failure admits in fail-open mode and is an
+// error wrapping ErrUnavailable in fail-closed mode. The flow asks CachedRefusal
+// itself, once, before it gets here.
 func (a *Admitter) Charge(ctx context.Context, key space.ClientKey, rate *space.Rate, cost int) error {
-	if le := a.Refused(key, rate, cost); le != nil {
-		return le
-	}
 	d, err := a.admit(ctx, key, rate, cost)
 	if err != nil {
 		return err
@@ -308,14 +305,14 @@ func (a *Admitter) admit(ctx context.Context, client space.ClientKey, clientRate
 	return d, nil
 }
 
-// Refused returns the refusal that an Admit of cost now would meet, when this replica
+// CachedRefusal returns the refusal that an Admit of cost now would meet, when this replica
 // knows it without asking Redis: a bucket that its last decision found too empty to
 // hold cost tokens by now, even with every token refilled since and none taken. It
 // answers from memory, in nanoseconds, so a client flooding over its rate costs no
 // Redis call (envoyproxy/ratelimit's local cache of keys over the limit, with the
 // time a key stays over it counted from the bucket's own refill).
 //
-// It only ever refuses; nil means "ask Redis" (Charge then does). A bucket is known
+// It only ever refuses; nil means "ask Redis" (Charge does). A bucket is known
 // under the rate it was decided with: a flag that changes the client's rate, exempts
 // it or moves it on or off the allowlist makes the entry not apply, so the next create
 // is Redis's. The known tokens are an upper bound as long as other replicas only take
@@ -324,7 +321,7 @@ func (a *Admitter) admit(ctx context.Context, client space.ClientKey, clientRate
 // by hand) is seen once the entry is older than Options.RefusalMaxAge, when the next
 // charge asks Redis and learns the bucket afresh. Nothing is refused in shadow mode or
 // with admission disabled. A refusal is counted as Admit counts one.
-func (a *Admitter) Refused(key space.ClientKey, rate *space.Rate, cost int) *space.LimitError {
+func (a *Admitter) CachedRefusal(key space.ClientKey, rate *space.Rate, cost int) *space.LimitError {
 	if !a.enabled || a.shadow || a.maxAge <= 0 {
 		return nil
 	}
@@ -376,7 +373,7 @@ func (a *Admitter) knownShort(key string, rate space.Rate, cost int, now time.Ti
 	return &space.LimitError{Bucket: bucket, Client: client, RetryAfter: micros((need - tokens) / rate.RefillRPS * 1e6), Limit: &limit, Remaining: tokens}
 }
 
-// learn records what a decision found of each bucket, for Refused.
+// learn records what a decision found of each bucket, for CachedRefusal.
 func (a *Admitter) learn(keys []string, d Decision, sent time.Time) {
 	a.remember(keys[0], d.Cluster, sent)
 	if d.Client != nil && len(keys) > 1 {

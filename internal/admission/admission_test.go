@@ -646,8 +646,9 @@ func TestExpiryFollowsTheRateInForce(t *testing.T) {
 		topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
 			b := setup(t, rdb, enabled(space.Rate{RefillRPS: 10, Burst: 10}))
 			fast, slow := rate(10, 10), rate(0.001, 10)
-			if n, _ := b.drain("acme", fast); n != 10 {
-				t.Fatalf("drained %d, want the burst of 10", n)
+			// At least the burst: a slow machine refills a token or two while it drains.
+			if n, _ := b.drain("acme", fast); n < 10 {
+				t.Fatalf("drained %d, want at least the burst of 10", n)
 			}
 			if ttl := b.pttl(b.clientKey("acme")); ttl > time.Second {
 				t.Fatalf("after the fast rate the key lives %v, want at most 1s", ttl)

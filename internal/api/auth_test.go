@@ -107,10 +107,8 @@ func FuzzCreateBody(f *testing.F) {
 		r.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
 		r.Body = http.MaxBytesReader(rec, r.Body, 64<<10)
-		var b createBody
-		err := decodeJSON(r, &b)
+		req, err := createRequest(r)
 		if err == nil {
-			req := b.request()
 			if err = sandbox.ValidateCreate(req.Shape, req.Metadata); err == nil {
 				_, err = catalog.Resolve(req.Shape)
 			}

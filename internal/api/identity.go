@@ -103,7 +103,7 @@ func (s *Server) identify(next http.Handler) http.Handler {
 			s.writeError(w, r, err)
 			return
 		}
-		caller := s.resolver.Resolve(r.Context(), id)
+		caller := s.callers.Resolve(r.Context(), id)
 		setRequestCaller(r.Context(), caller)
 		next.ServeHTTP(w, r.WithContext(space.NewContext(r.Context(), caller)))
 	})

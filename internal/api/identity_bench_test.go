@@ -48,7 +48,7 @@ func BenchmarkIdentify(b *testing.B) {
 	logger := slog.New(slog.DiscardHandler)
 
 	b.Run("trusted_header", func(b *testing.B) {
-		s := &Server{logger: logger, resolver: resolver,
+		s := &Server{logger: logger, callers: resolver,
 			auth: &TrustedHeader{Trusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}}
 		req := httptest.NewRequest(http.MethodPost, "/v1/sandboxes", nil)
 		req.RemoteAddr = "127.0.0.1:40000"
@@ -70,7 +70,7 @@ func BenchmarkIdentify(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		s := &Server{logger: logger, resolver: resolver, auth: &APIKey{Keys: keys, Failures: failures}}
+		s := &Server{logger: logger, callers: resolver, auth: &APIKey{Keys: keys, Failures: failures}}
 		req := httptest.NewRequest(http.MethodPost, "/v1/sandboxes", nil)
 		req.RemoteAddr = "127.0.0.1:40000"
 		req.Header.Set("Authorization", "Bearer "+secret)

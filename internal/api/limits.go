@@ -74,7 +74,7 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
 	}
 	// The same Admitter that enforces says how: a read of the very buckets Admit would
 	// charge, taking no token.
-	d, enforcement, err := s.admitter.Report(r.Context(), l.Key, l.ClientRate)
+	d, enforcement, err := s.budgets.Report(r.Context(), l.Key, l.ClientRate)
 	body.Admission = enforcement
 	body.Cluster.Status = string(enforcement)
 	switch {

@@ -34,39 +34,36 @@ func prefersAsync(h http.Header) bool {
 	return false
 }
 
-// respondAsync queues req and answers 202 with its operation, a Location to poll and
-// Preference-Applied, when the request prefers respond-async; it then returns true,
-// having answered. For a synchronous request it writes nothing and returns false,
-// except for a bad Idempotency-Key, and for a key on a synchronous restore or wake,
-// which is refused (400): only creates and queued operations honour one, and ignoring
-// it would let a client's retry run twice while it believes it cannot.
-//
-// A repeated Idempotency-Key answers 202 with the first request's operation as it is
-// now; the same key with a different request is 422 (dispatcher.Enqueue).
-func (s *Server) respondAsync(w http.ResponseWriter, r *http.Request, req dispatcher.Request, location string) bool {
-	key, err := idempotency.Parse(r.Header.Values(idempotency.Header))
+// queueing reads what a request of kind says of being queued: whether it prefers
+// respond-async, and its Idempotency-Key. A malformed key is a 400, and so is a key on
+// a synchronous restore or wake: only creates and queued operations honour one, and
+// ignoring it would let a client's retry run twice while it believes it cannot.
+func queueing(r *http.Request, kind space.OperationKind) (async bool, key string, err error) {
+	key, err = idempotency.Parse(r.Header.Values(idempotency.Header))
 	if err != nil {
-		s.writeError(w, r, err)
-		return true
+		return false, "", err
 	}
-	if !prefersAsync(r.Header) {
-		if key != "" && req.Kind != space.OperationCreate {
-			s.writeError(w, r, space.FieldError(space.EINVALID, idempotency.Header,
-				"is honoured on a %s only with Prefer: respond-async; send both, or neither", req.Kind))
-			return true
-		}
-		return false // RFC 7240: a server may serve a preference synchronously
+	async = prefersAsync(r.Header)
+	if !async && key != "" && kind != space.OperationCreate {
+		return false, "", space.FieldError(space.EINVALID, idempotency.Header,
+			"is honoured on a %s only with Prefer: respond-async; send both, or neither", kind)
 	}
-	req.IdempotencyKey = key
+	return async, key, nil
+}
+
+// enqueue queues req and answers 202 with its operation, a Location to poll and
+// Preference-Applied. A repeated Idempotency-Key answers 202 with the first request's
+// operation as it is now; the same key with a different request is 422
+// (dispatcher.Enqueue).
+func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, req dispatcher.Request, location string) {
 	op, _, err := s.operations.Enqueue(r.Context(), req)
 	if err != nil {
 		s.writeError(w, r, err)
-		return true
+		return
 	}
 	w.Header().Set("Location", location+op.ID)
 	w.Header().Set("Preference-Applied", "respond-async")
 	writeJSON(w, http.StatusAccepted, op)
-	return true
 }
 
 // getOperation is GET /v1/operations/{id}: the caller's own operations only; another

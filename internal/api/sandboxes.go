@@ -9,7 +9,6 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/dispatcher"
-	"github.com/space-sandbox/space/internal/idempotency"
 	"github.com/space-sandbox/space/internal/sandbox"
 )
 
@@ -48,33 +47,39 @@ func (m *metadata) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-func (b createBody) request() sandbox.CreateRequest {
-	return sandbox.CreateRequest{
-		Shape:    space.Shape{Template: b.Template, CPUMillis: b.CPUMillis, MemoryMiB: b.MemoryMiB, DiskGiB: b.DiskGiB},
-		Metadata: b.Metadata,
+// createRequest reads a create: its body, its Idempotency-Key and whether it prefers
+// to be queued. An error is a 400 naming what is malformed.
+func createRequest(r *http.Request) (sandbox.CreateRequest, error) {
+	var body createBody
+	if err := decodeJSON(r, &body); err != nil {
+		return sandbox.CreateRequest{}, err
 	}
+	async, key, err := queueing(r, space.OperationCreate)
+	return sandbox.CreateRequest{
+		Shape:          space.Shape{Template: body.Template, CPUMillis: body.CPUMillis, MemoryMiB: body.MemoryMiB, DiskGiB: body.DiskGiB},
+		Metadata:       body.Metadata,
+		IdempotencyKey: key,
+		Async:          async,
+	}, err
 }
 
-// createSandbox is POST /v1/sandboxes. A valid create whose refusal is already known
-// (a client over its rate, the cluster bucket empty: Service.Refused) is answered at
-// once, before it takes a concurrency place: a flooding client costs no Redis call, no
-// Postgres and no lease. Every other create takes its place first, as the design
-// orders it (a bad body from a client over its concurrency cap is a 429 before a 400),
-// then runs the flow. A create under an Idempotency-Key is not refused early: it may
-// be the repeat of one that succeeded, whose answer is its sandbox (Service.Create
-// looks the key up, then refuses).
+// createSandbox is POST /v1/sandboxes: the create is planned once (validated, its
+// shape resolved, a refusal known from memory asked: sandbox.Service.Plan), then
+// queued (Prefer: respond-async, 202) or made (201).
+//
+// A create that can never pass (422) or whose refusal is already known (429) is
+// answered before it takes a concurrency place: a client flooding over its rate costs
+// no lease, no Postgres and no Redis call. Every other create takes its place first,
+// in the order the limits apply, so that a malformed body from a client over its
+// concurrency cap is told the cap.
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	caller := callerFrom(r.Context())
-	var body createBody
-	err := decodeJSON(r, &body)
-	req := body.request()
+	req, err := createRequest(r)
+	var plan sandbox.Plan
 	if err == nil {
-		// Validate before anything else: a bad body touches no limit.
-		err = sandbox.ValidateCreate(req.Shape, req.Metadata)
-	}
-	if err == nil && !prefersAsync(r.Header) && len(r.Header.Values(idempotency.Header)) == 0 {
-		if le := s.sandboxes.Refused(caller, req.Shape); le != nil {
-			s.writeError(w, r, le)
+		plan, err = s.sandboxes.Plan(caller, req)
+		if code := space.ErrorCode(err); code == space.ELIMITED || code == space.EUNPROCESSABLE {
+			s.writeError(w, r, err)
 			return
 		}
 	}
@@ -88,12 +93,11 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if s.respondAsync(w, r, dispatcher.Request{Kind: space.OperationCreate, Client: caller.ID, Create: req}, operationsPath) {
+	if req.Async {
+		s.enqueue(w, r, dispatcher.Request{Kind: space.OperationCreate, Client: caller.ID, Create: &plan, IdempotencyKey: req.IdempotencyKey}, operationsPath)
 		return
 	}
-	// respondAsync checked the key.
-	req.IdempotencyKey, _ = idempotency.Parse(r.Header.Values(idempotency.Header))
-	sb, err := s.sandboxes.Create(r.Context(), caller, req)
+	sb, err := s.sandboxes.Create(r.Context(), plan)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -149,7 +153,13 @@ func (s *Server) restoreSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	caller := callerFrom(r.Context())
-	if s.respondAsync(w, r, dispatcher.Request{Kind: space.OperationRestore, Client: caller.ID, SandboxID: id}, operationsPath) {
+	async, key, err := queueing(r, space.OperationRestore)
+	switch {
+	case err != nil:
+		s.writeError(w, r, err)
+		return
+	case async:
+		s.enqueue(w, r, dispatcher.Request{Kind: space.OperationRestore, Client: caller.ID, SandboxID: id, IdempotencyKey: key}, operationsPath)
 		return
 	}
 	sb, err := s.sandboxes.Restore(r.Context(), caller, id)
@@ -185,10 +195,16 @@ func (s *Server) wakeSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	caller := s.resolver.Resolve(r.Context(), owner)
+	caller := s.callers.Resolve(r.Context(), owner)
 	setRequestCaller(r.Context(), caller)
 	ctx := space.NewContext(r.Context(), caller)
-	if s.respondAsync(w, r.WithContext(ctx), dispatcher.Request{Kind: space.OperationWake, Client: owner, SandboxID: id}, internalOperationsPath) {
+	async, key, err := queueing(r, space.OperationWake)
+	switch {
+	case err != nil:
+		s.writeError(w, r, err)
+		return
+	case async:
+		s.enqueue(w, r.WithContext(ctx), dispatcher.Request{Kind: space.OperationWake, Client: owner, SandboxID: id, IdempotencyKey: key}, internalOperationsPath)
 		return
 	}
 	sb, err := s.sandboxes.Wake(ctx, caller, id)

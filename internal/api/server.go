@@ -17,11 +17,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	openapi "github.com/space-sandbox/space/api"
-	"github.com/space-sandbox/space/internal/admission"
-	"github.com/space-sandbox/space/internal/dispatcher"
-	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/metric"
-	"github.com/space-sandbox/space/internal/sandbox"
 )
 
 // Check is one dependency that readiness depends on. Check returns nil when the
@@ -53,14 +49,14 @@ type Options struct {
 	// Identity is SPACE_AUTH_MODE: it words what a caller off the allowlist is told.
 	Identity space.IdentityMode
 
-	// The domain: all required.
+	// The domain (domain.go): all required.
 	Auth        Authenticator
-	Resolver    *flags.Resolver
-	Concurrency *admission.ConcurrencyLimiter
-	Admitter    *admission.Admitter
-	Sandboxes   *sandbox.Service
+	Callers     Callers
+	Concurrency Leases
+	Budgets     Budgets
+	Sandboxes   Sandboxes
 	// Operations queues Prefer: respond-async requests and serves /v1/operations.
-	Operations *dispatcher.Dispatcher
+	Operations Operations
 	// RiverUI, when set, is mounted at /riverui/ on the internal listener (it serves
 	// its pages and API under that prefix).
 	RiverUI http.Handler
@@ -81,11 +77,11 @@ type Server struct {
 	identity     space.IdentityMode
 
 	auth        Authenticator
-	resolver    *flags.Resolver
-	concurrency *admission.ConcurrencyLimiter
-	admitter    *admission.Admitter
-	sandboxes   *sandbox.Service
-	operations  *dispatcher.Dispatcher
+	callers     Callers
+	concurrency Leases
+	budgets     Budgets
+	sandboxes   Sandboxes
+	operations  Operations
 	riverUI     http.Handler
 }
 
@@ -99,9 +95,9 @@ func New(opts Options) *Server {
 		maxBodyBytes: opts.MaxBodyBytes,
 		identity:     opts.Identity,
 		auth:         opts.Auth,
-		resolver:     opts.Resolver,
+		callers:      opts.Callers,
 		concurrency:  opts.Concurrency,
-		admitter:     opts.Admitter,
+		budgets:      opts.Budgets,
 		sandboxes:    opts.Sandboxes,
 		operations:   opts.Operations,
 		riverUI:      opts.RiverUI,

@@ -60,7 +60,7 @@ var ErrInvalid = errors.New("invalid API key")
 
 // Store keeps keys in Postgres.
 type Store struct {
-	db     *pgxpool.Pool
+	db     *store.DB
 	logger *slog.Logger
 
 	// touched remembers when last_used_at was last written per key, so that a key used
@@ -76,7 +76,7 @@ func NewStore(db *pgxpool.Pool, logger *slog.Logger) *Store {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{db: db, logger: logger}
+	return &Store{db: store.Wrap(db), logger: logger}
 }
 
 // Create issues a key for client, named name (what it is for, e.g. "ci"), and returns
@@ -169,9 +169,6 @@ func (s *Store) Lookup(ctx context.Context, secret string) (Key, error) {
 		return Key{}, ErrInvalid
 	}
 	if err != nil {
-		if store.Unreachable(err) {
-			return Key{}, space.Unavailable("postgres", err)
-		}
 		return Key{}, fmt.Errorf("look up key: %w", err)
 	}
 	// The index found the row by hash; compare again in constant time so that no

@@ -118,6 +118,7 @@ type Options struct {
 // Dispatcher accepts operations and, with Workers > 0, runs them.
 type Dispatcher struct {
 	opts    Options
+	db      *store.DB
 	client  *river.Client[pgx.Tx]
 	metrics *metrics
 	logger  *slog.Logger
@@ -172,7 +173,7 @@ func New(opts Options) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Dispatcher{opts: opts, metrics: m, logger: opts.Logger}
+	d := &Dispatcher{opts: opts, db: store.Wrap(opts.DB), metrics: m, logger: opts.Logger}
 
 	workers := river.NewWorkers()
 	for _, err := range []error{
@@ -259,8 +260,10 @@ type Request struct {
 	// SandboxID is the sandbox a restore or a wake acts on. A create's sandbox id is
 	// fixed by the dispatcher and shown on the operation.
 	SandboxID string
-	// Create is a create's request (its ID is ignored).
-	Create sandbox.CreateRequest
+	// Create is a create's plan (sandbox.Service.Plan with Async set): validated, and
+	// its shape resolved for Client, so that a create no cold start could serve is
+	// refused when it is queued rather than when it runs.
+	Create *sandbox.Plan
 	// IdempotencyKey, when set, makes a repeat of the same request by the same client
 	// return the operation of the first (see Enqueue).
 	IdempotencyKey string
@@ -271,13 +274,11 @@ type Request struct {
 // that first request (in whatever state it now is) with created false.
 //
 // The request is checked as the synchronous path would check it, before anything is
-// queued: EINVALID for a bad body or id; EUNPROCESSABLE for a create whose shape no
-// cold start could serve; ENOTFOUND for a restore or a wake of a sandbox that is not
-// there (or, for a restore, not the client's); ECONFLICT for a restore of a sandbox
-// that is not paused. A key that names a different request (another kind, sandbox or
-// body) is EUNPROCESSABLE naming the key. Keys are per client and name their request
-// for Options.IdempotencyTTL; the key is claimed in the transaction that queues the
-// operation (internal/idempotency).
+// queued: a create by its plan; a restore or a wake of a sandbox that is not there
+// (or, for a restore, not the client's) is ENOTFOUND, and a restore of a sandbox that
+// is not paused ECONFLICT. Keys are per client and name their request for
+// Options.IdempotencyTTL; the key is claimed in the transaction that queues the
+// operation, the one path every operation is inserted through (idempotency.Run).
 func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation, bool, error) {
 	op := &row{IdempotencyKey: req.IdempotencyKey}
 	op.ID = uuid.NewString()
@@ -286,20 +287,15 @@ func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation
 	if op.Client == "" && req.Kind != space.OperationWake {
 		return nil, false, errors.New("enqueue: an operation needs the client it is for")
 	}
-	if req.IdempotencyKey != "" {
-		if err := idempotency.Check(req.IdempotencyKey); err != nil {
-			return nil, false, err
-		}
-	}
 	var err error
 	target := ""
 	switch req.Kind {
 	case space.OperationCreate:
-		if err := sandbox.ValidateCreate(req.Create.Shape, req.Create.Metadata); err != nil {
-			return nil, false, err
+		if req.Create == nil {
+			return nil, false, errors.New("enqueue: a create needs its plan")
 		}
 		op.SandboxID = uuid.NewString()
-		if op.Request, err = req.Create.Encode(); err != nil {
+		if op.Request, err = req.Create.Request.Encode(); err != nil {
 			return nil, false, err
 		}
 	case space.OperationRestore, space.OperationWake:
@@ -319,47 +315,29 @@ func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation
 	}
 	op.RequestHash = idempotency.Hash(string(op.Kind), target, op.Request)
 
-	if op.IdempotencyKey != "" {
-		// A repeat is answered before the precheck: the first request passed it, and
-		// what it made is the answer whatever the state of now.
-		prev, err := idempotency.Get(ctx, d.opts.DB, op.Client, op.IdempotencyKey)
-		if err != nil {
-			return nil, false, store.Classify(err)
-		}
-		if prev != nil {
-			out, err := d.replay(ctx, op, prev)
-			return out, false, err
-		}
-	}
-	if err := d.precheck(ctx, req, op); err != nil {
-		return nil, false, err
-	}
-
-	var prev *idempotency.Record
-	err = pgx.BeginFunc(ctx, d.opts.DB, func(tx pgx.Tx) error {
-		if op.IdempotencyKey != "" {
-			var err error
-			prev, err = idempotency.Claim(ctx, tx, &idempotency.Record{Client: op.Client, Key: op.IdempotencyKey,
-				RequestHash: op.RequestHash, OperationID: op.ID, SandboxID: op.SandboxID}, d.opts.IdempotencyTTL)
-			if err != nil || prev != nil {
+	rec := &idempotency.Record{Client: op.Client, Key: op.IdempotencyKey,
+		RequestHash: op.RequestHash, OperationID: op.ID, SandboxID: op.SandboxID}
+	first, err := idempotency.Run(ctx, d.db, rec, d.opts.IdempotencyTTL, func() error { return d.precheck(ctx, op) },
+		func(ctx context.Context, tx pgx.Tx) error {
+			if err := insertOperation(ctx, tx, op, d.opts.AdmissionDeadline); err != nil {
 				return err
 			}
-		}
-		if err := insertOperation(ctx, tx, op, d.opts.AdmissionDeadline); err != nil {
-			return err
-		}
-		res, err := d.client.InsertTx(ctx, tx, argsFor(op.Kind, op.ID), &river.InsertOpts{Queue: Queue})
+			res, err := d.client.InsertTx(ctx, tx, argsFor(op.Kind, op.ID), &river.InsertOpts{Queue: Queue})
+			if err != nil {
+				return fmt.Errorf("insert job of operation %s: %w", op.ID, err)
+			}
+			return setJobID(ctx, tx, op.ID, res.Job.ID)
+		})
+	switch {
+	case err != nil:
+		return nil, false, err
+	case first != nil:
+		// A repeat: the operation the first request made, as it is now.
+		prev, err := getOperation(ctx, d.db, first.OperationID, op.Client)
 		if err != nil {
-			return fmt.Errorf("insert job of operation %s: %w", op.ID, err)
+			return nil, false, err
 		}
-		return setJobID(ctx, tx, op.ID, res.Job.ID)
-	})
-	if err != nil {
-		return nil, false, store.Classify(err)
-	}
-	if prev != nil {
-		// Another request with the same key committed first.
-		out, err := d.replay(ctx, op, prev)
+		out, err := d.withSandbox(ctx, prev)
 		return out, false, err
 	}
 	d.metrics.enqueued.WithLabelValues(string(op.Kind)).Inc()
@@ -367,34 +345,19 @@ func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation
 	return &op.Operation, true, nil
 }
 
-// replay answers a repeat of op under a key that prev holds: the operation prev's
-// request made, as it is now; EUNPROCESSABLE naming the key when prev names a
-// different request.
-func (d *Dispatcher) replay(ctx context.Context, op *row, prev *idempotency.Record) (*space.Operation, error) {
-	if err := prev.Names(op.RequestHash); err != nil {
-		return nil, err
+// precheck refuses at once a restore that could never run: the check the synchronous
+// path makes before it charges anything, against the state of now. (A create was
+// checked by its plan.)
+func (d *Dispatcher) precheck(ctx context.Context, op *row) error {
+	if op.Kind != space.OperationRestore {
+		return nil
 	}
-	first, err := getOperation(ctx, d.opts.DB, prev.OperationID, op.Client)
+	sb, err := d.opts.Sandboxes.Get(ctx, op.Client, op.SandboxID)
 	if err != nil {
-		return nil, store.Classify(err)
+		return err
 	}
-	return d.withSandbox(ctx, first)
-}
-
-// precheck refuses at once what could never run: the checks the synchronous path
-// makes before it charges anything, against the state of now.
-func (d *Dispatcher) precheck(ctx context.Context, req Request, op *row) error {
-	switch op.Kind {
-	case space.OperationCreate:
-		return d.opts.Sandboxes.CheckShape(d.opts.Callers.Resolve(ctx, op.Client), req.Create.Shape)
-	case space.OperationRestore:
-		sb, err := d.opts.Sandboxes.Get(ctx, op.Client, op.SandboxID)
-		if err != nil {
-			return err
-		}
-		if sb.State != space.StatePaused {
-			return space.Errorf(space.ECONFLICT, "sandbox %s is %s; a restore needs it paused", sb.ID, sb.State)
-		}
+	if sb.State != space.StatePaused {
+		return space.Errorf(space.ECONFLICT, "sandbox %s is %s; a restore needs it paused", sb.ID, sb.State)
 	}
 	return nil
 }
@@ -418,9 +381,9 @@ func (d *Dispatcher) get(ctx context.Context, client space.ClientID, id string) 
 	if err := CheckOperationID(id); err != nil {
 		return nil, err
 	}
-	op, err := getOperation(ctx, d.opts.DB, id, client)
+	op, err := getOperation(ctx, d.db, id, client)
 	if err != nil {
-		return nil, store.Classify(err)
+		return nil, err
 	}
 	return d.withSandbox(ctx, op)
 }
@@ -465,7 +428,7 @@ func quote(s string) string {
 // ever. The reconciler calls it each round, on one replica at a time. It returns how
 // many it failed.
 func (d *Dispatcher) SettleLost(ctx context.Context) (int, error) {
-	lost, err := failLost(ctx, d.opts.DB)
+	lost, err := failLost(ctx, d.db)
 	n := 0
 	for kind, c := range lost {
 		d.metrics.lost.WithLabelValues(string(kind)).Add(float64(c))

@@ -172,7 +172,7 @@ func TestRetries(t *testing.T) {
 	t.Run("an error a retry cannot fix fails the operation at once", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, setupOptions{workers: -1}) // accept now, run later
-		sb, err := b.svc.Create(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sandbox.CreateRequest{Shape: python})
+		sb, err := create(b.svc, b.ctx, space.Caller{ID: "acme", Key: "acme"}, sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -306,8 +306,7 @@ func TestDurability(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				op, c, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: "acme",
-					Create: sandbox.CreateRequest{Shape: python}, IdempotencyKey: "order-2"})
+				op, c, err := b.enqueueCreate("acme", sandbox.CreateRequest{Shape: python, IdempotencyKey: "order-2"})
 				if err != nil {
 					t.Error(err)
 					return
@@ -346,8 +345,7 @@ func TestDurability(t *testing.T) {
 		b.create("acme", "k")
 		bigger := python
 		bigger.DiskGiB = 20
-		_, _, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: "acme",
-			Create: sandbox.CreateRequest{Shape: bigger}, IdempotencyKey: "k"})
+		_, _, err := b.enqueueCreate("acme", sandbox.CreateRequest{Shape: bigger, IdempotencyKey: "k"})
 		var de *space.Error
 		if !errors.As(err, &de) || de.Code != space.EUNPROCESSABLE || de.Field != idempotency.Header {
 			t.Fatalf("err = %v, want EUNPROCESSABLE naming %s", err, idempotency.Header)
@@ -367,13 +365,11 @@ func TestIdempotencyKeyExpiry(t *testing.T) {
 		}
 		bigger := python
 		bigger.DiskGiB = 20
-		op, created, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: "acme",
-			Create: sandbox.CreateRequest{Shape: bigger}, IdempotencyKey: "k"})
+		op, created, err := b.enqueueCreate("acme", sandbox.CreateRequest{Shape: bigger, IdempotencyKey: "k"})
 		if err != nil || !created || op.ID == first.ID {
 			t.Fatalf("Enqueue under the expired key = %+v, created %v, %v; want a new operation", op, created, err)
 		}
-		again, created, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: "acme",
-			Create: sandbox.CreateRequest{Shape: bigger}, IdempotencyKey: "k"})
+		again, created, err := b.enqueueCreate("acme", sandbox.CreateRequest{Shape: bigger, IdempotencyKey: "k"})
 		if err != nil || created || again.ID != op.ID {
 			t.Fatalf("a repeat under the key claimed again = %+v, created %v, %v; want operation %s", again, created, err, op.ID)
 		}
@@ -465,7 +461,7 @@ func TestWake(t *testing.T) {
 		unknown := space.Rate{RefillRPS: 1e-6, Burst: 5}
 		b.limits.set("acme", &acme, 0)
 		b.limits.set("unknown", &unknown, 0)
-		sb, err := b.svc.Create(b.ctx, space.Caller{ID: "acme", Key: "acme", ClientRate: &acme}, sandbox.CreateRequest{Shape: python})
+		sb, err := create(b.svc, b.ctx, space.Caller{ID: "acme", Key: "acme", ClientRate: &acme}, sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -498,27 +494,34 @@ func TestEnqueue(t *testing.T) {
 	t.Run("a request that could never run is refused before anything is queued", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, setupOptions{workers: -1})
-		running, err := b.svc.Create(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sandbox.CreateRequest{Shape: python})
+		running, err := create(b.svc, b.ctx, space.Caller{ID: "acme", Key: "acme"}, sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
 		tooBig := python
 		tooBig.DiskGiB = 51
+		createOf := func(req sandbox.CreateRequest) func() error {
+			return func() error { _, _, err := b.enqueueCreate("acme", req); return err }
+		}
+		enqueue := func(req dispatcher.Request) func() error {
+			return func() error { _, _, err := b.d.Enqueue(b.ctx, req); return err }
+		}
 		for _, tc := range []struct {
-			name  string
-			req   dispatcher.Request
-			code  string
-			field string
+			name    string
+			enqueue func() error
+			code    string
+			field   string
 		}{
-			{"a bad body", dispatcher.Request{Kind: space.OperationCreate, Client: "acme", Create: sandbox.CreateRequest{Shape: space.Shape{Template: "python-3.12"}}}, space.EINVALID, "cpu_millis"},
-			{"a shape no cold start serves", dispatcher.Request{Kind: space.OperationCreate, Client: "acme", Create: sandbox.CreateRequest{Shape: tooBig}}, space.EUNPROCESSABLE, "disk_gib"},
-			{"a bad idempotency key", dispatcher.Request{Kind: space.OperationCreate, Client: "acme", Create: sandbox.CreateRequest{Shape: python}, IdempotencyKey: "caf\u00e9"}, space.EINVALID, idempotency.Header},
-			{"a restore of a running sandbox", dispatcher.Request{Kind: space.OperationRestore, Client: "acme", SandboxID: running.ID}, space.ECONFLICT, ""},
-			{"a restore of another client's sandbox", dispatcher.Request{Kind: space.OperationRestore, Client: "globex", SandboxID: running.ID}, space.ENOTFOUND, ""},
-			{"a wake of no sandbox", dispatcher.Request{Kind: space.OperationWake, SandboxID: "00000000-0000-4000-8000-000000000001"}, space.ENOTFOUND, ""},
-			{"a malformed sandbox id", dispatcher.Request{Kind: space.OperationRestore, Client: "acme", SandboxID: "x"}, space.EINVALID, "id"},
+			{"a bad body", createOf(sandbox.CreateRequest{Shape: space.Shape{Template: "python-3.12"}}), space.EINVALID, "cpu_millis"},
+			{"a shape no cold start serves", createOf(sandbox.CreateRequest{Shape: tooBig}), space.EUNPROCESSABLE, "disk_gib"},
+			{"a bad idempotency key", createOf(sandbox.CreateRequest{Shape: python, IdempotencyKey: "caf\u00e9"}), space.EINVALID, idempotency.Header},
+			{"a restore of a running sandbox", enqueue(dispatcher.Request{Kind: space.OperationRestore, Client: "acme", SandboxID: running.ID}), space.ECONFLICT, ""},
+			{"a restore of another client's sandbox", enqueue(dispatcher.Request{Kind: space.OperationRestore, Client: "globex", SandboxID: running.ID}), space.ENOTFOUND, ""},
+			{"a wake of no sandbox", enqueue(dispatcher.Request{Kind: space.OperationWake, SandboxID: "00000000-0000-4000-8000-000000000001"}), space.ENOTFOUND, ""},
+			{"a malformed sandbox id", enqueue(dispatcher.Request{Kind: space.OperationRestore, Client: "acme", SandboxID: "x"}), space.EINVALID, "id"},
+			{"a bad idempotency key on a restore", enqueue(dispatcher.Request{Kind: space.OperationRestore, Client: "acme", SandboxID: running.ID, IdempotencyKey: "caf\u00e9"}), space.EINVALID, idempotency.Header},
 		} {
-			_, _, err := b.d.Enqueue(b.ctx, tc.req)
+			err := tc.enqueue()
 			var de *space.Error
 			if !errors.As(err, &de) || de.Code != tc.code || de.Field != tc.field {
 				t.Errorf("%s: err = %v, want %s naming %q", tc.name, err, tc.code, tc.field)

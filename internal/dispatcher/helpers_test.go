@@ -190,12 +190,22 @@ func (b *bundle) tokens(client space.ClientKey, rate space.Rate) float64 {
 
 func (b *bundle) create(client space.ClientID, key string) *space.Operation {
 	b.t.Helper()
-	op, _, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: client,
-		Create: sandbox.CreateRequest{Shape: python}, IdempotencyKey: key})
+	op, _, err := b.enqueueCreate(client, sandbox.CreateRequest{Shape: python, IdempotencyKey: key})
 	if err != nil {
 		b.t.Fatalf("enqueue create for %s: %v", client, err)
 	}
 	return op
+}
+
+// enqueueCreate plans req for client and queues it, as the API does with a create that
+// prefers respond-async.
+func (b *bundle) enqueueCreate(client space.ClientID, req sandbox.CreateRequest) (*space.Operation, bool, error) {
+	req.Async = true
+	plan, err := b.svc.Plan(b.limits.Resolve(b.ctx, client), req)
+	if err != nil {
+		return nil, false, err
+	}
+	return b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationCreate, Client: client, Create: &plan, IdempotencyKey: req.IdempotencyKey})
 }
 
 func (b *bundle) get(id string) *space.Operation {
@@ -282,4 +292,13 @@ func (b *bundle) count(sql string, args ...any) int {
 		b.t.Fatalf("%s: %v", sql, err)
 	}
 	return n
+}
+
+// create plans req for caller and makes it at once, as a synchronous create does.
+func create(svc *sandbox.Service, ctx context.Context, caller space.Caller, req sandbox.CreateRequest) (*space.Sandbox, error) {
+	p, err := svc.Plan(caller, req)
+	if err != nil {
+		return nil, err
+	}
+	return svc.Create(ctx, p)
 }

@@ -8,17 +8,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/store"
 )
-
-// querier is what the queries need: a pool or a transaction.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 const operationColumns = `id::text, kind, client, sandbox_id::text, state, attempts, snoozes,
 	coalesce(last_bucket, ''), coalesce(last_error, ''), coalesce(error_code, ''),
@@ -45,7 +38,7 @@ func scanOperation(r pgx.Row, extra ...any) (*row, error) {
 
 // insertOperation inserts op. The admission deadline is counted from the database's
 // clock, like every other time the deadline is compared with.
-func insertOperation(ctx context.Context, q querier, op *row, deadline time.Duration) error {
+func insertOperation(ctx context.Context, q store.Querier, op *row, deadline time.Duration) error {
 	var key *string
 	if op.IdempotencyKey != "" {
 		key = &op.IdempotencyKey
@@ -61,7 +54,7 @@ func insertOperation(ctx context.Context, q querier, op *row, deadline time.Dura
 	return nil
 }
 
-func setJobID(ctx context.Context, q querier, id string, jobID int64) error {
+func setJobID(ctx context.Context, q store.Querier, id string, jobID int64) error {
 	if _, err := q.Exec(ctx, "UPDATE operations SET job_id = $2 WHERE id = $1", id, jobID); err != nil {
 		return fmt.Errorf("record job of operation %s: %w", id, err)
 	}
@@ -71,7 +64,7 @@ func setJobID(ctx context.Context, q querier, id string, jobID int64) error {
 // getOperation reads one operation of client; an empty client reads anyone's (the
 // internal listener and the worker). ENOTFOUND when there is none, or it is another
 // client's.
-func getOperation(ctx context.Context, q querier, id string, client space.ClientID) (*row, error) {
+func getOperation(ctx context.Context, q store.Querier, id string, client space.ClientID) (*row, error) {
 	op, err := scanOperation(q.QueryRow(ctx, "SELECT "+operationColumns+" FROM operations WHERE id = $1 AND ($2 = '' OR client = $2)",
 		id, string(client)))
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -86,7 +79,7 @@ func getOperation(ctx context.Context, q querier, id string, client space.Client
 // startOperation marks a queued (or, after a crash, still running) operation running
 // and returns it, with the time it waited in the queue when this is its first run
 // (0 otherwise). A final operation is returned unchanged, with done true.
-func startOperation(ctx context.Context, q querier, id string) (op *row, waited time.Duration, done bool, err error) {
+func startOperation(ctx context.Context, q store.Querier, id string) (op *row, waited time.Duration, done bool, err error) {
 	var first bool
 	var waitedSecs float64
 	op, err = scanOperation(q.QueryRow(ctx, `UPDATE operations SET state = 'running',
@@ -116,7 +109,7 @@ type outcome struct {
 	ErrorCode string
 }
 
-func finishOperation(ctx context.Context, q querier, id string, o outcome) error {
+func finishOperation(ctx context.Context, q store.Querier, id string, o outcome) error {
 	_, err := q.Exec(ctx, `UPDATE operations SET state = $2, attempts = coalesce($3::integer, attempts),
 			last_error = nullif($4::text, ''), error_code = nullif($5::text, ''), updated_at = now(),
 			finished_at = CASE WHEN $2::text IN ('succeeded', 'failed') THEN now() END
@@ -131,7 +124,7 @@ func finishOperation(ctx context.Context, q querier, id string, o outcome) error
 // unless the admission deadline has passed by the database's clock, in which case the
 // operation fails as admission_timeout (timedOut true) and is not counted as snoozed.
 // remaining is the time left before the deadline.
-func snoozeOperation(ctx context.Context, q querier, id string, bucket space.Bucket, snoozeMsg, timeoutMsg string) (timedOut bool, remaining time.Duration, err error) {
+func snoozeOperation(ctx context.Context, q store.Querier, id string, bucket space.Bucket, snoozeMsg, timeoutMsg string) (timedOut bool, remaining time.Duration, err error) {
 	var state string
 	var secs float64
 	err = q.QueryRow(ctx, `UPDATE operations SET
@@ -170,7 +163,7 @@ const lostAfter = time.Minute
 
 // failLost fails every operation still queued or running whose River job is final or
 // gone, with the reason, and returns them by kind.
-func failLost(ctx context.Context, q querier) (map[space.OperationKind]int, error) {
+func failLost(ctx context.Context, q store.Querier) (map[space.OperationKind]int, error) {
 	rows, err := q.Query(ctx, `UPDATE operations o SET state = 'failed', error_code = $1,
 			last_error = 'the operation''s job ended (' || coalesce(j.state::text, 'deleted') ||
 				') without recording an outcome: the replicas running it stopped mid-run until its attempts ran out',

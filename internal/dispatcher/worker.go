@@ -79,7 +79,7 @@ const recordTimeout = 10 * time.Second
 // after a real attempt and left alone after a snooze; the row's snoozes counts
 // admission snoozes only.
 func (d *Dispatcher) work(ctx context.Context, job *rivertype.JobRow, id string, complete func(context.Context, pgx.Tx) error) error {
-	op, waited, done, err := startOperation(ctx, d.opts.DB, id)
+	op, waited, done, err := startOperation(ctx, d.db, id)
 	switch {
 	case space.ErrorCode(err) == space.ENOTFOUND:
 		// A job without its row cannot happen (one transaction inserts both); if it
@@ -106,7 +106,7 @@ func (d *Dispatcher) work(ctx context.Context, job *rivertype.JobRow, id string,
 	var le *space.LimitError
 	switch {
 	case runErr == nil:
-		err := pgx.BeginFunc(rctx, d.opts.DB, func(tx pgx.Tx) error {
+		err := d.db.Tx(rctx, func(tx pgx.Tx) error {
 			if err := finishOperation(rctx, tx, op.ID, outcome{State: space.OperationSucceeded, Attempts: &attempts}); err != nil {
 				return err
 			}
@@ -126,7 +126,7 @@ func (d *Dispatcher) work(ctx context.Context, job *rivertype.JobRow, id string,
 		// start and the job was rescued. The reconciler settles the sandbox (running:
 		// the next run returns it; failed: the next run retries into it) within its
 		// bound; wait for that, spending no attempt.
-		if err := finishOperation(rctx, d.opts.DB, op.ID, outcome{State: space.OperationQueued, LastError: space.ErrorMessage(runErr)}); err != nil {
+		if err := finishOperation(rctx, d.db, op.ID, outcome{State: space.OperationQueued, LastError: space.ErrorMessage(runErr)}); err != nil {
 			return err
 		}
 		d.metrics.settles.WithLabelValues(kind).Inc()
@@ -136,7 +136,7 @@ func (d *Dispatcher) work(ctx context.Context, job *rivertype.JobRow, id string,
 		// Cut short by a hard stop before anything was reserved: back to the queue for
 		// the next worker, no attempt spent (River's documented use of a zero snooze).
 		// A run over JobTimeout (DeadlineExceeded) is a real attempt: it must not loop.
-		if err := finishOperation(rctx, d.opts.DB, op.ID, outcome{State: space.OperationQueued, LastError: op.LastError}); err != nil {
+		if err := finishOperation(rctx, d.db, op.ID, outcome{State: space.OperationQueued, LastError: op.LastError}); err != nil {
 			d.logger.ErrorContext(rctx, "requeue interrupted operation", "operation", op.ID, "err", err)
 		}
 		return river.JobSnooze(0)
@@ -152,7 +152,7 @@ func (d *Dispatcher) work(ctx context.Context, job *rivertype.JobRow, id string,
 	if final {
 		o.State, o.ErrorCode = space.OperationFailed, code
 	}
-	if err := finishOperation(rctx, d.opts.DB, op.ID, o); err != nil {
+	if err := finishOperation(rctx, d.db, op.ID, o); err != nil {
 		return errors.Join(runErr, err)
 	}
 	if !final {
@@ -177,7 +177,10 @@ func (d *Dispatcher) run(ctx context.Context, op *row, caller space.Caller) erro
 		}
 		req.ID = op.SandboxID
 		req.Answered = true // its 202 named the sandbox
-		_, err = svc.Create(ctx, caller, req)
+		var plan sandbox.Plan
+		if plan, err = svc.Plan(caller, req); err == nil {
+			_, err = svc.Create(ctx, plan)
+		}
 	case space.OperationRestore:
 		_, err = svc.Restore(ctx, caller, op.SandboxID)
 	case space.OperationWake:
@@ -196,7 +199,7 @@ func (d *Dispatcher) snooze(ctx context.Context, op *row, le *space.LimitError) 
 	kind := string(op.Kind)
 	timeoutMsg := fmt.Sprintf("not admitted within the admission deadline of %s (%s): %s",
 		d.opts.AdmissionDeadline, op.AdmissionDeadline.UTC().Format(time.RFC3339), le.Message())
-	timedOut, remaining, err := snoozeOperation(ctx, d.opts.DB, op.ID, le.Bucket, le.Message(), timeoutMsg)
+	timedOut, remaining, err := snoozeOperation(ctx, d.db, op.ID, le.Bucket, le.Message(), timeoutMsg)
 	if err != nil {
 		return err
 	}

@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/store"
 )
 
 // Header is the request header a key arrives in.
@@ -134,10 +134,68 @@ type Record struct {
 	ExpiresAt time.Time
 }
 
-// Querier is what Claim needs: a pool, a connection or a transaction.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+// Run runs a request under its key the one way every keyed request runs, the
+// synchronous create's and the queued operation's alike:
+//
+//  1. a repeat, a request whose key already names this very request (rec's
+//     RequestHash), returns the Record of the first, and nothing else runs: its answer
+//     is what the first made. The key on a different request is EUNPROCESSABLE naming
+//     the header (wrapping ErrReused);
+//  2. otherwise check, when not nil, runs: what would turn the request away now (a
+//     refusal, a shape that cannot be served). Its error is the request's answer and
+//     leaves the key free, so that a retry claims it afresh;
+//  3. then rec claims the key for ttl, in one transaction with record (alone when
+//     record is nil): a key never names a request that left nothing behind. A
+//     concurrent twin whose claim committed first makes this request a repeat of it:
+//     its Record is returned.
+//
+// A nil Record and a nil error mean rec now holds the key and record ran. A request
+// without a key (rec.Key empty) takes the same path without the lookup and the claim:
+// check, then record in its transaction.
+func Run(ctx context.Context, db *store.DB, rec *Record, ttl time.Duration, check func() error, record func(ctx context.Context, tx pgx.Tx) error) (*Record, error) {
+	if rec.Key == "" {
+		if check != nil {
+			if err := check(); err != nil {
+				return nil, err
+			}
+		}
+		if record == nil {
+			return nil, nil
+		}
+		return nil, db.Tx(ctx, func(tx pgx.Tx) error { return record(ctx, tx) })
+	}
+	if err := Check(rec.Key); err != nil {
+		return nil, err
+	}
+	first, err := Get(ctx, db, rec.Client, rec.Key)
+	if err != nil {
+		return nil, err
+	}
+	if first != nil {
+		if err := first.Names(rec.RequestHash); err != nil {
+			return nil, err
+		}
+		return first, nil
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return nil, err
+		}
+	}
+	err = db.Tx(ctx, func(tx pgx.Tx) error {
+		var err error
+		if first, err = Claim(ctx, tx, rec, ttl); err != nil || first != nil {
+			return err
+		}
+		if record != nil {
+			return record(ctx, tx)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return first, nil
 }
 
 // ErrReused is in the chain of the error of a key sent with a request other than the
@@ -153,7 +211,7 @@ var ErrReused = errors.New("idempotency key reused for a different request")
 // Run inside the transaction that records what the request makes, a claim commits or
 // rolls back with it; a concurrent claim of the same key waits for that transaction
 // and then sees its outcome.
-func Claim(ctx context.Context, q Querier, rec *Record, ttl time.Duration) (*Record, error) {
+func Claim(ctx context.Context, q store.Querier, rec *Record, ttl time.Duration) (*Record, error) {
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
@@ -211,7 +269,7 @@ func nullUUID(s string) *string {
 }
 
 // Get returns the unexpired claim of client's key, nil when there is none.
-func Get(ctx context.Context, q Querier, client space.ClientID, key string) (*Record, error) {
+func Get(ctx context.Context, q store.Querier, client space.ClientID, key string) (*Record, error) {
 	rec := &Record{Client: client, Key: key}
 	var opID, sbID *string
 	err := q.QueryRow(ctx, `SELECT request_hash, operation_id::text, sandbox_id::text, created_at, expires_at
@@ -239,7 +297,7 @@ const purgeBatch = 5000
 // Purge deletes expired keys, at most purgeBatch of them, and returns how many: expired
 // keys already name nothing (a claim takes them over), so this only keeps the table to
 // the keys in force. The reconciler runs it each round.
-func Purge(ctx context.Context, q Querier) (int, error) {
+func Purge(ctx context.Context, q store.Querier) (int, error) {
 	tag, err := q.Exec(ctx, `DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
 		SELECT ctid FROM idempotency_keys WHERE expires_at <= now() LIMIT $1))`, purgeBatch)
 	if err != nil {

@@ -34,7 +34,7 @@ type charger struct {
 }
 
 // Refused knows nothing ahead: every charge is the test's to decide.
-func (c *charger) Refused(space.ClientKey, *space.Rate, int) *space.LimitError { return nil }
+func (c *charger) CachedRefusal(space.ClientKey, *space.Rate, int) *space.LimitError { return nil }
 
 func (c *charger) Charge(_ context.Context, client space.ClientKey, rate *space.Rate, _ int) error {
 	c.mu.Lock()

@@ -2,290 +2,211 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/space-sandbox/space"
-	"github.com/space-sandbox/space/internal/idempotency"
 	"github.com/space-sandbox/space/internal/pool"
-	"github.com/space-sandbox/space/internal/store"
 	"github.com/space-sandbox/space/internal/substrate"
 )
 
-// CreateRequest is a create's body, validated.
-type CreateRequest struct {
-	// ID, when set, is the new sandbox's id instead of a random one. The dispatcher
-	// fixes it when it accepts a queued create, so that every attempt of that one
-	// request works on the same sandbox and a retry leaves no trail of failed ones.
-	// With ID set, Create can be repeated (see Create).
-	ID       string
-	Shape    space.Shape
-	Metadata map[string]string
-	// IdempotencyKey, when set on a create answered at once, names this request for
-	// Options.IdempotencyTTL: a repeat under the key works on the same sandbox (see
-	// Create) and a different request under it is EUNPROCESSABLE. Queued creates keep
-	// their key on the operation instead, and set ID.
-	IdempotencyKey string
-	// Answered is true when the caller was told of the sandbox before it exists: a
-	// queued create's 202 named its id. A synchronous create is answered only by its
-	// 201; until then nobody but this request can claim the sandbox (see finish).
-	Answered bool
+// activation is what differs between the two kinds of activation, a create (creation,
+// create.go) and a restore (restoration, below), in the steps activate runs for both.
+type activation interface {
+	// kind is the activation's label in metrics and messages: "create" or "restore".
+	kind() string
+	// transient is the state reserve puts the sandbox in (starting, restoring): every
+	// later write is guarded on it, so that an activation that finds its sandbox moved
+	// on (deleted meanwhile, or settled by the reconciler) writes nothing over it.
+	transient() space.SandboxState
+	// abandonable is true when only this activation's answer can ever tell a client of
+	// the sandbox (an unanswered create without an idempotency key): if the caller is
+	// gone by the time it is ready, it is stopped and failed rather than left running
+	// at its cost, holding a live place nobody will free.
+	abandonable() bool
+	// reserve creates the sandbox's row or moves it into its transient state, inside
+	// the transaction that checked the live cap, and returns it with the template it
+	// runs; its error aborts the activation with nothing reserved.
+	reserve(ctx context.Context, tx pgx.Tx) (*space.Sandbox, substrate.Template, error)
+	// undo takes the reservation back when the charge is refused (429, 503).
+	undo(ctx context.Context, sb *space.Sandbox) error
+	// start runs the sandbox on the substrate: in the adopted warm slot slotRef, or
+	// cold when it is empty.
+	start(ctx context.Context, spec substrate.Spec, slotRef string) (string, error)
+	// failed records a substrate failure.
+	failed(ctx context.Context, sb *space.Sandbox, err error) error
 }
 
-// createBody is a create's request as a queued operation stores it and an idempotency
-// key hashes it: its shape and metadata, in encoding/json's stable order.
-type createBody struct {
-	space.Shape
-	Metadata map[string]string `json:"metadata,omitempty"`
-}
-
-// Encode returns req's shape and metadata as a queued create stores them (not its ID).
-func (req CreateRequest) Encode() ([]byte, error) {
-	b, err := json.Marshal(createBody{Shape: req.Shape, Metadata: req.Metadata})
+// activate runs what every activation does, in this order:
+//
+//   - reserve, in one transaction (so that a refused activation leaves no trace and a
+//     crash loses nothing): the live-sandbox cap, checked under the budget key's
+//     advisory lock, then the sandbox's row, then a claim of a ready warm slot of
+//     exactly its shape and template version;
+//   - a warm hit is adopted and charges no bucket; a slot that cannot be adopted is
+//     discarded and the activation goes on cold, as if the pool had missed;
+//   - charge the template's cost from both activation buckets or neither: a refusal
+//     (429, or 503 failing closed) takes the reservation back;
+//   - cold start, detached from the caller: the tokens are spent either way;
+//   - finish: record the sandbox running (and answered).
+func (s *Service) activate(ctx context.Context, caller space.Caller, a activation) (*space.Sandbox, error) {
+	began := s.opts.Now()
+	// The caller's own context tells, at the end, whether anyone is still waiting for
+	// the answer; the work itself runs detached from it.
+	callerCtx := ctx
+	var sb *space.Sandbox
+	var tmpl substrate.Template
+	var slot *pool.Slot
+	err := s.db.Tx(ctx, func(tx pgx.Tx) error {
+		if err := checkLiveCap(ctx, tx, caller.Key, caller.LiveSandboxes); err != nil {
+			return err
+		}
+		var err error
+		if sb, tmpl, err = a.reserve(ctx, tx); err != nil {
+			return err
+		}
+		slot, err = s.opts.Pool.Claim(ctx, tx, sb.Shape, tmpl.Version, sb.ID)
+		return err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("encode create request: %w", err)
-	}
-	return b, nil
-}
-
-// DecodeCreate reads back what Encode wrote.
-func DecodeCreate(b []byte) (CreateRequest, error) {
-	var body createBody
-	if err := json.Unmarshal(b, &body); err != nil {
-		return CreateRequest{}, fmt.Errorf("decode create request: %w", err)
-	}
-	return CreateRequest{Shape: body.Shape, Metadata: body.Metadata}, nil
-}
-
-// Create makes a new sandbox owned by caller.ID, capped and charged under caller.Key:
-// create path steps 3 to 8, docs/design.md.
-//
-// With req.ID set, a repeat of the same request is safe:
-//   - no sandbox has that id yet: it is created with it;
-//   - it is failed (an earlier attempt's cold start failed): the activation runs again
-//     in that same row, which a refused retry (429, 422, 503) puts back to failed with
-//     its error;
-//   - it is starting: an attempt is in flight or was cut short mid cold start (its
-//     replica died), and nobody can tell which here: an error wrapping ErrSettling,
-//     for the caller to try again once the reconciler has settled the row (running:
-//     it is returned; failed: it is retried);
-//   - any other state: an earlier attempt made it; it is returned as it is and nothing
-//     is charged.
-//
-// An id of another client's sandbox is ECONFLICT.
-//
-// With req.IdempotencyKey set, the key is claimed for a new sandbox id, or, when the
-// key already names this request, the id it named is used: the repeat then returns
-// the sandbox the first request made without charging anything, runs again what that
-// request left undone (refused, or failed), and is ECONFLICT while the first is still
-// starting it (the draft's 409 for a request in progress).
-func (s *Service) Create(ctx context.Context, caller space.Caller, req CreateRequest) (*space.Sandbox, error) {
-	if err := ValidateCreate(req.Shape, req.Metadata); err != nil {
+		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
 		return nil, err
 	}
-	if req.IdempotencyKey != "" {
-		id, err := s.claimKey(ctx, caller, req)
-		if err != nil {
-			return nil, err
-		}
-		req.ID = id
-	}
-	id, retry := req.ID, false
-	if id == "" {
-		id = uuid.NewString()
-	} else {
-		cur, err := s.existing(ctx, caller.ID, id)
-		switch {
-		case err != nil:
-			return nil, err
-		case cur != nil && cur.State != space.StateFailed:
-			// A repeat under the key is answered with the sandbox, which from now on
-			// no longer depends on the key to be claimed.
-			if err := markAnswered(ctx, s.opts.DB, cur); err != nil {
-				return nil, store.Classify(err)
-			}
-			return cur, nil
-		}
-		retry = cur != nil
-	}
-	sb := &space.Sandbox{
-		ID:        id,
-		Client:    caller.ID,
-		BudgetKey: caller.Key,
-		State:     space.StateStarting,
-		Shape:     req.Shape,
-		Metadata:  req.Metadata,
-		Answered:  req.Answered,
-	}
-	if tmpl, err := s.opts.Catalog.Resolve(req.Shape); err == nil {
-		sb.TemplateVersion = tmpl.Version // inserted with the row; activate checks it again
-	}
-	// A retry of a failed row takes the usual path, which also keeps that row's
-	// history (its refused retries) as it always was.
-	if !retry {
-		if err := s.Refused(caller, req.Shape); err != nil {
-			return nil, err
-		}
-	}
-	var failedWith string // a retried row's error, restored when the retry is refused
-	return s.activate(ctx, caller, activation{
-		kind: "create",
-		reserve: func(ctx context.Context, tx pgx.Tx) (*space.Sandbox, error) {
-			if retry {
-				var err error
-				failedWith, err = reviveSandbox(ctx, tx, sb)
-				return sb, err
-			}
-			err := insertSandbox(ctx, tx, sb)
-			if req.ID != "" && isUniqueViolation(err) {
-				return nil, settling(id, "another attempt of this create is starting it")
-			}
-			return sb, err
-		},
-		undo: func(ctx context.Context, sb *space.Sandbox, _ error) error {
-			if retry {
-				_, err := setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateFailed, LastError: &failedWith, From: starting})
-				return ignoreMoved(err)
-			}
-			return deleteReservation(ctx, s.opts.DB, sb.ID)
-		},
-		start: func(ctx context.Context, sb *space.Sandbox, spec substrate.Spec, slot *pool.Slot) (string, error) {
-			if slot != nil {
-				return s.opts.Substrate.Adopt(ctx, slot.Ref, spec)
-			}
-			return s.opts.Substrate.StartCold(ctx, spec)
-		},
-		failed: func(ctx context.Context, sb *space.Sandbox, err error) (*space.Sandbox, error) {
-			msg := err.Error()
-			return setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateFailed, LastError: &msg, From: starting})
-		},
-		transient: space.StateStarting,
-		// Without a key to be retried under, the sandbox of an unanswered create is
-		// this request's alone: if its caller leaves, nobody can ever claim it.
-		unclaimable: !req.Answered && req.IdempotencyKey == "",
-	})
-}
 
-// syncCreate is what a synchronous create is, for an idempotency key's hash: not the
-// same request as a queued create with the same body (that one's answer is an
-// operation).
-const syncCreate = "create (synchronous)"
+	// From here the sandbox exists: finish the activation even if the caller hangs up,
+	// so that no sandbox is left half made. The substrate's own timeout bounds it, and
+	// the reconciler settles the sandbox after that bound should this replica die.
+	ctx, cancel := s.detached(ctx)
+	defer cancel()
+	spec := substrate.Spec{SandboxID: sb.ID, Client: sb.Client, Shape: sb.Shape, Template: tmpl}
 
-// claimKey returns the sandbox id req's idempotency key names: a new one when the key
-// is free (or expired), the first request's when the key already names this request.
-func (s *Service) claimKey(ctx context.Context, caller space.Caller, req CreateRequest) (string, error) {
-	if req.ID != "" {
-		return "", errors.New("create: an idempotency key and a fixed id are exclusive")
+	if slot != nil {
+		s.opts.OnClaim()
+		ref, err := a.start(ctx, spec, slot.Ref)
+		if err == nil {
+			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
+				s.logger.WarnContext(ctx, "consume adopted slot", "slot", slot.ID, "err", cerr)
+			}
+			return s.finish(ctx, callerCtx, a, sb, ref, true, began)
+		}
+		s.logger.WarnContext(ctx, "warm slot adoption failed; starting cold", "sandbox", sb.ID, "slot", slot.ID, "err", err)
+		s.opts.Pool.Discard(ctx, slot)
 	}
-	if err := idempotency.Check(req.IdempotencyKey); err != nil {
-		return "", err
+
+	if err := s.opts.Charger.Charge(ctx, caller.Key, caller.ClientRate, tmpl.ActivationCost()); err != nil {
+		if uerr := a.undo(ctx, sb); uerr != nil {
+			s.logger.ErrorContext(ctx, "undo refused activation", "sandbox", sb.ID, "err", uerr)
+		}
+		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
+		return nil, err
 	}
-	body, err := req.Encode()
+
+	coldBegan := s.opts.Now()
+	ref, err := a.start(ctx, spec, "")
 	if err != nil {
-		return "", err
-	}
-	hash := idempotency.Hash(syncCreate, "", body)
-	// A repeat is looked up first, so that it gets the first request's sandbox even
-	// while the client is refused; a new request that would be refused claims nothing,
-	// and its retry claims the key afresh.
-	prev, err := idempotency.Get(ctx, s.opts.DB, caller.ID, req.IdempotencyKey)
-	if err != nil {
-		return "", store.Classify(err)
-	}
-	if prev == nil {
-		if err := s.Refused(caller, req.Shape); err != nil {
-			return "", err
+		s.metrics.activation(a.kind(), "failed", s.opts.Now().Sub(began))
+		s.logger.WarnContext(ctx, "cold start failed", "kind", a.kind(), "sandbox", sb.ID, "err", err)
+		ferr := a.failed(ctx, sb, err)
+		var moved *movedError
+		if errors.As(ferr, &moved) {
+			return nil, movedOn(sb.ID, moved.cur.State, a.transient())
 		}
-		rec := &idempotency.Record{Client: caller.ID, Key: req.IdempotencyKey, RequestHash: hash, SandboxID: uuid.NewString()}
-		if prev, err = idempotency.Claim(ctx, s.opts.DB, rec, s.opts.IdempotencyTTL); err != nil {
-			return "", store.Classify(err)
+		if ferr != nil {
+			s.logger.ErrorContext(ctx, "record failed activation", "sandbox", sb.ID, "err", ferr)
 		}
-		if prev == nil {
-			return rec.SandboxID, nil
-		}
+		return nil, &space.Error{Code: space.EUNAVAILABLE, Err: err,
+			Message: fmt.Sprintf("the substrate failed to %s sandbox %s; see GET /v1/sandboxes/%s", activateVerb(a.kind()), sb.ID, sb.ID)}
 	}
-	if err := prev.Names(hash); err != nil {
-		return "", err
-	}
-	return prev.SandboxID, nil
+	s.metrics.coldStart.WithLabelValues(a.kind()).Observe(s.opts.Now().Sub(coldBegan).Seconds())
+	return s.finish(ctx, callerCtx, a, sb, ref, false, began)
 }
 
-// ErrSettling is in the chain of the error of a create whose sandbox is still
-// starting from an attempt that may have died with its replica: the reconciler settles
-// such a sandbox (running or failed) within its bound, and the create can be repeated
-// then. The dispatcher waits for that instead of failing the operation.
-var ErrSettling = errors.New("the sandbox is still settling")
-
-func settling(id, why string) error {
-	return &space.Error{Code: space.ECONFLICT, Err: ErrSettling,
-		Message: fmt.Sprintf("sandbox %s is starting: %s; it is settled within minutes", id, why)}
+// finish records a started sandbox as running and answered, provided it is still in the
+// transitional state this activation put it in. When it is not, its owner deleted it
+// meanwhile (or the reconciler settled it after this replica stalled past the bound):
+// nothing owns what was just started, so it is stopped, unless the reconciler already
+// recorded that very resource as the sandbox's.
+//
+// An abandonable sandbox whose caller has gone (callerCtx is done: the connection
+// closed) is stopped and failed instead: no answer can reach anyone, and no key can
+// claim it later. A caller that leaves after this check, or whose connection breaks
+// while the 201 is written, has a running sandbox it was not told of: it finds it by
+// listing its sandboxes, or avoids the question with an Idempotency-Key.
+func (s *Service) finish(ctx, callerCtx context.Context, a activation, sb *space.Sandbox, ref string, warm bool, began time.Time) (*space.Sandbox, error) {
+	outcome := "cold"
+	if warm {
+		outcome = "warm"
+	}
+	if a.abandonable() && callerCtx.Err() != nil {
+		return nil, s.abandon(ctx, a, sb, ref, began)
+	}
+	out, err := setState(ctx, s.db, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, Answered: true, From: []space.SandboxState{a.transient()}})
+	var moved *movedError
+	if !errors.As(err, &moved) {
+		if err == nil {
+			s.metrics.activation(a.kind(), outcome, s.opts.Now().Sub(began))
+		}
+		// A write that failed (Postgres down) leaves the sandbox transitional with its
+		// resource running: the reconciler settles it.
+		return out, err
+	}
+	if moved.cur.State == space.StateRunning && moved.cur.SubstrateRef == ref {
+		s.metrics.activation(a.kind(), outcome, s.opts.Now().Sub(began))
+		return moved.cur, nil
+	}
+	if serr := s.opts.Substrate.Stop(ctx, ref); serr != nil {
+		s.logger.ErrorContext(ctx, "stop what was started for a sandbox that moved on", "sandbox", sb.ID, "ref", ref, "err", serr)
+	}
+	s.metrics.activation(a.kind(), "failed", s.opts.Now().Sub(began))
+	return nil, movedOn(sb.ID, moved.cur.State, a.transient())
 }
 
-var starting = []space.SandboxState{space.StateStarting}
+// abandon ends the activation of an abandonable sandbox whose caller has gone: what was
+// started is stopped and the sandbox failed, with the reason. Should the write fail,
+// the reconciler ends the row the same way (it is unanswered and has no key).
+func (s *Service) abandon(ctx context.Context, a activation, sb *space.Sandbox, ref string, began time.Time) error {
+	if err := s.opts.Substrate.Stop(ctx, ref); err != nil {
+		s.logger.ErrorContext(ctx, "stop the sandbox of a caller that left", "sandbox", sb.ID, "ref", ref, "err", err)
+	}
+	msg := "the request was not answered: its caller left before the sandbox was ready, and without an Idempotency-Key nobody could claim it, so it was stopped"
+	if _, err := setState(ctx, s.db, sb.ID, stateChange{State: space.StateFailed, LastError: &msg, ClearRef: true, From: []space.SandboxState{a.transient()}}); ignoreMoved(err) != nil {
+		s.logger.ErrorContext(ctx, "record the sandbox of a caller that left", "sandbox", sb.ID, "err", err)
+	}
+	s.metrics.unanswered.WithLabelValues(unansweredCallerGone).Inc()
+	s.metrics.activation(a.kind(), "failed", s.opts.Now().Sub(began))
+	s.logger.InfoContext(ctx, "stopped the sandbox of a create whose caller left before it was ready", "sandbox", sb.ID, "client", string(sb.Client))
+	return &space.Error{Code: space.EUNAVAILABLE, Message: fmt.Sprintf("the caller went away before sandbox %s was ready; it was stopped", sb.ID)}
+}
 
-// existing returns client's sandbox id when a create with a fixed id finds one to
-// return or to retry into, nil when there is none yet, and ECONFLICT when the id is
-// another client's or the sandbox is starting.
-func (s *Service) existing(ctx context.Context, client space.ClientID, id string) (*space.Sandbox, error) {
+// movedOn is the error of an activation whose sandbox moved on while it ran.
+func movedOn(id string, now, was space.SandboxState) error {
+	return space.Errorf(space.ECONFLICT, "sandbox %s became %s while it was %s; nothing started for it is left running", id, now, was)
+}
+
+func activateVerb(kind string) string {
+	if kind == "create" {
+		return "start"
+	}
+	return kind
+}
+
+// Restore brings caller's paused sandbox id back: the same activation as a create,
+// with the sandbox's own shape. A warm hit restores the snapshot into a claimed slot.
+func (s *Service) Restore(ctx context.Context, caller space.Caller, id string) (*space.Sandbox, error) {
 	if err := CheckID(id); err != nil {
 		return nil, err
 	}
-	cur, err := getSandbox(ctx, s.opts.DB, id, "", false)
-	switch {
-	case space.ErrorCode(err) == space.ENOTFOUND:
-		return nil, nil
-	case err != nil:
-		return nil, store.Classify(err)
-	case cur.Client != client:
-		return nil, space.Errorf(space.ECONFLICT, "sandbox id %s is taken", id)
-	case cur.State == space.StateStarting:
-		return nil, settling(id, "another attempt of this create is in flight or was cut short")
-	}
-	return cur, nil
-}
-
-// CheckShape returns the EUNPROCESSABLE error that a cold start of shape by caller
-// would meet (create path step 6, docs/design.md), or nil: for the dispatcher to
-// refuse a never-servable create when it is queued rather than when it runs. Nothing
-// is charged or reserved.
-func (s *Service) CheckShape(caller space.Caller, shape space.Shape) error {
-	_, err := s.resolve(caller, shape)
-	return err
-}
-
-// resolve resolves shape as a cold start of caller's would: its template, within the
-// caps, at an activation cost the caller's bucket can ever hold. A cost above the
-// client bucket's burst could never be admitted: it is a 422 naming the template,
-// not a 429 that no wait would end.
-func (s *Service) resolve(caller space.Caller, shape space.Shape) (substrate.Template, error) {
-	tmpl, err := s.opts.Catalog.Resolve(shape)
-	if err != nil {
-		return tmpl, err
-	}
-	if r := caller.ClientRate; r != nil && caller.AdmissionEnabled && int64(tmpl.ActivationCost()) > r.Burst {
-		return tmpl, space.FieldError(space.EUNPROCESSABLE, "template",
-			"template %q costs %d activation tokens, more than the client_activation bucket of %q holds (burst %d): it could never be admitted",
-			shape.Template, tmpl.ActivationCost(), caller.Key, r.Burst)
-	}
-	return tmpl, nil
-}
-
-// Restore brings caller's paused sandbox id back: the same steps as Create with the
-// sandbox's own shape. A warm hit restores the snapshot into a claimed slot.
-func (s *Service) Restore(ctx context.Context, caller space.Caller, id string) (*space.Sandbox, error) {
-	return s.restore(ctx, caller, id)
+	return s.activate(ctx, caller, &restoration{s: s, caller: caller, id: id})
 }
 
 // Wake is an implicit restore from ingress or the data plane: charged to the
 // sandbox's owner (owner is the owner's Caller; see Owner), and a no-op for a sandbox
 // that is already running or on its way.
 func (s *Service) Wake(ctx context.Context, owner space.Caller, id string) (*space.Sandbox, error) {
-	sb, err := s.restore(ctx, owner, id)
+	sb, err := s.Restore(ctx, owner, id)
 	if space.ErrorCode(err) == space.ECONFLICT {
 		cur, gerr := s.Get(ctx, owner.ID, id)
 		if gerr == nil && (cur.State == space.StateRunning || cur.State == space.StateRestoring || cur.State == space.StateStarting) {
@@ -300,228 +221,59 @@ func (s *Service) Owner(ctx context.Context, id string) (space.ClientID, error) 
 	if err := CheckID(id); err != nil {
 		return "", err
 	}
-	sb, err := getSandbox(ctx, s.opts.DB, id, "", false)
+	sb, err := getSandbox(ctx, s.db, id, "", false)
 	if err != nil {
-		return "", store.Classify(err)
+		return "", err
 	}
 	return sb.Client, nil
 }
 
-func (s *Service) restore(ctx context.Context, caller space.Caller, id string) (*space.Sandbox, error) {
-	if err := CheckID(id); err != nil {
-		return nil, err
-	}
-	var snapshot string
-	return s.activate(ctx, caller, activation{
-		kind: "restore",
-		reserve: func(ctx context.Context, tx pgx.Tx) (*space.Sandbox, error) {
-			sb, err := transition(ctx, tx, id, caller.ID, space.StateRestoring, space.StatePaused)
-			if err != nil {
-				return nil, err
-			}
-			if err := setBudgetKey(ctx, tx, sb, caller.Key); err != nil {
-				return nil, err
-			}
-			snapshot = sb.SnapshotRef
-			return sb, nil
-		},
-		undo: func(ctx context.Context, sb *space.Sandbox, _ error) error {
-			_, err := setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StatePaused, From: restoring})
-			return ignoreMoved(err)
-		},
-		start: func(ctx context.Context, sb *space.Sandbox, spec substrate.Spec, slot *pool.Slot) (string, error) {
-			slotRef := ""
-			if slot != nil {
-				slotRef = slot.Ref
-			}
-			return s.opts.Substrate.Restore(ctx, snapshot, slotRef, spec)
-		},
-		// A failed restore leaves the sandbox paused with its snapshot, so it can be
-		// restored again; the error says why.
-		failed: func(ctx context.Context, sb *space.Sandbox, err error) (*space.Sandbox, error) {
-			msg := err.Error()
-			return setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StatePaused, LastError: &msg, From: restoring})
-		},
-		transient: space.StateRestoring,
-	})
-}
-
 var restoring = []space.SandboxState{space.StateRestoring}
 
-// activation is one kind of activation's part in the shared steps.
-type activation struct {
-	kind string
-	// reserve creates or moves the sandbox into a live state inside the transaction
-	// that checked the live cap; its error aborts the activation.
-	reserve func(ctx context.Context, tx pgx.Tx) (*space.Sandbox, error)
-	// undo takes the reservation back when the activation is refused (422, 429, 503).
-	undo func(ctx context.Context, sb *space.Sandbox, cause error) error
-	// start runs the sandbox on the substrate, in a claimed slot when slot is not nil.
-	start func(ctx context.Context, sb *space.Sandbox, spec substrate.Spec, slot *pool.Slot) (string, error)
-	// failed records a substrate failure and returns the sandbox as it now is.
-	failed func(ctx context.Context, sb *space.Sandbox, err error) (*space.Sandbox, error)
-	// transient is the state reserve puts the sandbox in (starting, restoring): every
-	// later write is guarded on it, so that an activation that finds its sandbox moved
-	// on (deleted meanwhile, or settled by the reconciler) writes nothing over it.
-	transient space.SandboxState
-	// unclaimable is true when only this request's answer can ever tell a client of
-	// the sandbox (an unanswered create without an idempotency key): if the caller is
-	// gone by the time it is ready, it is stopped and failed rather than left running
-	// at its cost, holding a live place nobody will free.
-	unclaimable bool
+// restoration is a restore's part in the activation: a paused row moved to restoring,
+// its snapshot started cold or into an adopted slot. A refused or failed restore
+// leaves the sandbox paused with its snapshot, so that it can be restored again.
+type restoration struct {
+	s        *Service
+	caller   space.Caller
+	id       string
+	snapshot string
 }
 
-// activate runs steps 4 to 8 of the create path (docs/design.md), in that order:
-//
-//  4. live-sandbox cap, checked atomically with the reservation (one transaction under
-//     a per-client advisory lock, taken only when the client has a cap);
-//  6. resolve the cold shape, in memory, in the same transaction: 422 and nothing
-//     reserved, claimed or charged when it cannot be served, warm or cold (a pool
-//     target that does not resolve is never warmed, but a slot of it must not serve a
-//     create either); the template's version and activation cost come with it;
-//  5. warm pool: claim a ready slot of exactly this shape and template version in the
-//     same transaction and adopt it: no bucket is charged;
-//  7. charge admission, the template's cost from both buckets or neither: 429 (or
-//     503 fail-closed);
-//  8. cold start; a failure leaves the tokens spent.
-func (s *Service) activate(ctx context.Context, caller space.Caller, a activation) (*space.Sandbox, error) {
-	began := s.opts.Now()
-	// The caller's own context tells, at the end, whether anyone is still waiting for
-	// the answer; the work itself runs detached from it.
-	callerCtx := ctx
-	var sb *space.Sandbox
-	var slot *pool.Slot
-	var tmpl substrate.Template
-	err := pgx.BeginFunc(ctx, s.opts.DB, func(tx pgx.Tx) error {
-		if err := checkLiveCap(ctx, tx, caller.Key, caller.LiveSandboxes); err != nil {
-			return err
-		}
-		var err error
-		if sb, err = a.reserve(ctx, tx); err != nil {
-			return err
-		}
-		if tmpl, err = s.resolve(caller, sb.Shape); err != nil {
-			return err // the transaction rolls back: nothing is reserved
-		}
-		if err := setTemplateVersion(ctx, tx, sb, tmpl.Version); err != nil {
-			return err
-		}
-		slot, err = s.opts.Pool.Claim(ctx, tx, sb.Shape, tmpl.Version, sb.ID)
-		return err
-	})
+func (r *restoration) kind() string                  { return "restore" }
+func (r *restoration) transient() space.SandboxState { return space.StateRestoring }
+func (r *restoration) abandonable() bool             { return false }
+
+// reserve moves the paused sandbox to restoring under the restoring caller's budget
+// key, and resolves its shape: a template removed or capped since it was paused is a
+// 422, with the transaction (and so the move) rolled back.
+func (r *restoration) reserve(ctx context.Context, tx pgx.Tx) (*space.Sandbox, substrate.Template, error) {
+	sb, err := transition(ctx, tx, r.id, r.caller.ID, space.StateRestoring, space.StatePaused)
 	if err != nil {
-		s.metrics.refused(a.kind, err, s.opts.Now().Sub(began))
-		return nil, store.Classify(err)
+		return nil, substrate.Template{}, err
 	}
-
-	// From here the sandbox exists: finish the activation even if the caller hangs up,
-	// so that no sandbox is left half made. The substrate's own timeout bounds it, and
-	// the reconciler settles the sandbox after that bound should this replica die.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Substrate.Timeout())
-	defer cancel()
-	spec := substrate.Spec{SandboxID: sb.ID, Client: sb.Client, Shape: sb.Shape, Template: tmpl}
-
-	if slot != nil {
-		s.opts.OnClaim()
-		ref, err := a.start(ctx, sb, spec, slot)
-		if err == nil {
-			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
-				s.logger.WarnContext(ctx, "consume adopted slot", "slot", slot.ID, "err", cerr)
-			}
-			return s.finish(ctx, callerCtx, a, sb, ref, true, began)
-		}
-		// A slot that cannot be adopted is discarded and the activation goes on cold,
-		// as if the pool had missed.
-		s.logger.WarnContext(ctx, "warm slot adoption failed; starting cold", "sandbox", sb.ID, "slot", slot.ID, "err", err)
-		s.opts.Pool.Discard(ctx, slot)
-	}
-
-	if err := s.opts.Charger.Charge(ctx, caller.Key, caller.ClientRate, tmpl.ActivationCost()); err != nil {
-		if uerr := a.undo(ctx, sb, err); uerr != nil {
-			s.logger.ErrorContext(ctx, "undo refused activation", "sandbox", sb.ID, "err", uerr)
-		}
-		s.metrics.refused(a.kind, err, s.opts.Now().Sub(began))
-		return nil, err
-	}
-
-	coldBegan := s.opts.Now()
-	ref, err := a.start(ctx, sb, spec, nil)
+	tmpl, err := r.s.resolve(r.caller, sb.Shape)
 	if err != nil {
-		s.metrics.activation(a.kind, "failed", s.opts.Now().Sub(began))
-		s.logger.WarnContext(ctx, "cold start failed", "kind", a.kind, "sandbox", sb.ID, "err", err)
-		_, ferr := a.failed(ctx, sb, err)
-		var moved *movedError
-		if errors.As(ferr, &moved) {
-			return nil, movedOn(sb.ID, moved.cur.State, a.transient)
-		}
-		if ferr != nil {
-			s.logger.ErrorContext(ctx, "record failed activation", "sandbox", sb.ID, "err", ferr)
-		}
-		return nil, &space.Error{Code: space.EUNAVAILABLE, Err: err,
-			Message: fmt.Sprintf("the substrate failed to %s sandbox %s; see GET /v1/sandboxes/%s", activateVerb(a.kind), sb.ID, sb.ID)}
+		return nil, tmpl, err
 	}
-	s.metrics.coldStart.WithLabelValues(a.kind).Observe(s.opts.Now().Sub(coldBegan).Seconds())
-	return s.finish(ctx, callerCtx, a, sb, ref, false, began)
+	if err := setActivation(ctx, tx, sb, r.caller.Key, tmpl.Version); err != nil {
+		return nil, tmpl, err
+	}
+	r.snapshot = sb.SnapshotRef
+	return sb, tmpl, nil
 }
 
-// finish records a started sandbox as running and answered, provided it is still in the
-// transitional state this activation put it in. When it is not, its owner deleted it
-// meanwhile (or the reconciler settled it after this replica stalled past the bound):
-// nothing owns what was just started, so it is stopped, unless the reconciler already
-// recorded that very resource as the sandbox's.
-//
-// An unclaimable sandbox whose caller has gone (callerCtx is done: the connection
-// closed) is stopped and failed instead: no answer can reach anyone, and no key can
-// claim it later. A caller that leaves after this check, or whose connection breaks
-// while the 201 is written, has a running sandbox it was not told of: it finds it by
-// listing its sandboxes, or avoids the question with an Idempotency-Key.
-func (s *Service) finish(ctx, callerCtx context.Context, a activation, sb *space.Sandbox, ref string, warm bool, began time.Time) (*space.Sandbox, error) {
-	outcome := "cold"
-	if warm {
-		outcome = "warm"
-	}
-	if a.unclaimable && callerCtx.Err() != nil {
-		return nil, s.abandon(ctx, a, sb, ref, began)
-	}
-	out, err := setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, Answered: true, From: []space.SandboxState{a.transient}})
-	var moved *movedError
-	if !errors.As(err, &moved) {
-		if err == nil {
-			s.metrics.activation(a.kind, outcome, s.opts.Now().Sub(began))
-		}
-		// A write that failed (Postgres down) leaves the sandbox transitional with its
-		// resource running: the reconciler finds it and records it running.
-		return out, store.Classify(err)
-	}
-	if moved.cur.State == space.StateRunning && moved.cur.SubstrateRef == ref {
-		s.metrics.activation(a.kind, outcome, s.opts.Now().Sub(began))
-		return moved.cur, nil
-	}
-	if serr := s.opts.Substrate.Stop(ctx, ref); serr != nil {
-		s.logger.ErrorContext(ctx, "stop what was started for a sandbox that moved on", "sandbox", sb.ID, "ref", ref, "err", serr)
-	}
-	s.metrics.activation(a.kind, "failed", s.opts.Now().Sub(began))
-	return nil, movedOn(sb.ID, moved.cur.State, a.transient)
+func (r *restoration) undo(ctx context.Context, sb *space.Sandbox) error {
+	_, err := setState(ctx, r.s.db, sb.ID, stateChange{State: space.StatePaused, From: restoring})
+	return ignoreMoved(err)
 }
 
-// abandon ends the activation of an unclaimable sandbox whose caller has gone: what was
-// started is stopped and the sandbox failed, with the reason. Should the write fail,
-// the reconciler ends the row the same way (it is unanswered and has no key).
-func (s *Service) abandon(ctx context.Context, a activation, sb *space.Sandbox, ref string, began time.Time) error {
-	if err := s.opts.Substrate.Stop(ctx, ref); err != nil {
-		s.logger.ErrorContext(ctx, "stop the sandbox of a caller that left", "sandbox", sb.ID, "ref", ref, "err", err)
-	}
-	msg := "the request was not answered: its caller left before the sandbox was ready, and without an Idempotency-Key nobody could claim it, so it was stopped"
-	if _, err := setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StateFailed, LastError: &msg, ClearRef: true, From: []space.SandboxState{a.transient}}); ignoreMoved(err) != nil {
-		s.logger.ErrorContext(ctx, "record the sandbox of a caller that left", "sandbox", sb.ID, "err", err)
-	}
-	s.metrics.unanswered.WithLabelValues(unansweredCallerGone).Inc()
-	s.metrics.activation(a.kind, "failed", s.opts.Now().Sub(began))
-	s.logger.InfoContext(ctx, "stopped the sandbox of a create whose caller left before it was ready", "sandbox", sb.ID, "client", string(sb.Client))
-	return &space.Error{Code: space.EUNAVAILABLE, Message: fmt.Sprintf("the caller went away before sandbox %s was ready; it was stopped", sb.ID)}
+func (r *restoration) start(ctx context.Context, spec substrate.Spec, slotRef string) (string, error) {
+	return r.s.opts.Substrate.Restore(ctx, r.snapshot, slotRef, spec)
 }
 
-// movedOn is the error of an activation whose sandbox moved on while it ran.
-func movedOn(id string, now, was space.SandboxState) error {
-	return space.Errorf(space.ECONFLICT, "sandbox %s became %s while it was %s; nothing started for it is left running", id, now, was)
+func (r *restoration) failed(ctx context.Context, sb *space.Sandbox, err error) error {
+	msg := err.Error()
+	_, ferr := setState(ctx, r.s.db, sb.ID, stateChange{State: space.StatePaused, LastError: &msg, From: restoring})
+	return ferr
 }

@@ -24,7 +24,7 @@ func (c benchCharger) Charge(_ context.Context, client space.ClientKey, rate *sp
 	return nil
 }
 
-func (c benchCharger) Refused(client space.ClientKey, rate *space.Rate, _ int) *space.LimitError {
+func (c benchCharger) CachedRefusal(client space.ClientKey, rate *space.Rate, _ int) *space.LimitError {
 	if !c.known {
 		return nil
 	}
@@ -75,7 +75,7 @@ func BenchmarkCreate(b *testing.B) {
 			req := sandbox.CreateRequest{Shape: shape}
 			b.ReportAllocs()
 			for b.Loop() {
-				_, err := svc.Create(ctx, c.caller, req)
+				_, err := create(svc, ctx, c.caller, req)
 				if (err == nil) != c.ok {
 					b.Fatalf("Create = %v, want ok %v", err, c.ok)
 				}

@@ -74,7 +74,7 @@ func TestActivationSignals(t *testing.T) {
 			}
 			return nil
 		})
-		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err != nil {
+		if _, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err != nil {
 			t.Fatal(err)
 		}
 		if n, sum := histogram(t, reg, "space_sandbox_activation_seconds", map[string]string{"kind": "create", "outcome": "cold"}); n != 1 || sum != 3 {
@@ -90,13 +90,13 @@ func TestActivationSignals(t *testing.T) {
 		b := setup(t)
 		reg, _ := timed(b)
 		b.addReadySlots(t, python, 1)
-		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err != nil {
+		if _, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err != nil {
 			t.Fatal(err)
 		}
 		b.charger.mu.Lock()
 		b.charger.reject = func(space.ClientKey) bool { return true }
 		b.charger.mu.Unlock()
-		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.ELIMITED {
+		if _, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.ELIMITED {
 			t.Fatalf("a create over the rate = %v, want refused", err)
 		}
 		b.charger.mu.Lock()
@@ -108,7 +108,7 @@ func TestActivationSignals(t *testing.T) {
 			}
 			return nil
 		})
-		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.EUNAVAILABLE {
+		if _, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.EUNAVAILABLE {
 			t.Fatalf("a failed cold start = %v, want unavailable", err)
 		}
 		for outcome, want := range map[string]uint64{"warm": 1, "rejected": 1, "failed": 1, "cold": 0, "unprocessable": 0} {

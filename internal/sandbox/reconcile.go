@@ -174,7 +174,7 @@ func (r *Reconciler) Run(ctx context.Context, onRound func(ReconcileResult, erro
 // SweepEvery-th round, and the first, also sweeps the substrate for orphans.
 func (r *Reconciler) Round(ctx context.Context) (ReconcileResult, error) {
 	res := ReconcileResult{Settled: map[space.SandboxState]int{}}
-	leader, err := store.WhileLocked(ctx, r.svc.opts.DB, store.ReconcileLockID, func(ctx context.Context) error {
+	leader, err := store.WhileLocked(ctx, r.svc.db.Pool(), store.ReconcileLockID, func(ctx context.Context) error {
 		var errs []error
 		errs = append(errs, r.settle(ctx, &res))
 		n, err := r.svc.opts.Pool.ReapStale(ctx, r.Bound())
@@ -212,7 +212,7 @@ type stale struct {
 
 // findStale runs query, which selects sandboxColumns then claimableSQL.
 func (r *Reconciler) findStale(ctx context.Context, query string, args ...any) ([]stale, error) {
-	rows, err := r.svc.opts.DB.Query(ctx, query, args...)
+	rows, err := r.svc.db.Query(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +271,7 @@ func (r *Reconciler) settleOne(ctx context.Context, st stale) (space.SandboxStat
 	v := verdict(sb, found, st.claimable, r.Bound())
 	v.change.From = []space.SandboxState{sb.State}
 	v.change.Seen = sb.UpdatedAt
-	if _, err := setState(ctx, r.svc.opts.DB, sb.ID, v.change); err != nil {
+	if _, err := setState(ctx, r.svc.db, sb.ID, v.change); err != nil {
 		var moved *movedError
 		if errors.As(err, &moved) {
 			return "", nil // someone else settled it first
@@ -400,7 +400,7 @@ func (r *Reconciler) sweep(ctx context.Context, res *ReconcileResult) error {
 		r.suspects = nil
 		return nil
 	}
-	owners, err := sandboxOwnership(ctx, r.svc.opts.DB, sandboxIDs)
+	owners, err := sandboxOwnership(ctx, r.svc.db, sandboxIDs)
 	if err != nil {
 		return fmt.Errorf("sweep: %w", err)
 	}

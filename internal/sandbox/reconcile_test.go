@@ -77,7 +77,7 @@ func TestReconcile(t *testing.T) {
 		id := b.insertStarting(t)
 		capped := acme()
 		capped.LiveSandboxes = 1
-		if _, err := b.svc.Create(b.ctx, capped, sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.ELIMITED {
+		if _, err := create(b.svc, b.ctx, capped, sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.ELIMITED {
 			t.Fatalf("create beside the stuck sandbox = %v, want its live-cap place taken", err)
 		}
 		res := b.round(t, b.reconciler(time.Hour))
@@ -85,7 +85,7 @@ func TestReconcile(t *testing.T) {
 		if res.Settled[space.StateFailed] != 1 || sb.State != space.StateFailed || !strings.Contains(sb.LastError, "settled by the reconciler") {
 			t.Fatalf("after a round: %+v, sandbox %+v", res, sb)
 		}
-		if _, err := b.svc.Create(b.ctx, capped, sandbox.CreateRequest{Shape: python}); err != nil {
+		if _, err := create(b.svc, b.ctx, capped, sandbox.CreateRequest{Shape: python}); err != nil {
 			t.Fatalf("create after the settlement = %v, want the place free", err)
 		}
 	})
@@ -140,7 +140,7 @@ func TestReconcile(t *testing.T) {
 	t.Run("a restore left unfinished is paused again with its snapshot", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,11 +162,11 @@ func TestReconcile(t *testing.T) {
 	t.Run("a pause left unfinished is running when the sandbox still runs and paused when its snapshot was saved", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		running, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		running, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
-		saved, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		saved, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,11 +202,11 @@ func TestReconcile(t *testing.T) {
 	t.Run("the sweep stops what no row accounts for and keeps the rest", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		kept, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		kept, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
-		gone, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		gone, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -304,7 +304,7 @@ func TestDeleteMidTransition(t *testing.T) {
 		}
 		created := make(chan result, 1)
 		go func() {
-			sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+			sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 			created <- result{sb, err}
 		}()
 		var id string
@@ -335,12 +335,12 @@ func TestDeleteMidTransition(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		id := b.insertStarting(t)
-		_, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python})
+		_, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python})
 		if !errors.Is(err, sandbox.ErrSettling) {
 			t.Fatalf("create = %v, want ErrSettling", err)
 		}
 		b.round(t, b.reconciler(time.Hour)) // nothing on the substrate: failed
-		sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python})
+		sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python})
 		if err != nil || sb.State != space.StateRunning || sb.ID != id {
 			t.Fatalf("create after the settlement = %+v, %v; want the same sandbox running", sb, err)
 		}

@@ -102,7 +102,7 @@ func TestEarlyRefusal(t *testing.T) {
 		b.charger.known = always
 		for i := range 3 {
 			v.waitCold(python)
-			_, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+			_, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 			var le *space.LimitError
 			if !errors.As(err, &le) || le.Bucket != space.BucketClientActivation || le.Client != "acme" {
 				t.Fatalf("create %d: err = %v, want the known client_activation refusal", i, err)
@@ -122,7 +122,7 @@ func TestEarlyRefusal(t *testing.T) {
 		b.charger.known = func(c space.ClientKey) bool { return c == "acme" }
 		globex := acme()
 		globex.ID, globex.Key = "globex", "globex"
-		if _, err := b.svc.Create(b.ctx, globex, sandbox.CreateRequest{Shape: python}); err != nil {
+		if _, err := create(b.svc, b.ctx, globex, sandbox.CreateRequest{Shape: python}); err != nil {
 			t.Fatalf("globex: %v", err)
 		}
 		if got := b.events.list(); !equal(got, []string{"charge:globex", "start_cold"}) {
@@ -135,14 +135,14 @@ func TestEarlyRefusal(t *testing.T) {
 		b, v := setupRefusing(t)
 		b.charger.known = always
 		b.charger.reject = always // refused on whichever path the view's freshness picks
-		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err == nil {
+		if _, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err == nil {
 			t.Fatal("admitted")
 		}
 		b.addReadySlots(t, python, 1) // notified to the view by the slot's trigger
 		for v.Cold(python) {
 			<-v.changes
 		}
-		sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if err != nil || !sb.Warm {
 			t.Fatalf("create = %+v, %v; want a warm hit", sb, err)
 		}
@@ -160,7 +160,7 @@ func TestEarlyRefusal(t *testing.T) {
 		}
 		b.charger.known = always
 		b.charger.reject = always
-		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err == nil {
+		if _, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err == nil {
 			t.Fatal("admitted")
 		}
 		if got := b.events.list(); !equal(got, []string{"reject:acme"}) {
@@ -172,7 +172,7 @@ func TestEarlyRefusal(t *testing.T) {
 		t.Parallel()
 		b, _ := setupRefusing(t)
 		b.charger.known = always
-		_, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: space.Shape{Template: "cobol-85", CPUMillis: 1, MemoryMiB: 1, DiskGiB: 1}})
+		_, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: space.Shape{Template: "cobol-85", CPUMillis: 1, MemoryMiB: 1, DiskGiB: 1}})
 		if space.ErrorCode(err) != space.EUNPROCESSABLE {
 			t.Fatalf("err = %v, want unprocessable", err)
 		}
@@ -185,7 +185,7 @@ func TestEarlyRefusal(t *testing.T) {
 			View:    pool.NewView(pool.ViewOptions{DB: b.db}), // never run
 			Catalog: sandbox.Catalog{Templates: substrate.Templates{python.Template: {Name: python.Template, Image: "python"}}}})
 		b.charger.known = always
-		if err := b.svc.Refused(acme(), python); err != nil {
+		if _, err := b.svc.Plan(acme(), sandbox.CreateRequest{Shape: python}); err != nil {
 			t.Fatalf("refused %v without a view that can tell", err)
 		}
 	})

@@ -32,14 +32,14 @@ func TestCreateWithFixedID(t *testing.T) {
 		failColdStarts(b, 1)
 		id := uuid.NewString()
 		req := sandbox.CreateRequest{ID: id, Shape: python, Metadata: map[string]string{"run": "1"}}
-		if _, err := b.svc.Create(b.ctx, acme(), req); space.ErrorCode(err) != space.EUNAVAILABLE {
+		if _, err := create(b.svc, b.ctx, acme(), req); space.ErrorCode(err) != space.EUNAVAILABLE {
 			t.Fatalf("first attempt: err = %v, want unavailable", err)
 		}
 		failed, err := b.svc.Get(b.ctx, "acme", id)
 		if err != nil || failed.State != space.StateFailed {
 			t.Fatalf("after the failed attempt: %+v %v", failed, err)
 		}
-		sb, err := b.svc.Create(b.ctx, acme(), req)
+		sb, err := create(b.svc, b.ctx, acme(), req)
 		if err != nil {
 			t.Fatalf("retry: %v", err)
 		}
@@ -63,14 +63,14 @@ func TestCreateWithFixedID(t *testing.T) {
 		failColdStarts(b, 1)
 		id := uuid.NewString()
 		req := sandbox.CreateRequest{ID: id, Shape: python}
-		if _, err := b.svc.Create(b.ctx, acme(), req); err == nil {
+		if _, err := create(b.svc, b.ctx, acme(), req); err == nil {
 			t.Fatal("first attempt succeeded")
 		}
 		b.charger.mu.Lock()
 		b.charger.reject = func(space.ClientKey) bool { return true }
 		b.charger.mu.Unlock()
 		var le *space.LimitError
-		if _, err := b.svc.Create(b.ctx, acme(), req); !errors.As(err, &le) {
+		if _, err := create(b.svc, b.ctx, acme(), req); !errors.As(err, &le) {
 			t.Fatalf("retry: err = %v, want the limit error", err)
 		}
 		if n := b.count(t, "id = $1 AND state = 'failed' AND last_error LIKE '%image pull backoff%'", id); n != 1 {
@@ -83,11 +83,11 @@ func TestCreateWithFixedID(t *testing.T) {
 		b := setup(t)
 		id := uuid.NewString()
 		req := sandbox.CreateRequest{ID: id, Shape: python}
-		first, err := b.svc.Create(b.ctx, acme(), req)
+		first, err := create(b.svc, b.ctx, acme(), req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, err := b.svc.Create(b.ctx, acme(), req)
+		again, err := create(b.svc, b.ctx, acme(), req)
 		if err != nil || again.ID != first.ID || again.State != space.StateRunning {
 			t.Fatalf("repeat = %+v %v, want the running sandbox %s", again, err, first.ID)
 		}
@@ -100,33 +100,38 @@ func TestCreateWithFixedID(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		id := uuid.NewString()
-		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python}); err != nil {
+		if _, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python}); err != nil {
 			t.Fatal(err)
 		}
 		globex := space.Caller{ID: "globex", Key: "globex"}
-		if _, err := b.svc.Create(b.ctx, globex, sandbox.CreateRequest{ID: id, Shape: python}); space.ErrorCode(err) != space.ECONFLICT {
+		if _, err := create(b.svc, b.ctx, globex, sandbox.CreateRequest{ID: id, Shape: python}); space.ErrorCode(err) != space.ECONFLICT {
 			t.Fatalf("globex reusing acme's id: err = %v, want conflict", err)
 		}
 		if _, err := b.db.Exec(b.ctx, "UPDATE sandboxes SET state = 'starting' WHERE id = $1", id); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python}); space.ErrorCode(err) != space.ECONFLICT {
+		if _, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python}); space.ErrorCode(err) != space.ECONFLICT {
 			t.Fatalf("a starting sandbox: err = %v, want conflict", err)
 		}
-		if _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{ID: "nope", Shape: python}); space.ErrorCode(err) != space.EINVALID {
+		if _, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{ID: "nope", Shape: python}); space.ErrorCode(err) != space.EINVALID {
 			t.Fatalf("a malformed id: err = %v, want invalid", err)
 		}
 	})
 
-	t.Run("CheckShape refuses what a cold start could not serve", func(t *testing.T) {
+	t.Run("a queued create's plan refuses what a cold start could not serve, and nothing else", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t)
-		if err := b.svc.CheckShape(acme(), python); err != nil {
-			t.Fatalf("python: %v", err)
+		b, v := setupRefusing(t)
+		v.waitCold(python)
+		b.charger.known = func(space.ClientKey) bool { return true }
+		if _, err := b.svc.Plan(acme(), sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.ELIMITED {
+			t.Fatalf("a synchronous create known refused: err = %v, want the refusal", err)
+		}
+		if _, err := b.svc.Plan(acme(), sandbox.CreateRequest{Shape: python, Async: true}); err != nil {
+			t.Fatalf("python: %v; a queued create waits for its bucket rather than being refused", err)
 		}
 		bad := python
 		bad.DiskGiB = 51 // over the template's cap of 50
-		if err := b.svc.CheckShape(acme(), bad); space.ErrorCode(err) != space.EUNPROCESSABLE {
+		if _, err := b.svc.Plan(acme(), sandbox.CreateRequest{Shape: bad, Async: true}); space.ErrorCode(err) != space.EUNPROCESSABLE {
 			t.Fatalf("over the cap: err = %v, want unprocessable", err)
 		}
 	})

@@ -5,7 +5,6 @@ import (
 	"errors"
 
 	"github.com/space-sandbox/space"
-	"github.com/space-sandbox/space/internal/store"
 	"github.com/space-sandbox/space/internal/substrate"
 )
 
@@ -15,16 +14,16 @@ func (s *Service) Pause(ctx context.Context, client space.ClientID, id string) (
 	if err := CheckID(id); err != nil {
 		return nil, err
 	}
-	sb, err := transition(ctx, s.opts.DB, id, client, space.StatePausing, space.StateRunning)
+	sb, err := transition(ctx, s.db, id, client, space.StatePausing, space.StateRunning)
 	if err != nil {
-		return nil, store.Classify(err)
+		return nil, err
 	}
 	ctx, cancel := s.detached(ctx)
 	defer cancel()
 	snap, err := s.opts.Substrate.Snapshot(ctx, sb.SubstrateRef)
 	if err != nil {
 		msg := err.Error()
-		if _, serr := setState(ctx, s.opts.DB, id, stateChange{State: space.StateRunning, LastError: &msg, From: pausing}); ignoreMoved(serr) != nil {
+		if _, serr := setState(ctx, s.db, id, stateChange{State: space.StateRunning, LastError: &msg, From: pausing}); ignoreMoved(serr) != nil {
 			s.logger.ErrorContext(ctx, "record failed pause", "sandbox", id, "err", serr)
 		}
 		if errors.Is(err, substrate.ErrUnsupported) {
@@ -32,12 +31,12 @@ func (s *Service) Pause(ctx context.Context, client space.ClientID, id string) (
 		}
 		return nil, &space.Error{Code: space.EUNAVAILABLE, Message: "the substrate failed to snapshot sandbox " + id + "; it is still running", Err: err}
 	}
-	sb, err = setState(ctx, s.opts.DB, id, stateChange{State: space.StatePaused, SnapshotRef: snap, ClearRef: true, From: pausing})
+	sb, err = setState(ctx, s.db, id, stateChange{State: space.StatePaused, SnapshotRef: snap, ClearRef: true, From: pausing})
 	var moved *movedError
 	if errors.As(err, &moved) {
 		return nil, space.Errorf(space.ECONFLICT, "sandbox %s became %s while it was pausing", id, moved.cur.State)
 	}
-	return sb, store.Classify(err)
+	return sb, err
 }
 
 var pausing = []space.SandboxState{space.StatePausing}
@@ -59,18 +58,18 @@ func (s *Service) Delete(ctx context.Context, client space.ClientID, id string) 
 	if err := CheckID(id); err != nil {
 		return false, err
 	}
-	sb, err := getSandbox(ctx, s.opts.DB, id, client, false)
+	sb, err := getSandbox(ctx, s.db, id, client, false)
 	if err != nil {
-		return false, store.Classify(err)
+		return false, err
 	}
 	if sb.State == space.StateTerminated {
 		return false, nil
 	}
 	teardown = sb.State == space.StateStarting || sb.State == space.StateRestoring || sb.State == space.StatePausing
-	sb, err = transition(ctx, s.opts.DB, id, client, space.StateTerminated, space.StateRunning, space.StatePaused,
+	sb, err = transition(ctx, s.db, id, client, space.StateTerminated, space.StateRunning, space.StatePaused,
 		space.StateFailed, space.StateStarting, space.StateRestoring, space.StatePausing)
 	if err != nil {
-		return false, store.Classify(err)
+		return false, err
 	}
 	ctx, cancel := s.detached(ctx)
 	defer cancel()
@@ -102,8 +101,8 @@ func (s *Service) Get(ctx context.Context, client space.ClientID, id string) (*s
 	if err := CheckID(id); err != nil {
 		return nil, err
 	}
-	sb, err := getSandbox(ctx, s.opts.DB, id, client, false)
-	return sb, store.Classify(err)
+	sb, err := getSandbox(ctx, s.db, id, client, false)
+	return sb, err
 }
 
 // Page size bounds for List.
@@ -124,6 +123,6 @@ func (s *Service) List(ctx context.Context, client space.ClientID, limit int, pa
 	if err != nil {
 		return nil, err
 	}
-	page, err := listSandboxes(ctx, s.opts.DB, client, limit, after)
-	return page, store.Classify(err)
+	page, err := listSandboxes(ctx, s.db, client, limit, after)
+	return page, err
 }

@@ -1,11 +1,13 @@
 // Package sandbox is the create/restore/pause/wake flow that the HTTP API and the
 // dispatcher share (docs/design.md, "The create path"). Its one rule is the order of
-// the steps of an activation: live-sandbox cap, then the warm pool, then cold shape
-// resolution, then the admission charge, then the cold start, so that a warm hit never
-// costs budget and a request that cannot be served never spends a token.
+// the steps: a create is validated and its shape resolved before any limit is looked
+// at, then the live-sandbox cap, the warm pool, the admission charge and the cold
+// start, so that a request that cannot be served never spends a token and a warm hit
+// never costs budget.
 //
-// activate.go is the activation flow, refuse.go the refusal answered before it, and
-// sandboxes.go the plain reads and changes; reconcile.go settles what a crash leaves.
+// create.go is the create flow from its request to its activation, activate.go the
+// activation a create and a restore share, sandboxes.go the plain reads and changes,
+// and reconcile.go what settles the states a crash or an outage leaves.
 package sandbox
 
 import (
@@ -17,6 +19,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/pool"
+	"github.com/space-sandbox/space/internal/store"
 	"github.com/space-sandbox/space/internal/substrate"
 )
 
@@ -28,7 +31,7 @@ type Options struct {
 	Charger   space.Charger
 	Catalog   Catalog
 	// View, when set, tells which shapes a create would miss the pool for without a
-	// query, for Refused; nil refuses nothing early.
+	// query, for a refusal known from memory (Plan); nil refuses nothing early.
 	View *pool.View
 	// IdempotencyTTL is how long an Idempotency-Key on a synchronous create names it
 	// (SPACE_IDEMPOTENCY_KEY_TTL; default idempotency.DefaultTTL).
@@ -44,6 +47,7 @@ type Options struct {
 // Service runs the flow.
 type Service struct {
 	opts    Options
+	db      *store.DB
 	logger  *slog.Logger
 	metrics *metrics
 }
@@ -56,18 +60,11 @@ func New(opts Options) *Service {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	s := &Service{opts: opts, logger: opts.Logger, metrics: newMetrics(opts.Registerer)}
+	s := &Service{opts: opts, db: store.Wrap(opts.DB), logger: opts.Logger, metrics: newMetrics(opts.Registerer)}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
 	return s
-}
-
-func activateVerb(kind string) string {
-	if kind == "create" {
-		return "start"
-	}
-	return kind
 }
 
 // Costs returns the activation cost of every template in force, by name: what one

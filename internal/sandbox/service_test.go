@@ -51,7 +51,7 @@ type charger struct {
 	calls  map[space.ClientKey]int
 }
 
-func (c *charger) Refused(client space.ClientKey, rate *space.Rate, _ int) *space.LimitError {
+func (c *charger) CachedRefusal(client space.ClientKey, rate *space.Rate, _ int) *space.LimitError {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.known == nil || !c.known(client) {
@@ -187,7 +187,7 @@ func TestCreate(t *testing.T) {
 		b := setup(t)
 		b.addReadySlots(t, node, 1) // another shape: must not be taken
 		b.addReadySlots(t, python, 1)
-		sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,7 +208,7 @@ func TestCreate(t *testing.T) {
 		b.addReadySlots(t, python, 1)
 		other := python
 		other.DiskGiB = 11 // one GiB off: not the slot's shape
-		sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: other, Metadata: map[string]string{"run": "42"}})
+		sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: other, Metadata: map[string]string{"run": "42"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +233,7 @@ func TestCreate(t *testing.T) {
 			{"disk over the template's cap", space.Shape{Template: "python-3.12", CPUMillis: 1, MemoryMiB: 1, DiskGiB: 51}, "disk_gib"},
 			{"cpu over the global cap", space.Shape{Template: "node-22", CPUMillis: 8001, MemoryMiB: 1, DiskGiB: 1}, "cpu_millis"},
 		} {
-			_, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: tc.shape})
+			_, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: tc.shape})
 			var de *space.Error
 			if !errors.As(err, &de) || de.Code != space.EUNPROCESSABLE || de.Field != tc.field {
 				t.Errorf("%s: err = %v, want unprocessable naming %s", tc.name, err, tc.field)
@@ -253,7 +253,7 @@ func TestCreate(t *testing.T) {
 		b.addReadySlots(t, python, 1)
 		bad := python
 		bad.CPUMillis = 0
-		_, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: bad})
+		_, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: bad})
 		var de *space.Error
 		if !errors.As(err, &de) || de.Code != space.EINVALID || de.Field != "cpu_millis" {
 			t.Fatalf("err = %v, want invalid cpu_millis", err)
@@ -267,7 +267,7 @@ func TestCreate(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.charger.reject = func(space.ClientKey) bool { return true }
-		_, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		_, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		var le *space.LimitError
 		if !errors.As(err, &le) || le.Bucket != space.BucketClientActivation {
 			t.Fatalf("err = %v, want the charger's limit error", err)
@@ -285,11 +285,11 @@ func TestCreate(t *testing.T) {
 		b := setup(t)
 		caller := acme()
 		caller.LiveSandboxes = 1
-		if _, err := b.svc.Create(b.ctx, caller, sandbox.CreateRequest{Shape: node}); err != nil {
+		if _, err := create(b.svc, b.ctx, caller, sandbox.CreateRequest{Shape: node}); err != nil {
 			t.Fatal(err)
 		}
 		b.addReadySlots(t, python, 1)
-		_, err := b.svc.Create(b.ctx, caller, sandbox.CreateRequest{Shape: python})
+		_, err := create(b.svc, b.ctx, caller, sandbox.CreateRequest{Shape: python})
 		var le *space.LimitError
 		if !errors.As(err, &le) || le.Bucket != space.BucketLiveSandboxCap || le.Cap != 1 {
 			t.Fatalf("err = %v, want live_sandbox_cap with cap 1", err)
@@ -311,7 +311,7 @@ func TestCreate(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, err := b.svc.Create(b.ctx, caller, sandbox.CreateRequest{Shape: python})
+				_, err := create(b.svc, b.ctx, caller, sandbox.CreateRequest{Shape: python})
 				errs <- err
 			}()
 		}
@@ -341,17 +341,17 @@ func TestCreate(t *testing.T) {
 		b := setup(t)
 		caller := acme()
 		caller.LiveSandboxes = 1
-		sb, err := b.svc.Create(b.ctx, caller, sandbox.CreateRequest{Shape: python})
+		sb, err := create(b.svc, b.ctx, caller, sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.svc.Create(b.ctx, caller, sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.ELIMITED {
+		if _, err := create(b.svc, b.ctx, caller, sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.ELIMITED {
 			t.Fatalf("second create = %v, want limited", err)
 		}
 		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.svc.Create(b.ctx, caller, sandbox.CreateRequest{Shape: python}); err != nil {
+		if _, err := create(b.svc, b.ctx, caller, sandbox.CreateRequest{Shape: python}); err != nil {
 			t.Fatalf("create after pause = %v, want the freed place", err)
 		}
 	})
@@ -366,7 +366,7 @@ func TestCreate(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+				sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 				if err != nil {
 					t.Error(err)
 					return
@@ -409,7 +409,7 @@ func TestCreate(t *testing.T) {
 			}
 			return nil
 		})
-		_, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		_, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if space.ErrorCode(err) != space.EUNAVAILABLE {
 			t.Fatalf("err = %v, want unavailable", err)
 		}
@@ -434,7 +434,7 @@ func TestCreate(t *testing.T) {
 			}
 			return nil
 		})
-		sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -457,7 +457,7 @@ func TestLifecycle(t *testing.T) {
 	t.Run("pause then restore charges the restore and runs it from the snapshot", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -480,7 +480,7 @@ func TestLifecycle(t *testing.T) {
 	t.Run("a warm restore loads the snapshot into a slot and charges nothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		sb, _ := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		sb, _ := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -497,7 +497,7 @@ func TestLifecycle(t *testing.T) {
 	t.Run("transitions the state does not allow are conflicts", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		sb, _ := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		sb, _ := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if _, err := b.svc.Restore(b.ctx, acme(), sb.ID); space.ErrorCode(err) != space.ECONFLICT {
 			t.Fatalf("restore of a running sandbox = %v, want conflict", err)
 		}
@@ -515,7 +515,7 @@ func TestLifecycle(t *testing.T) {
 	t.Run("another client's sandbox is not found", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		sb, _ := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		sb, _ := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		globex := space.Caller{ID: "globex", Key: "globex"}
 		checks := map[string]error{}
 		_, checks["get"] = b.svc.Get(b.ctx, "globex", sb.ID)
@@ -535,7 +535,7 @@ func TestLifecycle(t *testing.T) {
 	t.Run("delete stops the sandbox and is idempotent", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		sb, _ := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		sb, _ := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		for range 2 {
 			if _, err := b.svc.Delete(b.ctx, "acme", sb.ID); err != nil {
 				t.Fatal(err)
@@ -550,7 +550,7 @@ func TestLifecycle(t *testing.T) {
 	t.Run("a wake is charged to the owner and is a no-op for a running sandbox", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		sb, _ := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		sb, _ := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -574,7 +574,7 @@ func TestLifecycle(t *testing.T) {
 	t.Run("a failed restore leaves the sandbox paused with its snapshot", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		sb, _ := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		sb, _ := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 		paused, _ := b.svc.Pause(b.ctx, "acme", sb.ID)
 		b.setFail(func(c substrate.Call) error {
 			if c.Op == substrate.OpRestore {
@@ -610,13 +610,13 @@ func TestList(t *testing.T) {
 		b := setup(t)
 		var ids []string
 		for range 5 {
-			sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+			sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
 			if err != nil {
 				t.Fatal(err)
 			}
 			ids = append(ids, sb.ID)
 		}
-		if _, err := b.svc.Create(b.ctx, space.Caller{ID: "globex", Key: "globex"}, sandbox.CreateRequest{Shape: python}); err != nil {
+		if _, err := create(b.svc, b.ctx, space.Caller{ID: "globex", Key: "globex"}, sandbox.CreateRequest{Shape: python}); err != nil {
 			t.Fatal(err)
 		}
 		var seen []string
@@ -675,7 +675,7 @@ func TestOutage(t *testing.T) {
 		})
 		ctx := testenv.Context(t)
 		proxy.Cut()
-		if _, err := svc.Create(ctx, acme(), sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.EUNAVAILABLE {
+		if _, err := create(svc, ctx, acme(), sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.EUNAVAILABLE {
 			t.Fatalf("create with postgres down = %v, want unavailable", err)
 		}
 		if _, err := svc.List(ctx, "acme", 10, ""); space.ErrorCode(err) != space.EUNAVAILABLE {
@@ -683,8 +683,17 @@ func TestOutage(t *testing.T) {
 		}
 		proxy.Restore()
 		testenv.Eventually(t, 10*time.Second, "create to succeed again", func() bool {
-			_, err := svc.Create(ctx, acme(), sandbox.CreateRequest{Shape: python})
+			_, err := create(svc, ctx, acme(), sandbox.CreateRequest{Shape: python})
 			return err == nil
 		})
 	})
+}
+
+// create plans req for caller and makes it, as the API and the dispatcher do.
+func create(svc *sandbox.Service, ctx context.Context, caller space.Caller, req sandbox.CreateRequest) (*space.Sandbox, error) {
+	p, err := svc.Plan(caller, req)
+	if err != nil {
+		return nil, err
+	}
+	return svc.Create(ctx, p)
 }

@@ -13,14 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/store"
 )
-
-// querier is what the queries need: a pool or a transaction.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 const sandboxColumns = `id::text, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata,
 	coalesce(substrate_ref, ''), coalesce(snapshot_ref, ''), coalesce(last_error, ''), answered, created_at, updated_at`
@@ -96,7 +90,7 @@ func metadataJSON(m map[string]string) ([]byte, error) {
 	return b, nil
 }
 
-func insertSandbox(ctx context.Context, q querier, sb *space.Sandbox) error {
+func insertSandbox(ctx context.Context, q store.Querier, sb *space.Sandbox) error {
 	meta, err := metadataJSON(sb.Metadata)
 	if err != nil {
 		return err
@@ -144,7 +138,7 @@ func isUniqueViolation(err error) bool {
 // getSandbox reads one sandbox of client; ENOTFOUND when it does not exist or belongs
 // to another client (a caller cannot tell the two apart). An empty client reads any
 // sandbox: for the internal wake, which acts for the owner.
-func getSandbox(ctx context.Context, q querier, id string, client space.ClientID, forUpdate bool) (*space.Sandbox, error) {
+func getSandbox(ctx context.Context, q store.Querier, id string, client space.ClientID, forUpdate bool) (*space.Sandbox, error) {
 	sql := "SELECT " + sandboxColumns + " FROM sandboxes WHERE id = $1 AND ($2 = '' OR client = $2)"
 	if forUpdate {
 		sql += " FOR UPDATE"
@@ -197,7 +191,7 @@ func ignoreMoved(err error) error {
 	return err
 }
 
-func setState(ctx context.Context, q querier, id string, c stateChange) (*space.Sandbox, error) {
+func setState(ctx context.Context, q store.Querier, id string, c stateChange) (*space.Sandbox, error) {
 	var from []string
 	for _, st := range c.From {
 		from = append(from, string(st))
@@ -233,7 +227,7 @@ func setState(ctx context.Context, q querier, id string, c stateChange) (*space.
 // transition moves a sandbox of client from one of the states in from to state to,
 // atomically. It returns ENOTFOUND when there is no such sandbox of client, and
 // ECONFLICT naming the current state when it is not in one of from.
-func transition(ctx context.Context, q querier, id string, client space.ClientID, to space.SandboxState, from ...space.SandboxState) (*space.Sandbox, error) {
+func transition(ctx context.Context, q store.Querier, id string, client space.ClientID, to space.SandboxState, from ...space.SandboxState) (*space.Sandbox, error) {
 	states := make([]string, len(from))
 	for i, s := range from {
 		states[i] = string(s)
@@ -264,7 +258,7 @@ func conflict(cur *space.Sandbox, to space.SandboxState, from []space.SandboxSta
 }
 
 // markAnswered records that sb's client is being told of it, unless it was already.
-func markAnswered(ctx context.Context, q querier, sb *space.Sandbox) error {
+func markAnswered(ctx context.Context, q store.Querier, sb *space.Sandbox) error {
 	if sb.Answered {
 		return nil
 	}
@@ -275,36 +269,24 @@ func markAnswered(ctx context.Context, q querier, sb *space.Sandbox) error {
 	return nil
 }
 
-// setTemplateVersion records the template version an activation of sb runs, when it
-// is not the one the row holds.
-func setTemplateVersion(ctx context.Context, q querier, sb *space.Sandbox, version string) error {
-	if sb.TemplateVersion == version {
+// setActivation records, for an activation of an existing sandbox, the budget key it
+// runs under (the live cap counts the sandbox against it while it is live) and the
+// template version it runs, when either differs from the row's.
+func setActivation(ctx context.Context, q store.Querier, sb *space.Sandbox, key space.ClientKey, version string) error {
+	if sb.BudgetKey == key && sb.TemplateVersion == version {
 		return nil
 	}
-	if _, err := q.Exec(ctx, "UPDATE sandboxes SET template_version = $2 WHERE id = $1", sb.ID, version); err != nil {
-		return fmt.Errorf("sandbox %s template version: %w", sb.ID, err)
+	if _, err := q.Exec(ctx, "UPDATE sandboxes SET budget_key = $2, template_version = $3 WHERE id = $1", sb.ID, string(key), version); err != nil {
+		return fmt.Errorf("sandbox %s activation: %w", sb.ID, err)
 	}
-	sb.TemplateVersion = version
-	return nil
-}
-
-// setBudgetKey records the budget key an activation of sb runs under, for the live cap
-// to count it against while it is live.
-func setBudgetKey(ctx context.Context, q querier, sb *space.Sandbox, key space.ClientKey) error {
-	if sb.BudgetKey == key {
-		return nil
-	}
-	if _, err := q.Exec(ctx, "UPDATE sandboxes SET budget_key = $2 WHERE id = $1", sb.ID, string(key)); err != nil {
-		return fmt.Errorf("sandbox %s budget key: %w", sb.ID, err)
-	}
-	sb.BudgetKey = key
+	sb.BudgetKey, sb.TemplateVersion = key, version
 	return nil
 }
 
 // deleteReservation deletes the row of a create refused before anything was started,
 // while it is still starting: a row deleted by its owner meanwhile (now terminated)
 // stays, as the record of that delete.
-func deleteReservation(ctx context.Context, q querier, id string) error {
+func deleteReservation(ctx context.Context, q store.Querier, id string) error {
 	_, err := q.Exec(ctx, "DELETE FROM sandboxes WHERE id = $1 AND state = 'starting'", id)
 	if err != nil {
 		return fmt.Errorf("delete sandbox reservation %s: %w", id, err)
@@ -345,7 +327,7 @@ func decodePageToken(s string) (*pageToken, error) {
 	return &tok, nil
 }
 
-func listSandboxes(ctx context.Context, q querier, client space.ClientID, limit int, after *pageToken) (*Page, error) {
+func listSandboxes(ctx context.Context, q store.Querier, client space.ClientID, limit int, after *pageToken) (*Page, error) {
 	args := []any{string(client), limit + 1}
 	sql := "SELECT " + sandboxColumns + " FROM sandboxes WHERE client = $1"
 	if after != nil {
@@ -384,7 +366,7 @@ type ownership struct {
 }
 
 // sandboxOwnership reads the state and substrate ref of the sandboxes ids, by id.
-func sandboxOwnership(ctx context.Context, q querier, ids []string) (map[string]ownership, error) {
+func sandboxOwnership(ctx context.Context, q store.Querier, ids []string) (map[string]ownership, error) {
 	rows, err := q.Query(ctx, "SELECT id::text, state, coalesce(substrate_ref, '') FROM sandboxes WHERE id = ANY($1::uuid[])", ids)
 	if err != nil {
 		return nil, fmt.Errorf("look up sandboxes: %w", err)

@@ -106,7 +106,7 @@ func TestUnansweredCreates(t *testing.T) {
 	t.Run("a running sandbox whose key expired after it was answered is kept", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		sb, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python, IdempotencyKey: "once"})
+		sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python, IdempotencyKey: "once"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,7 +133,7 @@ func TestUnansweredCreates(t *testing.T) {
 		ctx, cancel := context.WithCancel(b.ctx)
 		created := make(chan error, 1)
 		go func() {
-			_, err := b.svc.Create(ctx, acme(), req)
+			_, err := create(b.svc, ctx, acme(), req)
 			created <- err
 		}()
 		var id string
@@ -171,7 +171,7 @@ func TestUnansweredCreates(t *testing.T) {
 		if sb := b.get(t, id); sb.State != space.StateRunning {
 			t.Fatalf("keyed sandbox %s, want running for its retry", sb.State)
 		}
-		sb, err := b.svc.Create(b.ctx, acme(), req)
+		sb, err := create(b.svc, b.ctx, acme(), req)
 		if err != nil || sb.ID != id || sb.State != space.StateRunning {
 			t.Fatalf("retry = %+v, %v; want sandbox %s running", sb, err, id)
 		}
@@ -181,12 +181,12 @@ func TestUnansweredCreates(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		req := sandbox.CreateRequest{Shape: python, IdempotencyKey: "later"}
-		sb, err := b.svc.Create(b.ctx, acme(), req)
+		sb, err := create(b.svc, b.ctx, acme(), req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		b.unanswered(t, sb.ID) // as if its running write had been lost with the 201
-		again, err := b.svc.Create(b.ctx, acme(), req)
+		again, err := create(b.svc, b.ctx, acme(), req)
 		if err != nil || again.ID != sb.ID || !b.isAnswered(t, sb.ID) {
 			t.Fatalf("retry = %+v, %v; answered %v", again, err, b.isAnswered(t, sb.ID))
 		}
@@ -205,7 +205,7 @@ func TestUnansweredCreates(t *testing.T) {
 		id := "7d1c2b9e-3f4a-4c5d-8e6f-0a1b2c3d4e5f"
 		done := make(chan error, 1)
 		go func() {
-			_, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python, Answered: true})
+			_, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python, Answered: true})
 			done <- err
 		}()
 		waitFor(t, "the create to be starting", func() bool {
