@@ -15,7 +15,7 @@
 //     standalone Redis and Redis Cluster, ours beside redis_rate;
 //   - http: the create path of one space-api process under a load generator: warm
 //     hits, cold admits, what admission adds to a create (a server with admission on
-//     and one with it off, interleaved), and the refusal ceiling of issue 15: refused
+//     and one with it off, interleaved), and the refusal ceiling: refused
 //     creates/s of a client over its rate under wrk, beside two peers (a chi server
 //     asking redis_rate, and the same answering 429 at once; package peer);
 //   - flood: one client at 20× its rate beside a well-behaved one;

@@ -97,7 +97,7 @@ type HTTPResult struct {
 	OnRequests, OffRequests      int
 }
 
-// RefusalResult is the refusal ceiling (issue 15): refused creates/s of a client over
+// RefusalResult is the refusal ceiling: refused creates/s of a client over
 // its rate (a bucket of 1 that never refills), closed loop under wrk, on space-api and
 // on two peers, each run measuring the four one after another in a rotating order so
 // that a change of the machine's load falls on all of them.
@@ -137,7 +137,7 @@ func httpRates() map[string]*rateEntry {
 }
 
 // refusalEnv is the env client rate of the HTTP server: rate 0, burst 1, the client
-// over its rate of issue 15 (its one token goes on its first create).
+// over its rate (its one token goes on its first create).
 var refusalEnv = map[string]string{
 	"SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_REFILL_RPS": "0",
 	"SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_BURST":      "1",

@@ -21,7 +21,7 @@ type refusalTarget struct {
 	bucket string
 }
 
-// runRefusals measures the refusal ceiling of issue 15 on the HTTP scenario's
+// runRefusals measures the refusal ceiling on the HTTP scenario's
 // space-api (on, trusted_header mode, the env client rate of refusalEnv) beside the two
 // peers, which it starts on the same private Redis: refused creates/s of a client over
 // its rate, closed loop, wrk with 1 thread and sz.httpWorkers connections, the same

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Target is one of issue 8's targets, judged on the run's medians.
+// Target is one of the bench's targets, judged on the run's medians.
 type Target struct {
 	Name     string
 	Measured string
@@ -166,7 +166,7 @@ func count(n int) string {
 }
 
 // Markers around the part of docs/benchmarks.md that `make bench` writes; the rest
-// of the file (issue 3's script study, the profile notes) is kept as it is.
+// of the file (the script study, the profile notes) is kept as it is.
 const (
 	BeginMarker = "<!-- space-bench:begin: written by `make bench` (bench/, the bench module); edit the driver, not this part -->"
 	EndMarker   = "<!-- space-bench:end -->"
@@ -205,7 +205,7 @@ func WriteDoc(path, section string) error {
 func (r *Report) Markdown(command string) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	w("## `make bench`: admission and the create path (issue 8)\n\n")
+	w("## `make bench`: admission and the create path\n\n")
 	w("Every figure is the **median of %d runs, [min–max]** beside it", r.Runs)
 	if r.CheapRuns != r.Runs {
 		w(" (%d runs for the script cost and decisions/s, which take seconds a run)", r.CheapRuns)
@@ -283,7 +283,7 @@ func (r *Report) Markdown(command string) string {
 			w("| %s | %s | %s | %s | %s | %s |\n", row.Name, row.Outcome, summarize(row.RPS).format("%.0f"), summarize(row.P50).format("%.2f"), summarize(row.P99).format("%.2f"), orNone(row.unexpected()))
 		}
 		if f := h.Refusals; f != nil {
-			w("\n**Refused creates: the ceiling against peers (issue 15).** A client over its rate (env client rate 0, burst 1: its one token went on its first create) sends creates as fast as it is answered; every answer is a 429. ")
+			w("\n**Refused creates: the ceiling against peers.** A client over its rate (env client rate 0, burst 1: its one token went on its first create) sends creates as fast as it is answered; every answer is a 429. ")
 			warm := "no unmeasured warm-up (a quick run)"
 			if f.WarmUp > 0 {
 				warm = "each server " + f.WarmUp.String() + " unmeasured first"

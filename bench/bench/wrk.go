@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// wrk is the load generator of the refusal-ceiling comparison (issue 15): a separate
+// wrk is the load generator of the refusal-ceiling comparison: a separate
 // C process, so that space-api and its peers are measured by the same generator, none
 // of them sharing a process with it, and the generator's own cost is small and the
 // same for all three. It runs with 1 thread, as a closed loop over its connections.

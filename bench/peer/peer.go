@@ -1,5 +1,5 @@
-// Package peer is the reference servers of the bench's refusal-ceiling comparison
-// (issue 15): what a client over its rate costs a minimal Go server, so that
+// Package peer is the reference servers of the bench's refusal-ceiling comparison:
+// what a client over its rate costs a minimal Go server, so that
 // space-api's refused creates/s read as a ratio to something measured on the same
 // cores, by the same load generator, in the same run.
 //

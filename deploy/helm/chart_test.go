@@ -481,7 +481,7 @@ func volumeOf(t *testing.T, d *appsv1.Deployment, c corev1.Container, dir string
 // kubernetesVariables are the substrate's own variables (internal/substrate/kubernetes).
 var kubernetesVariables = []string{"SPACE_KUBERNETES_NAMESPACE", "SPACE_KUBERNETES_READY_TIMEOUT", "SPACE_KUBERNETES_CLIENT_QPS", "SPACE_KUBERNETES_CLIENT_BURST"}
 
-// redisVariables are the Redis auth, TLS and mode variables space-api reads (issue 19);
+// redisVariables are the Redis auth, TLS and mode variables space-api reads;
 // named here too so the chart renders them whether or not internal/config has them yet.
 var redisVariables = []string{"SPACE_REDIS_USERNAME", "SPACE_REDIS_PASSWORD_FILE", "SPACE_REDIS_TLS", "SPACE_REDIS_TLS_CA_FILE", "SPACE_REDIS_TLS_SERVER_NAME", "SPACE_REDIS_MODE"}
 

@@ -45,7 +45,7 @@ func setRequestCaller(ctx context.Context, c space.Caller) {
 	}
 }
 
-// Authenticator establishes who a request is from (create path step 1, docs/design.md): the client id
+// Authenticator establishes who a request is from, the first step of every request: the client id
 // the caller has proven, or an error. No credential, or one that does not hold, is an
 // EUNAUTHORIZED error (401); a credential that is malformed in a way the caller can fix
 // is an EINVALID error naming the header (400). There is no anonymous caller: every
@@ -110,7 +110,7 @@ func (s *Server) identify(next http.Handler) http.Handler {
 }
 
 // limitConcurrency caps the caller's budget key's in-flight requests cluster-wide
-// (create path step 2, docs/design.md): over the cap is a 429 client_concurrency.
+// (the concurrency cap, docs/design.md): over the cap is a 429 client_concurrency.
 func (s *Server) limitConcurrency(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caller := callerFrom(r.Context())

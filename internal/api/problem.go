@@ -163,7 +163,7 @@ func appendParam(b []byte, param string, v int64) []byte {
 	return strconv.AppendInt(append(b, param...), v, 10)
 }
 
-// The canonical forms (textproto.CanonicalMIMEHeaderKey) of the draft's field names.
+// The canonical forms (textproto.CanonicalMIMEHeaderKey) of the RateLimit header fields' names.
 const (
 	rateLimitPolicy = "Ratelimit-Policy"
 	rateLimit       = "Ratelimit"

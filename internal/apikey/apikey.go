@@ -35,7 +35,7 @@ import (
 // Prefix starts every key, so that a leaked key is recognisable by secret scanners.
 const Prefix = "spk_"
 
-// keyBytes is the entropy of a key: 256 bits (the issue asks for at least 128).
+// keyBytes is the entropy of a key: 256 bits, twice what guessing resistance needs.
 const keyBytes = 32
 
 // encodedLen is the length of a key: the prefix and 43 base64url characters.

@@ -1,6 +1,6 @@
 // Package flags is space-api's OpenFeature wiring: the flags-file provider, and the
 // Resolver that turns the quota flag into a caller's bounded identity and the limits
-// enforced on it (create path steps 1–2, and flags and limits, in docs/design.md).
+// enforced on it (identity and the concurrency cap of the create path, and flags and limits, in docs/design.md).
 //
 // # The file provider
 //

@@ -27,7 +27,7 @@ import (
 const Header = "Idempotency-Key"
 
 // DefaultTTL is how long a key names its request when nothing else is configured
-// (SPACE_IDEMPOTENCY_KEY_TTL): the draft's example, and longer than any client's
+// (SPACE_IDEMPOTENCY_KEY_TTL): the example of the Idempotency-Key draft, and longer than any client's
 // retry loop.
 const DefaultTTL = 24 * time.Hour
 

@@ -21,7 +21,7 @@ type Catalog struct {
 }
 
 // Resolve returns the template of shape, or an EUNPROCESSABLE error naming the field
-// that cannot be served (create path step 6, docs/design.md). Nothing has been charged when it fails.
+// that cannot be served. Nothing has been charged when it fails.
 func (c Catalog) Resolve(shape space.Shape) (substrate.Template, error) {
 	ts := c.Templates.Current()
 	tmpl, ok := ts[shape.Template]
@@ -61,7 +61,7 @@ const (
 
 var templateName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
-// ValidateCreate checks a create request's shape and metadata (create path step 3, docs/design.md):
+// ValidateCreate checks a create request's shape and metadata, the first check of a create:
 // an EINVALID error naming the field, before any limit or bucket is touched. Whether
 // the shape can be served is Resolve's question, asked later.
 func ValidateCreate(shape space.Shape, metadata map[string]string) error {
