@@ -136,31 +136,24 @@ func setLimitHeaders(h http.Header, le *space.LimitError, rnd func() float64) {
 	} else {
 		retry = int64(admission.RetryAfter(le.RetryAfter, rnd) / time.Second)
 	}
-	// The fields are set under their canonical keys directly and built by appending:
-	// Header.Set would canonicalise "RateLimit-Policy" into a new string on every
-	// refusal, and fmt would box each number. Both fields start with the quoted bucket
-	// name; each is appended after it in buf and copied out by string() before the next.
-	h["Retry-After"] = []string{strconv.FormatInt(retry, 10)}
-	var buf [96]byte
-	name := strconv.AppendQuote(buf[:0], string(le.Bucket))
+	// Written with strconv and concatenation: appending into a fixed buffer saves no
+	// allocation and about 0.1 µs of the ~2 µs a 429 takes to write, and fmt costs two
+	// allocations more (BenchmarkSetLimitHeaders, BenchmarkWriteLimitError). The keys
+	// are canonical forms, which Set keeps as they are rather than making a new string.
+	h.Set("Retry-After", strconv.FormatInt(retry, 10))
+	name := strconv.Quote(string(le.Bucket))
 	switch {
 	case le.Limit != nil:
 		window := int64(1)
 		if le.Limit.RefillRPS > 0 {
 			window = int64(math.Max(1, math.Ceil(float64(le.Limit.Burst)/le.Limit.RefillRPS)))
 		}
-		h[rateLimitPolicy] = []string{string(appendParam(appendParam(name, ";q=", int64(le.Limit.Burst)), ";w=", window))}
+		h.Set(rateLimitPolicy, name+";q="+strconv.FormatInt(le.Limit.Burst, 10)+";w="+strconv.FormatInt(window, 10))
 	case le.Cap > 0:
-		h[rateLimitPolicy] = []string{string(appendParam(name, ";q=", int64(le.Cap)))}
+		h.Set(rateLimitPolicy, name+";q="+strconv.Itoa(le.Cap))
 	}
 	remaining := int64(math.Max(0, math.Floor(le.Remaining)))
-	h[rateLimit] = []string{string(appendParam(appendParam(name, ";r=", remaining), ";t=", retry))}
-}
-
-// appendParam appends a structured-field parameter with an integer value, such as
-// ";q=40", to b.
-func appendParam(b []byte, param string, v int64) []byte {
-	return strconv.AppendInt(append(b, param...), v, 10)
+	h.Set(rateLimit, name+";r="+strconv.FormatInt(remaining, 10)+";t="+strconv.FormatInt(retry, 10))
 }
 
 // The canonical forms (textproto.CanonicalMIMEHeaderKey) of the RateLimit header fields' names.
