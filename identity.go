@@ -56,7 +56,84 @@ const (
 	SourceFlag RateSource = "flag"
 	// SourceMalformedFallback: the key's entry is malformed, so the env rate applies.
 	SourceMalformedFallback RateSource = "flag_malformed_fallback"
+	// SourceClient: the field of the key's own entry in the quota flag's "clients".
+	SourceClient RateSource = "client"
+	// SourceTier: the field of the key's tier in the quota flag's "tiers".
+	SourceTier RateSource = "tier"
+	// SourceFallback: the field of the floor tier (SPACE_FALLBACK_TIER), which the key
+	// is on because its own tier could not be resolved.
+	SourceFallback RateSource = "fallback"
+	// SourceDefault: the quota flag's "default" object.
+	SourceDefault RateSource = "default"
 )
+
+// TierSource says how a caller's tier was resolved, as GET /v1/limits reports it.
+type TierSource string
+
+const (
+	// TierFromClient: the "tier" of the key's entry in the quota flag's "clients".
+	TierFromClient TierSource = "client"
+	// TierFromFlag: the string flag space-api-client-tier, evaluated with the client
+	// id as its targetingKey.
+	TierFromFlag TierSource = "flag"
+	// TierFallback: the floor tier, SPACE_FALLBACK_TIER; Caller.FallbackReason says why.
+	TierFallback TierSource = "fallback"
+)
+
+// Why a caller is on the floor tier (Caller.FallbackReason, and the reason label of
+// space_tier_fallback_total).
+const (
+	// FallbackUnassigned: nothing names a tier for the key; the floor is its tier by
+	// design, not by a failure, and it is not counted as a fall.
+	FallbackUnassigned = "unassigned"
+	// FallbackUnknownTier: the key's tier names no entry of the table (a name left
+	// behind by a rename).
+	FallbackUnknownTier = "unknown_tier"
+	// FallbackEvaluationError: the tier flag's evaluation failed.
+	FallbackEvaluationError = "evaluation_error"
+	// FallbackProviderNotReady: the flags provider was not ready to evaluate it.
+	FallbackProviderNotReady = "provider_not_ready"
+)
+
+// Sources says where each of a caller's limits came from.
+type Sources struct {
+	ClientRate, Concurrency, LiveSandboxes, MaxActivationCost, SoftRate RateSource
+}
+
+// Reserve is a tier's reserved share of the cluster activation bucket: its own bucket
+// of Rate, which its activations take from first, and which other tiers may borrow
+// from while the tier is idle, down to what Lendable (0 to 1) leaves of its burst.
+type Reserve struct {
+	Rate     Rate
+	Lendable float64
+}
+
+// TierReserve is one tier's reserve.
+type TierReserve struct {
+	Tier string
+	Reserve
+}
+
+// Reservations is how the cluster activation bucket is shared out between tiers, as
+// one loaded tier table sets it: the reserves, by tier name in order, and the shared
+// remainder every activation may take from (the cluster rate and burst minus every
+// reserve). Never modified once built; nil when no tier reserves anything.
+type Reservations struct {
+	Shared   Rate
+	Reserves []TierReserve
+}
+
+// Of returns tier's reserve, and whether it has one.
+func (r *Reservations) Of(tier string) (Reserve, bool) {
+	if r != nil {
+		for _, t := range r.Reserves {
+			if t.Tier == tier {
+				return t.Reserve, true
+			}
+		}
+	}
+	return Reserve{}, false
+}
 
 // Caller is who a request or a queued operation acts for and every limit it runs
 // under: resolved once (internal/flags) per request or per run of a job, carried in
@@ -88,4 +165,26 @@ type Caller struct {
 	ClientExempt bool
 	// RateSource is where ClientRate (or its absence) came from.
 	RateSource RateSource
+
+	// Tier is the tier Key is on; "" when no tier table is loaded.
+	Tier string
+	// TierSource says how Tier was resolved, and FallbackReason, for a TierFallback,
+	// why (one of the Fallback* reasons).
+	TierSource     TierSource
+	FallbackReason string
+	// MaxActivationCost is the largest activation cost Key may ask for (a template
+	// costing more is refused, 422); 0 is no cap.
+	MaxActivationCost int
+	// SoftRate is Key's soft limit: an activation admitted while the client is over it
+	// is a soft breach, signalled to the substrate; nil is none.
+	SoftRate *Rate
+	// Reservations is how the cluster bucket is shared out between tiers, from the
+	// same tier table as Tier; nil when nothing is reserved.
+	Reservations *Reservations
+	// Sources says where each limit came from.
+	Sources Sources
+	// Warnings are what the resolution found wrong with the caller's entry or tier
+	// (a malformed rate entry, a tier that is not in the table, ...), as GET
+	// /v1/limits reports them.
+	Warnings []string
 }

@@ -128,18 +128,50 @@ const (
 	BucketAuthFailures Bucket = "auth_failures"
 )
 
+// Charge is one activation's charge: whose buckets it is taken from, how much, and
+// under which limits. Built by Caller.Charge.
+type Charge struct {
+	// Key is the budget key charged; "" for a warm-up, which no client asked for.
+	Key ClientKey
+	// Rate is Key's client activation bucket; nil charges the cluster alone (an exempt
+	// client, a warm-up).
+	Rate *Rate
+	// Soft is Key's soft limit, within Rate: an activation admitted while the client is
+	// over it is a soft breach (Charged.SoftBreach); nil is none.
+	Soft *Rate
+	// Tier is the tier Key is on ("" without tiers): a label of the decision's series,
+	// and the reserve the cluster token is taken from first.
+	Tier string
+	// Reservations is how the cluster bucket is shared out between tiers, from the same
+	// tier table as Tier; nil: one cluster bucket for everyone.
+	Reservations *Reservations
+	// Cost is the tokens taken from every bucket charged, at least 1.
+	Cost int
+}
+
+// Charge is the charge of one activation of cost by the caller.
+func (c Caller) Charge(cost int) Charge {
+	return Charge{Key: c.Key, Rate: c.ClientRate, Soft: c.SoftRate, Tier: c.Tier, Reservations: c.Reservations, Cost: cost}
+}
+
+// Charged is what an admitted charge found.
+type Charged struct {
+	// SoftBreach is true when the client was over its soft limit: the activation is
+	// admitted as usual, and the substrate told so that it can degrade it first.
+	SoftBreach bool
+}
+
 // Charger charges activations to the activation buckets (internal/admission's
 // Admitter): the one seam between the activation flow (and the warm pool's
 // replenisher) and the budget.
 type Charger interface {
-	// Charge takes cost tokens from the cluster bucket and, when rate is not nil, from
-	// key's bucket: all or none. A bucket too empty is a *LimitError and nothing is
-	// taken. With rate nil (an exempt client, or a warm-up, which no client asked for)
-	// only the cluster bucket is charged.
-	Charge(ctx context.Context, key ClientKey, rate *Rate, cost int) error
+	// Charge takes c.Cost tokens from the cluster bucket and, when c.Rate is not nil,
+	// from c.Key's bucket: all or none. A bucket too empty is a *LimitError and nothing
+	// is taken.
+	Charge(ctx context.Context, c Charge) (Charged, error)
 	// CachedRefusal returns the refusal a Charge now would meet when this replica
 	// knows it without asking the budget store (its refusal cache), or nil, in which
 	// case only a Charge can tell. It takes nothing; it lets a create be turned away
 	// before any other work.
-	CachedRefusal(key ClientKey, rate *Rate, cost int) *LimitError
+	CachedRefusal(c Charge) *LimitError
 }

@@ -46,12 +46,8 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		return opts, err
 	}
 	m.Resolver = flags.NewResolver(flags.ResolverOptions{
-		Client: flagClient,
-		Env: flags.Env{
-			AdmissionEnabled: cfg.Admission.Enabled,
-			Cluster:          cfg.Admission.Cluster,
-			ClientRate:       cfg.Admission.Client,
-		},
+		Client:     flagClient,
+		Env:        m.flagsEnv(),
 		Logger:     m.Logger,
 		Registerer: m.Registry,
 	})
@@ -138,6 +134,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		return opts, err
 	}
 	opts.Callers = m.Resolver
+	opts.Tiers = m.Resolver
 	opts.Concurrency = concurrency
 	opts.Budgets = m.Admitter
 	opts.Sandboxes = m.Sandboxes
@@ -175,6 +172,18 @@ func (m *Main) authenticator() (api.Authenticator, error) {
 	return &api.APIKey{Keys: m.Keys, Failures: failures, TrustedProxies: cfg.TrustedProxyCIDRs, Rejected: rejected}, nil
 }
 
+// flagsEnv is the configuration the flags are served under: the layer below them, and
+// what the quota flag is held to at every load.
+func (m *Main) flagsEnv() flags.Env {
+	cfg := m.Config
+	return flags.Env{
+		AdmissionEnabled: cfg.Admission.Enabled,
+		Cluster:          cfg.Admission.Cluster,
+		ClientRate:       cfg.Admission.Client,
+		OwnKeys:          cfg.Auth.Mode == config.AuthAPIKey,
+	}
+}
+
 // flags sets up the OpenFeature provider of SPACE_FLAGS_FILE under a domain of this
 // Main's own (several Mains share a process in tests) and returns its client; nil when
 // no file is configured.
@@ -188,6 +197,7 @@ func (m *Main) flags(ctx context.Context) (*openfeature.Client, error) {
 		Logger:       m.Logger,
 		Registerer:   m.Registry,
 		OnReload:     m.OnFlagsReload,
+		Env:          m.flagsEnv(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("SPACE_FLAGS_FILE: %w", err)

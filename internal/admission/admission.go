@@ -262,15 +262,15 @@ func (a *Admitter) Admit(ctx context.Context, client space.ClientKey, clientRate
 // A refusal is a *space.LimitError; a Redis failure admits in fail-open mode and is an
 // error wrapping ErrUnavailable in fail-closed mode. The flow asks CachedRefusal
 // itself, once, before it gets here.
-func (a *Admitter) Charge(ctx context.Context, key space.ClientKey, rate *space.Rate, cost int) error {
-	d, err := a.admit(ctx, key, rate, cost)
+func (a *Admitter) Charge(ctx context.Context, c space.Charge) (space.Charged, error) {
+	d, err := a.admit(ctx, c.Key, c.Rate, c.Cost)
 	if err != nil {
-		return err
+		return space.Charged{}, err
 	}
-	if le := d.LimitError(key); le != nil {
-		return le
+	if le := d.LimitError(c.Key); le != nil {
+		return space.Charged{}, le
 	}
-	return nil
+	return space.Charged{}, nil
 }
 
 func (a *Admitter) admit(ctx context.Context, client space.ClientKey, clientRate *space.Rate, cost int) (Decision, error) {
@@ -321,10 +321,11 @@ func (a *Admitter) admit(ctx context.Context, client space.ClientKey, clientRate
 // by hand) is seen once the entry is older than Options.RefusalMaxAge, when the next
 // charge asks Redis and learns the bucket afresh. Nothing is refused in shadow mode or
 // with admission disabled. A refusal is counted as Admit counts one.
-func (a *Admitter) CachedRefusal(key space.ClientKey, rate *space.Rate, cost int) *space.LimitError {
+func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 	if !a.enabled || a.shadow || a.maxAge <= 0 {
 		return nil
 	}
+	key, rate, cost := c.Key, c.Rate, c.Cost
 	now := a.now()
 	var le *space.LimitError
 	if rate != nil && key != "" {

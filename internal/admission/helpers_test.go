@@ -217,3 +217,9 @@ func (b *bundle) decisions(decision string, bucket space.Bucket) float64 {
 
 // near reports whether a and b differ by less than eps.
 func near(a, b, eps float64) bool { return math.Abs(a-b) < eps }
+
+// charge is a Charge of cost by client on r, as the activation flow makes one.
+func (b *bundle) charge(client space.ClientKey, r *space.Rate, cost int) error {
+	_, err := b.adm.Charge(b.ctx, space.Charge{Key: client, Rate: r, Cost: cost})
+	return err
+}

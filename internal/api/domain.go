@@ -6,6 +6,7 @@ import (
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/dispatcher"
+	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/sandbox"
 )
 
@@ -17,6 +18,11 @@ import (
 // (*flags.Resolver).
 type Callers interface {
 	Resolve(ctx context.Context, id space.ClientID) space.Caller
+}
+
+// Tiers is the tier table in force (*flags.Resolver).
+type Tiers interface {
+	Tiers(ctx context.Context) flags.TierTable
 }
 
 // Leases caps a budget key's requests in flight (*admission.ConcurrencyLimiter): a cap

@@ -29,7 +29,66 @@ type LimitsBody struct {
 	// ActivationCosts is how many tokens one activation of each template takes from
 	// both activation buckets.
 	ActivationCosts map[string]int `json:"activation_costs"`
-	Warnings        []string       `json:"warnings,omitempty"`
+	// MaxActivationCost is the largest cost the caller may ask for; null: no cap.
+	MaxActivationCost *int `json:"max_activation_cost"`
+	// SoftLimit is the caller's soft limit: an activation admitted over it is marked
+	// and signalled to the substrate, never refused; null: none.
+	SoftLimit *RateBody `json:"soft_limit"`
+	// Tier is the tier the budget key is on, absent when no tier table is loaded;
+	// TierSource says how it was resolved, and FallbackReason why the floor tier
+	// applies when it does.
+	Tier           string           `json:"tier,omitempty"`
+	TierSource     space.TierSource `json:"tier_source,omitempty"`
+	FallbackReason string           `json:"fallback_reason,omitempty"`
+	// Reserve is the tier's reserved share of the cluster bucket, when it has one.
+	Reserve *ReserveBody `json:"reserve,omitempty"`
+	// Sources says where each value came from: env, default, tier, fallback, client
+	// or flag (the quota flag's rate object).
+	Sources  SourcesBody `json:"sources"`
+	Warnings []string    `json:"warnings,omitempty"`
+}
+
+// RateBody is a token bucket's rate.
+type RateBody struct {
+	RefillRPS float64 `json:"refill_rps"`
+	Burst     int64   `json:"burst"`
+}
+
+func rateBody(r *space.Rate) *RateBody {
+	if r == nil {
+		return nil
+	}
+	return &RateBody{RefillRPS: r.RefillRPS, Burst: r.Burst}
+}
+
+// ReserveBody is a tier's reserved share of the cluster bucket, and how much of it
+// other tiers may borrow while it is idle.
+type ReserveBody struct {
+	RefillRPS float64 `json:"reserved_rps"`
+	Burst     int64   `json:"reserved_burst"`
+	Lendable  float64 `json:"lendable"`
+}
+
+func reserveBody(res *space.Reservations, tier string) *ReserveBody {
+	r, ok := res.Of(tier)
+	if !ok {
+		return nil
+	}
+	return &ReserveBody{RefillRPS: r.Rate.RefillRPS, Burst: r.Rate.Burst, Lendable: r.Lendable}
+}
+
+// SourcesBody is where each of a caller's limits came from.
+type SourcesBody struct {
+	ClientActivation  space.RateSource `json:"client_activation"`
+	Concurrency       space.RateSource `json:"concurrency"`
+	LiveSandboxes     space.RateSource `json:"live_sandboxes"`
+	MaxActivationCost space.RateSource `json:"max_activation_cost"`
+	SoftLimit         space.RateSource `json:"soft_limit"`
+}
+
+func sourcesBody(s space.Sources) SourcesBody {
+	return SourcesBody{ClientActivation: s.ClientRate, Concurrency: s.Concurrency, LiveSandboxes: s.LiveSandboxes,
+		MaxActivationCost: s.MaxActivationCost, SoftLimit: s.SoftRate}
 }
 
 // BucketBody is one token bucket as enforced.
@@ -62,15 +121,23 @@ func capOrNull(n int) *int {
 func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
 	l := callerFrom(r.Context())
 	body := LimitsBody{
-		ClientID:         l.ID,
-		Client:           l.Key,
-		Allowlisted:      l.Allowlisted,
-		AdmissionEnabled: l.AdmissionEnabled,
-		Cluster:          BucketBody{RefillRPS: l.Cluster.RefillRPS, Burst: l.Cluster.Burst},
-		ClientRate:       ClientBucketBody{Status: "none", Source: l.RateSource},
-		Concurrency:      capOrNull(l.Concurrency),
-		LiveSandboxes:    capOrNull(l.LiveSandboxes),
-		ActivationCosts:  s.sandboxes.Costs(),
+		ClientID:          l.ID,
+		Client:            l.Key,
+		Allowlisted:       l.Allowlisted,
+		AdmissionEnabled:  l.AdmissionEnabled,
+		Cluster:           BucketBody{RefillRPS: l.Cluster.RefillRPS, Burst: l.Cluster.Burst},
+		ClientRate:        ClientBucketBody{Status: "none", Source: l.RateSource},
+		Concurrency:       capOrNull(l.Concurrency),
+		LiveSandboxes:     capOrNull(l.LiveSandboxes),
+		ActivationCosts:   s.sandboxes.Costs(),
+		MaxActivationCost: capOrNull(l.MaxActivationCost),
+		SoftLimit:         rateBody(l.SoftRate),
+		Tier:              l.Tier,
+		TierSource:        l.TierSource,
+		FallbackReason:    l.FallbackReason,
+		Reserve:           reserveBody(l.Reservations, l.Tier),
+		Sources:           sourcesBody(l.Sources),
+		Warnings:          append([]string(nil), l.Warnings...),
 	}
 	// The same Admitter that enforces says how: a read of the very buckets Admit would
 	// charge, taking no token.
@@ -85,9 +152,6 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
 		body.ClientRate.Status = string(enforcement) // no rate applies while disabled
 	case l.ClientExempt:
 		body.ClientRate.Status = "exempt"
-	}
-	if l.RateSource == space.SourceMalformedFallback {
-		body.Warnings = append(body.Warnings, "this client's entry in the quota flag's rate object is malformed; the env rate applies until it is fixed")
 	}
 	if err == nil {
 		body.Cluster.Remaining = &d.Cluster.Remaining
@@ -106,6 +170,52 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
 		body.Warnings = append(body.Warnings, "the admission store is unreachable: activations are admitted without a budget until it is back")
 	case admission.FailClosed:
 		body.Warnings = append(body.Warnings, "the admission store is unreachable: activations are refused until it is back")
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+// TiersBody is GET /v1/tiers: every tier's enforced values, from the tier table in
+// force, as a client on the tier with no entry of its own is served them.
+type TiersBody struct {
+	// FallbackTier is the floor tier (SPACE_FALLBACK_TIER); absent without tiers.
+	FallbackTier string     `json:"fallback_tier,omitempty"`
+	Tiers        []TierBody `json:"tiers"`
+	// SharedRemainder is the cluster bucket left to every activation once the reserves
+	// are set aside; absent when no tier reserves anything.
+	SharedRemainder *RateBody `json:"shared_remainder,omitempty"`
+}
+
+// TierBody is one tier's enforced values.
+type TierBody struct {
+	Name string `json:"name"`
+	// ClientActivation is the rate of each client's own bucket on the tier; null: no
+	// client bucket.
+	ClientActivation  *RateBody    `json:"client_activation"`
+	Concurrency       *int         `json:"concurrency"`
+	LiveSandboxes     *int         `json:"live_sandboxes"`
+	MaxActivationCost *int         `json:"max_activation_cost"`
+	SoftLimit         *RateBody    `json:"soft_limit"`
+	Reserve           *ReserveBody `json:"reserve"`
+	Sources           SourcesBody  `json:"sources"`
+}
+
+func (s *Server) getTiers(w http.ResponseWriter, r *http.Request) {
+	table := s.tiers.Tiers(r.Context())
+	body := TiersBody{FallbackTier: table.Fallback, Tiers: []TierBody{}}
+	if table.Reservations != nil {
+		body.SharedRemainder = rateBody(&table.Reservations.Shared)
+	}
+	for _, t := range table.Tiers {
+		body.Tiers = append(body.Tiers, TierBody{
+			Name:              t.Tier,
+			ClientActivation:  rateBody(t.ClientRate),
+			Concurrency:       capOrNull(t.Concurrency),
+			LiveSandboxes:     capOrNull(t.LiveSandboxes),
+			MaxActivationCost: capOrNull(t.MaxActivationCost),
+			SoftLimit:         rateBody(t.SoftRate),
+			Reserve:           reserveBody(table.Reservations, t.Tier),
+			Sources:           sourcesBody(t.Sources),
+		})
 	}
 	writeJSON(w, http.StatusOK, body)
 }

@@ -52,6 +52,7 @@ type Options struct {
 	// The domain (domain.go): all required.
 	Auth        Authenticator
 	Callers     Callers
+	Tiers       Tiers
 	Concurrency Leases
 	Budgets     Budgets
 	Sandboxes   Sandboxes
@@ -78,6 +79,7 @@ type Server struct {
 
 	auth        Authenticator
 	callers     Callers
+	tiers       Tiers
 	concurrency Leases
 	budgets     Budgets
 	sandboxes   Sandboxes
@@ -96,6 +98,7 @@ func New(opts Options) *Server {
 		identity:     opts.Identity,
 		auth:         opts.Auth,
 		callers:      opts.Callers,
+		tiers:        opts.Tiers,
 		concurrency:  opts.Concurrency,
 		budgets:      opts.Budgets,
 		sandboxes:    opts.Sandboxes,
@@ -132,6 +135,7 @@ func (s *Server) Public() http.Handler {
 		// The caller's limits are a read of what is enforced, answerable when the
 		// concurrency cap is full or its store is down: exactly when they matter.
 		r.Get("/limits", s.getLimits)
+		r.Get("/tiers", s.getTiers)
 		// A create takes its concurrency place itself, after it has checked whether
 		// its refusal is already known (createSandbox).
 		r.Post("/sandboxes", s.createSandbox)

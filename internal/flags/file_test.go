@@ -21,7 +21,7 @@ func FuzzParseFlagsFile(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	validators := DefaultValidators()
+	validators := DefaultValidators(defaultEnv())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		flags, err := parseFlagsFile(data, validators, nil)
 		if err != nil {

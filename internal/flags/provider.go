@@ -37,8 +37,11 @@ type FileProviderOptions struct {
 	Registerer prometheus.Registerer
 	// Validators maps a flag key to a check of each of its variant values, run at every
 	// load: a file whose value fails is refused as a whole and the last good flags stay.
-	// Nil means DefaultValidators(); an empty map validates nothing.
+	// Nil means DefaultValidators(Env); an empty map validates nothing.
 	Validators map[string]func(value any) error
+	// Env is the configuration the flags are served under, which the default
+	// validators hold the quota flag to (its tier table's floor tier and reserves).
+	Env Env
 	// OnReload, when set, is called after every reload attempt that saw something new in
 	// the file (new content, or a new read error), on the goroutine that reloaded, before
 	// the next poll. It must not block. It lets tests wait for a reload instead of
@@ -64,13 +67,17 @@ type ReloadResult struct {
 	Hash string
 }
 
-// DefaultValidators returns the checks the flags file is held to: the quota flag must
-// parse as a whole (ParseQuotas) and the warm pool flag must give valid targets
-// (ParsePoolTargets).
-func DefaultValidators() map[string]func(any) error {
+// DefaultValidators returns the checks the flags file is held to under the
+// configuration env: the quota flag must parse as a whole (ParseQuotas) and hold in
+// force under env (a tier table with its floor tier, reserves within the cluster
+// bucket), and the warm pool flag must give valid targets (ParsePoolTargets).
+func DefaultValidators(env Env) map[string]func(any) error {
 	return map[string]func(any) error{
 		QuotaFlag: func(v any) error {
-			_, err := ParseQuotas(v)
+			q, err := ParseQuotas(v)
+			if err == nil {
+				_, _, err = inForce(q, env)
+			}
 			return err
 		},
 		WarmPoolFlag: func(v any) error {
@@ -145,7 +152,7 @@ func NewFileProvider(opts FileProviderOptions) (*FileProvider, error) {
 		p.log = slog.Default()
 	}
 	if p.validators == nil {
-		p.validators = DefaultValidators()
+		p.validators = DefaultValidators(opts.Env)
 	}
 	var err error
 	p.file, err = reload.Open(reload.Options[map[string]*flag]{

@@ -21,12 +21,14 @@ const MaxClientKeyLen = space.MaxClientIDLen
 // is refused instead of silently meaning "no cap" through an overflow.
 const maxCap = math.MaxInt32
 
-// ClientQuota holds the caps of one client, or the defaults of every client. A nil
-// field says nothing, so the layer below applies: a client entry overrides the flag's
-// "default" field by field, which overrides the built-in Defaults. Zero means no cap.
+// ClientQuota is one client's entry in "clients", or the flag's "default": the tier it
+// names, and the fields it sets over its tier (any of Fields for a client entry; only
+// the caps for "default"). A nil field says nothing, so the layer below applies: a
+// client entry overrides its tier field by field, which overrides the flag's "default",
+// which overrides the env and the built-in Defaults. A zero cap is no cap.
 type ClientQuota struct {
-	Concurrency   *int `json:"concurrency,omitempty"`
-	LiveSandboxes *int `json:"live_sandboxes,omitempty"`
+	Tier string
+	Fields
 }
 
 // RateEntry is one entry of the flag's "rate" object. Exactly one of its three fields
@@ -50,6 +52,9 @@ type Quotas struct {
 	Default ClientQuota
 	// Rates holds the "rate" entries by key. An entry does not allowlist its key.
 	Rates map[space.ClientKey]RateEntry
+	// Tiers is the tier table, by name; empty when the flag has none, and tiers are
+	// then off.
+	Tiers map[string]Tier
 }
 
 // ParseQuotas parses the value of QuotaFlag as a provider hands it out (decoded JSON:
@@ -72,12 +77,27 @@ func ParseQuotas(v any) (Quotas, error) {
 	q := Quotas{
 		Clients: map[space.ClientKey]ClientQuota{},
 		Rates:   map[space.ClientKey]RateEntry{},
+		Tiers:   map[string]Tier{},
 	}
 	for _, field := range sortedKeys(obj) {
 		switch field {
-		case "clients", "default", "rate":
+		case "clients", "default", "rate", "tiers":
 		default:
-			return Quotas{}, malformedf("unknown field %q in the quota flag (want clients, default, rate)", truncate(field))
+			return Quotas{}, malformedf("unknown field %q in the quota flag (want tiers, clients, default, rate)", truncate(field))
+		}
+	}
+
+	if raw := obj["tiers"]; raw != nil {
+		tiers, ok := raw.(map[string]any)
+		if !ok {
+			return Quotas{}, malformedf("tiers must be an object of tier name to limits, got %s", typeName(raw))
+		}
+		for _, name := range sortedKeys(tiers) {
+			t, err := parseTier(name, tiers[name])
+			if err != nil {
+				return Quotas{}, fmt.Errorf("tiers.%s: %w", truncate(name), err)
+			}
+			q.Tiers[name] = t
 		}
 	}
 
@@ -91,7 +111,7 @@ func ParseQuotas(v any) (Quotas, error) {
 			if err := checkClientKey(id); err != nil {
 				return Quotas{}, fmt.Errorf("clients: %w", err)
 			}
-			cq, err := parseClientQuota(entry)
+			cq, err := parseClientQuota(entry, scopeClient)
 			if err != nil {
 				return Quotas{}, fmt.Errorf("clients.%s: %w", id, err)
 			}
@@ -100,7 +120,7 @@ func ParseQuotas(v any) (Quotas, error) {
 	}
 
 	if raw := obj["default"]; raw != nil {
-		cq, err := parseClientQuota(raw)
+		cq, err := parseClientQuota(raw, scopeDefault)
 		if err != nil {
 			return Quotas{}, fmt.Errorf("default: %w", err)
 		}
@@ -132,32 +152,14 @@ func checkClientKey(id string) error {
 	return nil
 }
 
-func parseClientQuota(v any) (ClientQuota, error) {
+func parseClientQuota(v any, s scope) (ClientQuota, error) {
 	obj, ok := v.(map[string]any)
 	if !ok {
-		return ClientQuota{}, malformedf("must be an object such as {\"concurrency\": 10, \"live_sandboxes\": 50}, got %s", typeName(v))
+		return ClientQuota{}, malformedf("must be an object such as {\"concurrency\": 10, \"live_sandboxes\": 50} (fields: %s), got %s", fieldNames(s), typeName(v))
 	}
 	var cq ClientQuota
-	for _, field := range sortedKeys(obj) {
-		raw := obj[field]
-		var dst **int
-		switch field {
-		case "concurrency":
-			dst = &cq.Concurrency
-		case "live_sandboxes":
-			dst = &cq.LiveSandboxes
-		default:
-			return ClientQuota{}, malformedf("unknown field %q (want concurrency, live_sandboxes)", truncate(field))
-		}
-		if raw == nil { // null says nothing: the layer below applies
-			continue
-		}
-		n, err := asInt(raw)
-		if err != nil || n < 0 || n > maxCap {
-			return ClientQuota{}, malformedf("%s must be an integer from 0 (no cap) to %d, got %s", field, maxCap, describe(raw))
-		}
-		c := int(n)
-		*dst = &c
+	if err := parseFields(obj, s, &cq.Fields, nil, &cq.Tier); err != nil {
+		return ClientQuota{}, err
 	}
 	return cq, nil
 }

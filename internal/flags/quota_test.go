@@ -244,7 +244,7 @@ func FuzzParseQuotas(f *testing.F) {
 			keys = append(keys, key)
 		}
 		for _, key := range keys {
-			l := r.limits(q, key)
+			l := r.limits(&parsedQuotas{q: q}, key, tierChoice{})
 			if l.ClientRate != nil && l.ClientRate.Validate() != nil {
 				t.Fatalf("limits of %s carry an invalid rate %+v", key, *l.ClientRate)
 			}

@@ -55,6 +55,15 @@ type Env struct {
 	// Defaults are the caps below the flag. The zero value means DefaultLimits(); to
 	// have no caps by default, say so in the flag's "default" (0 = no cap).
 	Defaults Defaults
+	// FallbackTier is SPACE_FALLBACK_TIER: the floor tier of every client whose tier
+	// cannot be resolved. A quota flag with a tier table must name it among its tiers.
+	FallbackTier string
+	// OwnKeys is true when every authenticated client id is one an operator issued (an
+	// API key's client, SPACE_AUTH_MODE=api_key): the set of ids is bounded by the key
+	// table, so with a tier table loaded each may be a budget key of its own, on its
+	// tier. Otherwise (X-Client-ID from a gateway, any string) only the ids the quota
+	// flag names, or the tier flag's rules target, get one.
+	OwnKeys bool
 }
 
 // ResolverOptions configures NewResolver.
@@ -109,9 +118,16 @@ type parsedQuotas struct {
 	err error
 	// maxKeyLen is the longest allowlisted key: a longer claimed id is not looked up.
 	maxKeyLen int
+	// reservations is the tier table's share-out of the cluster bucket; nil when no
+	// tier reserves anything.
+	reservations *space.Reservations
+	// warnings are what the value holds that works but is likely a mistake (a client
+	// naming a tier the table lacks, a tier nothing names), logged when it is first
+	// seen.
+	warnings []string
 }
 
-var noQuotas = &parsedQuotas{q: Quotas{Clients: map[space.ClientKey]ClientQuota{}, Rates: map[space.ClientKey]RateEntry{}}}
+var noQuotas = &parsedQuotas{q: Quotas{Clients: map[space.ClientKey]ClientQuota{}, Rates: map[space.ClientKey]RateEntry{}, Tiers: map[string]Tier{}}}
 
 // NewResolver returns a Resolver. Env.ClientRate is copied: a later change to the
 // caller's value does not reach the Resolver.
@@ -138,14 +154,18 @@ func NewResolver(opts ResolverOptions) *Resolver {
 }
 
 // Resolve returns the caller of the authenticated client id: the id itself, which owns
-// what the caller creates, and its budget key with every limit on it. The budget key is
-// the id when the id is on the allowlist and space.Unknown otherwise; no other string
-// is ever returned as a key. It is the hot path: one flag evaluation, no parse unless
-// the flag changed.
+// what the caller creates, and its budget key with every limit on it. It is the hot
+// path: one evaluation of the quota flag (two when the client's tier comes from the
+// tier flag), no parse unless the flag changed, no I/O of its own.
 //
-// A queued operation's or a sandbox owner's id is resolved the same way when the work
-// runs: an id that has left the allowlist since is charged and capped as
-// space.Unknown from then on, while still owning its sandboxes.
+// The budget key is the id when the quota flag's "clients" names it; with a tier table
+// loaded, also when the id is bounded anyway (Env.OwnKeys) or the tier flag's rules
+// target it. Otherwise it is space.Unknown, shared by every such caller; no other
+// string is ever returned as a key. A queued operation's or a sandbox owner's id is
+// resolved the same way when the work runs: an id that has left the allowlist since is
+// charged and capped as space.Unknown from then on, while still owning its sandboxes.
+//
+// With a tier table, every key is on exactly one tier (see tierOf).
 func (r *Resolver) Resolve(ctx context.Context, id space.ClientID) space.Caller {
 	p := r.quotas(ctx, id)
 	key := space.Unknown
@@ -154,9 +174,108 @@ func (r *Resolver) Resolve(ctx context.Context, id space.ClientID) space.Caller 
 			key = space.ClientKey(id)
 		}
 	}
-	c := r.limits(p.q, key)
+	var t tierChoice
+	if len(p.q.Tiers) > 0 {
+		t = r.tierOf(ctx, p, id, key)
+		if key == space.Unknown && id != "" && (r.env.OwnKeys || t.targeted) {
+			key = space.ClientKey(id)
+		}
+	}
+	c := r.limits(p, key, t)
 	c.ID = id
 	return c
+}
+
+// tierChoice is the tier a key is on and how it was chosen.
+type tierChoice struct {
+	tier     *Tier
+	source   space.TierSource
+	reason   string // for a fallback
+	targeted bool   // the tier flag's rules named this id
+	warning  string
+}
+
+// tierOf resolves the tier of budget key (of client id), in this order:
+//
+//  1. the "tier" of the key's entry in "clients";
+//  2. else the tier flag, evaluated with the client id as targetingKey;
+//  3. else the floor tier, Env.FallbackTier.
+//
+// A tier name the table lacks, an evaluation error and a provider that is not ready
+// all give the floor tier too, never space.Unknown's numbers (unless they are the
+// floor's), never the highest tier, never no limit: failing open would hand out
+// throughput nobody bought. Each such fall is counted by reason in
+// space_tier_fallback_total and logged at most once a WarnInterval per reason.
+func (r *Resolver) tierOf(ctx context.Context, p *parsedQuotas, id space.ClientID, key space.ClientKey) tierChoice {
+	name, source := p.q.Clients[key].Tier, space.TierFromClient
+	targeted := false
+	if name == "" {
+		source = space.TierFromFlag
+		ec := openfeature.EvaluationContext{}
+		if id != "" {
+			ec = openfeature.NewEvaluationContext(string(id), nil)
+		}
+		details, err := r.client.StringValueDetails(ctx, TierFlag, "", ec)
+		switch {
+		case err != nil && details.ErrorCode == openfeature.FlagNotFoundCode, err == nil && details.Value == "":
+			return r.fallback(p, space.FallbackUnassigned, "")
+		case err != nil && details.ErrorCode == openfeature.ProviderNotReadyCode:
+			return r.fallback(p, space.FallbackProviderNotReady, err.Error())
+		case err != nil:
+			return r.fallback(p, space.FallbackEvaluationError, err.Error())
+		}
+		name, targeted = details.Value, details.Reason == openfeature.TargetingMatchReason
+	}
+	t, ok := p.q.Tiers[name]
+	if !ok {
+		c := r.fallback(p, space.FallbackUnknownTier, fmt.Sprintf("tier %q (from the %s) is not in the tier table", truncate(name), sourceWords(source)))
+		c.targeted = targeted
+		return c
+	}
+	return tierChoice{tier: &t, source: source, targeted: targeted}
+}
+
+func sourceWords(s space.TierSource) string {
+	if s == space.TierFromClient {
+		return "client's entry"
+	}
+	return "flag " + TierFlag
+}
+
+// fallback is the floor tier, for reason; detail, when not empty, is logged (at most
+// once a WarnInterval per reason) and reported to the caller as a warning.
+func (r *Resolver) fallback(p *parsedQuotas, reason, detail string) tierChoice {
+	c := tierChoice{source: space.TierFallback, reason: reason}
+	if t, ok := p.q.Tiers[r.env.FallbackTier]; ok {
+		c.tier = &t
+	}
+	if reason == space.FallbackUnassigned {
+		return c
+	}
+	r.metrics.tierFallback.WithLabelValues(reason).Inc()
+	c.warning = fmt.Sprintf("the tier could not be resolved (%s: %s), so the floor tier %q applies", reason, detail, r.env.FallbackTier)
+	if r.warn("tier:" + reason) {
+		r.log.Warn("tier fallback: the floor tier applies", "reason", reason, "detail", detail,
+			"fallback_tier", r.env.FallbackTier, "next_warning_in", WarnInterval.String())
+	}
+	return c
+}
+
+// Tiers returns the tier table in force: empty when the quota flag has none.
+func (r *Resolver) Tiers(ctx context.Context) TierTable {
+	p := r.quotas(ctx, "")
+	out := TierTable{Reservations: p.reservations}
+	if len(p.q.Tiers) == 0 {
+		return out
+	}
+	out.Fallback = r.env.FallbackTier
+	for _, name := range sortedKeys(p.q.Tiers) {
+		t := p.q.Tiers[name]
+		c := r.limits(p, "", tierChoice{tier: &t, source: space.TierFromClient})
+		c.Key, c.Allowlisted = "", false
+		out.Tiers = append(out.Tiers, c)
+	}
+	return out
 }
 
 // PoolTargets returns the warm pool targets of WarmPoolFlag. With no flags, or the flag
@@ -180,35 +299,55 @@ func (r *Resolver) PoolTargets(ctx context.Context) ([]PoolTarget, error) {
 	return targets, nil
 }
 
-// limits layers the flag over the env for one budget key.
-func (r *Resolver) limits(q Quotas, key space.ClientKey) space.Caller {
+// limits layers the flag over the env for one budget key on tier t, each value from
+// the most specific place that sets it: the key's "rate" entry (its rate and burst),
+// then the key's entry in "clients", then its tier, then the flag's "default", then
+// the env and the built-in defaults. Caller.Sources says which gave each value.
+func (r *Resolver) limits(p *parsedQuotas, key space.ClientKey, t tierChoice) space.Caller {
+	q := p.q
 	entry, listed := q.Clients[key]
-	l := space.Caller{
+	c := space.Caller{
 		Key:              key,
 		Allowlisted:      listed && key != space.Unknown,
 		Concurrency:      r.env.Defaults.Concurrency,
 		LiveSandboxes:    r.env.Defaults.LiveSandboxes,
 		AdmissionEnabled: r.env.AdmissionEnabled,
 		Cluster:          r.env.Cluster,
-		RateSource:       SourceEnv,
+		Sources: space.Sources{ClientRate: SourceEnv, Concurrency: SourceEnv, LiveSandboxes: SourceEnv,
+			MaxActivationCost: SourceEnv, SoftRate: SourceEnv},
 	}
-	overlay(&l, q.Default)
-	if listed {
-		overlay(&l, entry)
+	l := layered{caller: &c, rpsFrom: SourceEnv, burstFrom: SourceEnv}
+	if r.env.ClientRate != nil {
+		l.rps, l.burst = &r.env.ClientRate.RefillRPS, &r.env.ClientRate.Burst
 	}
-	envRate := func() {
-		if r.env.ClientRate != nil {
-			rate := *r.env.ClientRate
-			l.ClientRate = &rate
+	l.apply(q.Default.Fields, space.SourceDefault)
+	if t.tier != nil {
+		source := space.SourceTier
+		if t.source == space.TierFallback {
+			source = space.SourceFallback
 		}
+		l.apply(t.tier.Fields, source)
+		c.Tier = t.tier.Name
+		c.Reservations = p.reservations
 	}
+	c.TierSource, c.FallbackReason = t.source, t.reason
+	if t.warning != "" {
+		c.Warnings = append(c.Warnings, t.warning)
+	}
+	if listed {
+		l.apply(entry.Fields, space.SourceClient)
+	}
+	l.finish(r.env.ClientRate)
+
 	rate, hasRate := q.Rates[key]
 	switch {
-	case !r.env.AdmissionEnabled || !hasRate:
-		envRate()
+	case !r.env.AdmissionEnabled:
+		// Nothing is charged: the rate in force is the env's, whatever the flag says.
+		c.ClientRate, c.Sources.ClientRate = copyRate(r.env.ClientRate), SourceEnv
+	case !hasRate:
 	case rate.Malformed != nil:
-		envRate()
-		l.RateSource = SourceMalformedFallback
+		c.ClientRate, c.Sources.ClientRate = copyRate(r.env.ClientRate), SourceMalformedFallback
+		c.Warnings = append(c.Warnings, "this client's entry in the quota flag's rate object is malformed; the env rate applies until it is fixed")
 		r.metrics.rateFallback.WithLabelValues(string(key)).Inc()
 		if r.warn("rate:" + string(key)) {
 			r.log.Warn("quota flag: malformed rate entry, this key stays on the env client rate",
@@ -216,23 +355,99 @@ func (r *Resolver) limits(q Quotas, key space.ClientKey) space.Caller {
 				"env_rate", rateString(r.env.ClientRate), "next_warning_in", WarnInterval.String())
 		}
 	case rate.Exempt:
-		l.ClientExempt = true
-		l.RateSource = SourceFlag
+		c.ClientRate, c.ClientExempt, c.Sources.ClientRate = nil, true, SourceFlag
 	default:
-		c := *rate.Rate
-		l.ClientRate = &c
-		l.RateSource = SourceFlag
+		c.ClientRate, c.Sources.ClientRate = copyRate(rate.Rate), SourceFlag
 	}
-	return l
+	c.RateSource = c.Sources.ClientRate
+	if c.SoftRate != nil && (c.ClientRate == nil || c.SoftRate.RefillRPS > c.ClientRate.RefillRPS || c.SoftRate.Burst > c.ClientRate.Burst) {
+		c.Warnings = append(c.Warnings, fmt.Sprintf("the soft limit (%s) does not lie within the client's hard rate (%s), so it is not applied",
+			rateString(c.SoftRate), rateString(c.ClientRate)))
+		c.SoftRate, c.Sources.SoftRate = nil, SourceEnv
+	}
+	return c
 }
 
-func overlay(l *space.Caller, cq ClientQuota) {
-	if cq.Concurrency != nil {
-		l.Concurrency = *cq.Concurrency
+// layered is a Caller being built layer by layer. The two halves of a rate (refill and
+// burst) are kept apart until every layer is applied, since a client entry may
+// override one half of its tier's rate.
+type layered struct {
+	caller               *space.Caller
+	rps, softRPS         *float64
+	burst, softBurst     *int64
+	rpsFrom, softFrom    space.RateSource
+	burstFrom, softBFrom space.RateSource
+}
+
+// apply lays f over what is below it, field by field.
+func (l *layered) apply(f Fields, source space.RateSource) {
+	c := l.caller
+	if f.RefillRPS != nil {
+		l.rps, l.rpsFrom = f.RefillRPS, source
 	}
-	if cq.LiveSandboxes != nil {
-		l.LiveSandboxes = *cq.LiveSandboxes
+	if f.Burst != nil {
+		l.burst, l.burstFrom = f.Burst, source
 	}
+	if f.Concurrency != nil {
+		c.Concurrency, c.Sources.Concurrency = *f.Concurrency, source
+	}
+	if f.LiveSandboxes != nil {
+		c.LiveSandboxes, c.Sources.LiveSandboxes = *f.LiveSandboxes, source
+	}
+	if f.MaxActivationCost != nil {
+		c.MaxActivationCost, c.Sources.MaxActivationCost = *f.MaxActivationCost, source
+	}
+	if f.SoftRefillRPS != nil {
+		l.softRPS, l.softFrom = f.SoftRefillRPS, source
+	}
+	if f.SoftBurst != nil {
+		l.softBurst, l.softBFrom = f.SoftBurst, source
+	}
+}
+
+// finish joins the halves of the rates. A rate whose halves came from different layers
+// is reported from the more specific one; a rate missing a half (a client overriding
+// one half of a rate its tier does not have, with no env rate below) is not applied,
+// with a warning, and the env rate stands.
+func (l *layered) finish(env *space.Rate) {
+	c := l.caller
+	switch {
+	case l.rps != nil && l.burst != nil:
+		rate := space.Rate{RefillRPS: *l.rps, Burst: *l.burst}
+		if rate.Validate() == nil {
+			c.ClientRate, c.Sources.ClientRate = &rate, moreSpecific(l.rpsFrom, l.burstFrom)
+		}
+	case l.rps != nil || l.burst != nil:
+		c.ClientRate = copyRate(env)
+		c.Warnings = append(c.Warnings, "the client's entry sets one half of a rate (refill_rps or burst) with nothing below to complete it, so the env rate applies")
+	}
+	switch {
+	case l.softRPS != nil && l.softBurst != nil:
+		rate := space.Rate{RefillRPS: *l.softRPS, Burst: *l.softBurst}
+		if rate.Validate() == nil {
+			c.SoftRate, c.Sources.SoftRate = &rate, moreSpecific(l.softFrom, l.softBFrom)
+		}
+	case l.softRPS != nil || l.softBurst != nil:
+		c.Warnings = append(c.Warnings, "the client's entry sets one half of a soft limit (soft_refill_rps or soft_burst) with nothing below to complete it, so no soft limit applies")
+	}
+}
+
+// specificity orders the sources from the least specific to the most.
+var specificity = map[space.RateSource]int{SourceEnv: 0, space.SourceDefault: 1, space.SourceFallback: 2, space.SourceTier: 2, space.SourceClient: 3, SourceFlag: 4}
+
+func moreSpecific(a, b space.RateSource) space.RateSource {
+	if specificity[b] > specificity[a] {
+		return b
+	}
+	return a
+}
+
+func copyRate(r *space.Rate) *space.Rate {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	return &c
 }
 
 func rateString(r *space.Rate) string {
@@ -303,6 +518,14 @@ func (r *Resolver) parse(v any) *parsedQuotas {
 	}
 	p := &parsedQuotas{src: v, id: id}
 	p.q, p.err = ParseQuotas(v)
+	if p.err == nil {
+		p.reservations, p.warnings, p.err = inForce(p.q, r.env)
+	}
+	for _, w := range p.warnings {
+		if r.warn("table:" + w) {
+			r.log.Warn("quota flag: "+w, "flag", QuotaFlag)
+		}
+	}
 	for key := range p.q.Clients {
 		p.maxKeyLen = max(p.maxKeyLen, len(key))
 	}

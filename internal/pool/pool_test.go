@@ -33,10 +33,11 @@ type charger struct {
 	withRate int
 }
 
-// Refused knows nothing ahead: every charge is the test's to decide.
-func (c *charger) CachedRefusal(space.ClientKey, *space.Rate, int) *space.LimitError { return nil }
+// CachedRefusal knows nothing ahead: every charge is the test's to decide.
+func (c *charger) CachedRefusal(space.Charge) *space.LimitError { return nil }
 
-func (c *charger) Charge(_ context.Context, client space.ClientKey, rate *space.Rate, _ int) error {
+func (c *charger) Charge(_ context.Context, ch space.Charge) (space.Charged, error) {
+	client, rate := ch.Key, ch.Rate
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.clients = append(c.clients, client)
@@ -45,10 +46,10 @@ func (c *charger) Charge(_ context.Context, client space.ClientKey, rate *space.
 	}
 	if c.reject {
 		c.rejects++
-		return &space.LimitError{Bucket: space.BucketClusterActivation, RetryAfter: 2 * time.Second}
+		return space.Charged{}, &space.LimitError{Bucket: space.BucketClusterActivation, RetryAfter: 2 * time.Second}
 	}
 	c.charges++
-	return nil
+	return space.Charged{}, nil
 }
 
 func (c *charger) set(reject bool) {

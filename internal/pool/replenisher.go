@@ -238,7 +238,7 @@ func (r *Replenisher) fill(ctx context.Context, want map[kind]*wanted, ready, wa
 	for _, w := range sortedWanted(want) {
 		deficit := w.target - ready[w.kind] - warming[w.kind]
 		for range max(deficit, 0) {
-			err := r.opts.Charger.Charge(ctx, "", nil, w.tmpl.ActivationCost())
+			_, err := r.opts.Charger.Charge(ctx, space.Charge{Cost: w.tmpl.ActivationCost()})
 			var le *space.LimitError
 			if errors.As(err, &le) {
 				r.warmups.WithLabelValues("rejected").Inc()

@@ -96,13 +96,15 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 		s.opts.Pool.Discard(ctx, slot)
 	}
 
-	if err := s.opts.Charger.Charge(ctx, caller.Key, caller.ClientRate, tmpl.ActivationCost()); err != nil {
+	charged, err := s.opts.Charger.Charge(ctx, caller.Charge(tmpl.ActivationCost()))
+	if err != nil {
 		if uerr := a.undo(ctx, sb); uerr != nil {
 			s.logger.ErrorContext(ctx, "undo refused activation", "sandbox", sb.ID, "err", uerr)
 		}
 		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
 		return nil, err
 	}
+	spec.SoftBreach = charged.SoftBreach
 
 	coldBegan := s.opts.Now()
 	ref, err := a.start(ctx, spec, "")

@@ -124,11 +124,17 @@ func (s *Service) Plan(caller space.Caller, req CreateRequest) (Plan, error) {
 }
 
 // resolve resolves shape as a cold start of caller's would: its template, within the
-// caps, at an activation cost the caller's bucket can ever hold.
+// caps, at an activation cost the caller may ask for (its max_activation_cost) and its
+// bucket can ever hold.
 func (s *Service) resolve(caller space.Caller, shape space.Shape) (substrate.Template, error) {
 	tmpl, err := s.opts.Catalog.Resolve(shape)
 	if err != nil {
 		return tmpl, err
+	}
+	if m := caller.MaxActivationCost; m > 0 && tmpl.ActivationCost() > m {
+		return tmpl, space.FieldError(space.EUNPROCESSABLE, "template",
+			"template %q costs %d activation tokens, more than %s may ask for (max_activation_cost %d)",
+			shape.Template, tmpl.ActivationCost(), whose(caller), m)
 	}
 	if r := caller.ClientRate; r != nil && caller.AdmissionEnabled && int64(tmpl.ActivationCost()) > r.Burst {
 		return tmpl, space.FieldError(space.EUNPROCESSABLE, "template",
@@ -136,6 +142,14 @@ func (s *Service) resolve(caller space.Caller, shape space.Shape) (substrate.Tem
 			shape.Template, tmpl.ActivationCost(), caller.Key, r.Burst)
 	}
 	return tmpl, nil
+}
+
+// whose names whose limit a refusal is: the caller's tier, or its budget key.
+func whose(c space.Caller) string {
+	if c.Tier != "" && c.Sources.MaxActivationCost != space.SourceClient {
+		return fmt.Sprintf("tier %q", c.Tier)
+	}
+	return fmt.Sprintf("client %q", c.Key)
 }
 
 // knownRefusal answers a create with the refusal it is known to meet, at once and for
@@ -153,7 +167,7 @@ func (s *Service) knownRefusal(p Plan, began time.Time) error {
 	if s.opts.View == nil || !s.opts.View.Cold(p.Request.Shape) {
 		return nil
 	}
-	le := s.opts.Charger.CachedRefusal(p.Caller.Key, p.Caller.ClientRate, p.Template.ActivationCost())
+	le := s.opts.Charger.CachedRefusal(p.Caller.Charge(p.Template.ActivationCost()))
 	if le == nil {
 		return nil
 	}

@@ -17,14 +17,16 @@ import (
 // Service takes the early refusal.
 type benchCharger struct{ refuse, known bool }
 
-func (c benchCharger) Charge(_ context.Context, client space.ClientKey, rate *space.Rate, _ int) error {
+func (c benchCharger) Charge(_ context.Context, ch space.Charge) (space.Charged, error) {
+	client, rate := ch.Key, ch.Rate
 	if c.refuse {
-		return &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Hour, Limit: rate}
+		return space.Charged{}, &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Hour, Limit: rate}
 	}
-	return nil
+	return space.Charged{}, nil
 }
 
-func (c benchCharger) CachedRefusal(client space.ClientKey, rate *space.Rate, _ int) *space.LimitError {
+func (c benchCharger) CachedRefusal(ch space.Charge) *space.LimitError {
+	client, rate := ch.Key, ch.Rate
 	if !c.known {
 		return nil
 	}

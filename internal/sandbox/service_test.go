@@ -51,7 +51,8 @@ type charger struct {
 	calls  map[space.ClientKey]int
 }
 
-func (c *charger) CachedRefusal(client space.ClientKey, rate *space.Rate, _ int) *space.LimitError {
+func (c *charger) CachedRefusal(ch space.Charge) *space.LimitError {
+	client, rate := ch.Key, ch.Rate
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.known == nil || !c.known(client) {
@@ -61,19 +62,20 @@ func (c *charger) CachedRefusal(client space.ClientKey, rate *space.Rate, _ int)
 	return &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Second, Limit: rate}
 }
 
-func (c *charger) Charge(_ context.Context, client space.ClientKey, rate *space.Rate, _ int) error {
+func (c *charger) Charge(_ context.Context, ch space.Charge) (space.Charged, error) {
+	client, rate := ch.Key, ch.Rate
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.reject != nil && c.reject(client) {
 		c.events.add("reject:" + string(client))
-		return &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Second, Limit: rate}
+		return space.Charged{}, &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Second, Limit: rate}
 	}
 	c.events.add("charge:" + string(client))
 	if c.calls == nil {
 		c.calls = map[space.ClientKey]int{}
 	}
 	c.calls[client]++
-	return nil
+	return space.Charged{}, nil
 }
 
 func (c *charger) count(client space.ClientKey) int {

@@ -22,6 +22,11 @@ type Spec struct {
 	Client    space.ClientID
 	Shape     space.Shape
 	Template  Template
+	// SoftBreach is true when the activation was admitted over its client's soft
+	// limit: a substrate that can rank what it runs starts it to be degraded first
+	// under pressure (the Kubernetes one labels it and may give it a lower
+	// PriorityClass).
+	SoftBreach bool
 }
 
 // Substrate runs sandboxes and warm pool slots.

@@ -1,0 +1,335 @@
+package flags
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/space-sandbox/space"
+)
+
+// TierFlag is the string flag that assigns a client its tier when its entry in the
+// quota flag names none: evaluated with the client id as targetingKey, so that a
+// provider with targeting rules (flagd) assigns tiers by rule.
+const TierFlag = "space-api-client-tier"
+
+// Fields are the limits a tier sets and a client entry may override, one by one. A nil
+// field says nothing: the layer below applies (docs/design.md, "Tiers").
+//
+// Every field is declared once, in fieldTable, which parses it, names it in errors
+// and layers it: a field added here but not there fails TestEveryFieldIsDeclared, and a
+// flags file setting every field is parsed from disk in TestAFlagsFileWithEveryField.
+type Fields struct {
+	RefillRPS         *float64
+	Burst             *int64
+	Concurrency       *int
+	LiveSandboxes     *int
+	MaxActivationCost *int
+	SoftRefillRPS     *float64
+	SoftBurst         *int64
+}
+
+// Reserve fields are a tier's alone: a client cannot move its tier's share of the
+// cluster.
+type reserveFields struct {
+	ReservedRPS   *float64
+	ReservedBurst *int64
+	Lendable      *float64
+}
+
+// fieldKind says how a field's JSON value is read and checked.
+type fieldKind int
+
+const (
+	kindCap      fieldKind = iota // an integer from 0 (no cap) to maxCap
+	kindRPS                       // a finite number >= 0, tokens per second
+	kindBurst                     // an integer >= 1
+	kindCost                      // an integer from 0 (no cap) to maxCap
+	kindFraction                  // a number from 0 to 1
+)
+
+// field is one declared field: its JSON name, how it is read, and where it lives.
+type field struct {
+	name string
+	kind fieldKind
+	// of returns the field's pointer in f (a **int, **int64 or **float64), for the
+	// fields of Fields; reserve, for the fields of reserveFields.
+	of      func(f *Fields) any
+	reserve func(r *reserveFields) any
+}
+
+// fieldTable declares every field of a tier or a client entry.
+var fieldTable = []field{
+	{name: "refill_rps", kind: kindRPS, of: func(f *Fields) any { return &f.RefillRPS }},
+	{name: "burst", kind: kindBurst, of: func(f *Fields) any { return &f.Burst }},
+	{name: "concurrency", kind: kindCap, of: func(f *Fields) any { return &f.Concurrency }},
+	{name: "live_sandboxes", kind: kindCap, of: func(f *Fields) any { return &f.LiveSandboxes }},
+	{name: "max_activation_cost", kind: kindCost, of: func(f *Fields) any { return &f.MaxActivationCost }},
+	{name: "soft_refill_rps", kind: kindRPS, of: func(f *Fields) any { return &f.SoftRefillRPS }},
+	{name: "soft_burst", kind: kindBurst, of: func(f *Fields) any { return &f.SoftBurst }},
+	{name: "reserved_rps", kind: kindRPS, reserve: func(r *reserveFields) any { return &r.ReservedRPS }},
+	{name: "reserved_burst", kind: kindBurst, reserve: func(r *reserveFields) any { return &r.ReservedBurst }},
+	{name: "lendable", kind: kindFraction, reserve: func(r *reserveFields) any { return &r.Lendable }},
+}
+
+// scope is which fields an object of the flag may set.
+type scope int
+
+const (
+	scopeDefault scope = iota // "default": the caps below every tier
+	scopeClient               // a "clients" entry: its tier, and any field of Fields
+	scopeTier                 // a "tiers" entry: Fields and its reserve
+)
+
+func (f field) allowed(s scope) bool {
+	switch s {
+	case scopeDefault:
+		return f.name == "concurrency" || f.name == "live_sandboxes"
+	case scopeClient:
+		return f.of != nil
+	}
+	return true
+}
+
+// fieldNames lists the names an object of scope may hold, for errors.
+func fieldNames(s scope) string {
+	var names []string
+	if s == scopeClient {
+		names = append(names, "tier")
+	}
+	for _, f := range fieldTable {
+		if f.allowed(s) {
+			names = append(names, f.name)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// parseFields reads obj's fields of scope into fields and reserve (reserve may be nil
+// for a scope without one). A null field says nothing. tier, when not nil, receives a
+// client entry's "tier".
+func parseFields(obj map[string]any, s scope, fields *Fields, reserve *reserveFields, tier *string) error {
+	for _, name := range sortedKeys(obj) {
+		raw := obj[name]
+		if name == "tier" && s == scopeClient {
+			if raw == nil {
+				continue
+			}
+			str, ok := raw.(string)
+			if !ok || checkTierName(str) != nil {
+				return malformedf("tier must be a tier name (%s), got %s", tierNameRule, describe(raw))
+			}
+			*tier = str
+			continue
+		}
+		var f *field
+		for i := range fieldTable {
+			if fieldTable[i].name == name && fieldTable[i].allowed(s) {
+				f = &fieldTable[i]
+				break
+			}
+		}
+		if f == nil {
+			return malformedf("unknown field %q (want %s)", truncate(name), fieldNames(s))
+		}
+		if raw == nil {
+			continue
+		}
+		dst := any(nil)
+		if f.of != nil {
+			dst = f.of(fields)
+		} else {
+			dst = f.reserve(reserve)
+		}
+		if err := f.read(raw, dst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// read checks raw as f's kind and stores it through dst.
+func (f field) read(raw any, dst any) error {
+	switch f.kind {
+	case kindCap, kindCost:
+		n, err := asInt(raw)
+		if err != nil || n < 0 || n > maxCap {
+			return malformedf("%s must be an integer from 0 (no cap) to %d, got %s", f.name, maxCap, describe(raw))
+		}
+		v := int(n)
+		*dst.(**int) = &v
+	case kindBurst:
+		n, err := asInt(raw)
+		if err != nil || n < 1 {
+			return malformedf("%s must be an integer >= 1, got %s", f.name, describe(raw))
+		}
+		*dst.(**int64) = &n
+	case kindRPS:
+		v, err := asFloat(raw)
+		if err != nil || v < 0 || math.IsInf(v, 0) {
+			return malformedf("%s must be a finite number >= 0, got %s", f.name, describe(raw))
+		}
+		*dst.(**float64) = &v
+	case kindFraction:
+		v, err := asFloat(raw)
+		if err != nil || v < 0 || v > 1 {
+			return malformedf("%s must be a number from 0 to 1, got %s", f.name, describe(raw))
+		}
+		*dst.(**float64) = &v
+	}
+	return nil
+}
+
+// Tier is one entry of the quota flag's tier table.
+type Tier struct {
+	Name string
+	Fields
+	// Reserve is the tier's reserved share of the cluster bucket; nil when it reserves
+	// nothing.
+	Reserve *space.Reserve
+}
+
+// tierNameRule is what a tier may be named: it becomes a Redis key's suffix and a
+// metric label.
+const tierNameRule = "1 to 63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+var tierName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+func checkTierName(name string) error {
+	if !tierName.MatchString(name) {
+		return fmt.Errorf("a tier name is %s", tierNameRule)
+	}
+	return nil
+}
+
+// parseTier reads one entry of "tiers". A tier's rates are whole: refill_rps and
+// burst come together or not at all, and so do the soft and the reserved pairs, since
+// a half-set pair would take its other half from whatever lies below, which differs by
+// deployment. A soft limit lies within the hard one.
+func parseTier(name string, v any) (Tier, error) {
+	t := Tier{Name: name}
+	if err := checkTierName(name); err != nil {
+		return t, malformedf("%v", err)
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return t, malformedf("must be an object of limits (%s), got %s", fieldNames(scopeTier), typeName(v))
+	}
+	var r reserveFields
+	if err := parseFields(obj, scopeTier, &t.Fields, &r, nil); err != nil {
+		return t, err
+	}
+	for _, pair := range [][2]string{{"refill_rps", "burst"}, {"soft_refill_rps", "soft_burst"}, {"reserved_rps", "reserved_burst"}} {
+		if (obj[pair[0]] == nil) != (obj[pair[1]] == nil) {
+			return t, malformedf("%s and %s are set together or not at all", pair[0], pair[1])
+		}
+	}
+	if t.SoftRefillRPS != nil {
+		if t.RefillRPS == nil {
+			return t, malformedf("a soft limit (soft_refill_rps, soft_burst) needs the hard one it lies within (refill_rps, burst)")
+		}
+		if *t.SoftRefillRPS > *t.RefillRPS || *t.SoftBurst > *t.Burst {
+			return t, malformedf("the soft limit (%g/s, burst %d) must lie within the hard one (%g/s, burst %d)",
+				*t.SoftRefillRPS, *t.SoftBurst, *t.RefillRPS, *t.Burst)
+		}
+	}
+	switch {
+	case r.ReservedRPS != nil:
+		lendable := 1.0
+		if r.Lendable != nil {
+			lendable = *r.Lendable
+		}
+		t.Reserve = &space.Reserve{Rate: space.Rate{RefillRPS: *r.ReservedRPS, Burst: *r.ReservedBurst}, Lendable: lendable}
+	case r.Lendable != nil:
+		return t, malformedf("lendable says how much of a reserve others may borrow: it needs reserved_rps and reserved_burst")
+	}
+	return t, nil
+}
+
+// reservations shares the cluster rate out between the tiers that reserve part of it:
+// the sum of the reserves must stay below the cluster's rate and burst, so that the
+// shared remainder keeps a rate and at least one token. An error names the tiers.
+func reservations(tiers map[string]Tier, cluster space.Rate) (*space.Reservations, error) {
+	var names []string
+	var rps float64
+	var burst int64
+	for name, t := range tiers {
+		if t.Reserve != nil {
+			names = append(names, name)
+			rps += t.Reserve.Rate.RefillRPS
+			burst += t.Reserve.Rate.Burst
+		}
+	}
+	if len(names) == 0 {
+		return nil, nil
+	}
+	sort.Strings(names)
+	if rps >= cluster.RefillRPS || burst >= cluster.Burst {
+		return nil, malformedf("tiers %s reserve %g/s with a burst of %d, which must stay below the cluster bucket's %g/s and burst of %d (SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS, _BURST)",
+			strings.Join(names, ", "), rps, burst, cluster.RefillRPS, cluster.Burst)
+	}
+	r := &space.Reservations{Shared: space.Rate{RefillRPS: cluster.RefillRPS - rps, Burst: cluster.Burst - burst}}
+	for _, name := range names {
+		r.Reserves = append(r.Reserves, space.TierReserve{Tier: name, Reserve: *tiers[name].Reserve})
+	}
+	return r, nil
+}
+
+// inForce checks a parsed quota flag against the configuration it is served under, and
+// returns how its tiers share the cluster bucket out, and what it holds that works but
+// is likely a mistake. A tier table must contain the floor tier (Env.FallbackTier), and
+// its reserves must leave the cluster a shared remainder; either failing makes the
+// value unusable as a whole (an ErrMalformed error), so that the last good one stays.
+func inForce(q Quotas, env Env) (*space.Reservations, []string, error) {
+	if len(q.Tiers) == 0 {
+		return nil, nil, nil
+	}
+	names := sortedKeys(q.Tiers)
+	if _, ok := q.Tiers[env.FallbackTier]; !ok {
+		if env.FallbackTier == "" {
+			return nil, nil, malformedf("the tier table (%s) needs a floor tier for the clients whose tier cannot be resolved: set SPACE_FALLBACK_TIER to one of them", strings.Join(names, ", "))
+		}
+		return nil, nil, malformedf("the floor tier SPACE_FALLBACK_TIER=%q is not in the tier table (%s)", env.FallbackTier, strings.Join(names, ", "))
+	}
+	res, err := reservations(q.Tiers, env.Cluster)
+	if err != nil {
+		return nil, nil, err
+	}
+	named := map[string]bool{env.FallbackTier: true}
+	var warnings []string
+	ids := make([]string, 0, len(q.Clients))
+	for id := range q.Clients {
+		ids = append(ids, string(id))
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		t := q.Clients[space.ClientKey(id)].Tier
+		if t == "" {
+			continue
+		}
+		named[t] = true
+		if _, ok := q.Tiers[t]; !ok {
+			warnings = append(warnings, fmt.Sprintf("clients.%s names tier %q, which is not in the tier table: it gets the floor tier %q", id, t, env.FallbackTier))
+		}
+	}
+	for _, name := range names {
+		if !named[name] {
+			warnings = append(warnings, fmt.Sprintf("tier %q is named by no client entry: only the flag %s can put a client on it", name, TierFlag))
+		}
+	}
+	return res, warnings, nil
+}
+
+// TierTable is the tier table in force, as GET /v1/tiers reports it: for each tier, in
+// name order, the Caller that a client on it with no entry of its own gets, built by
+// the same layering as every request (Resolver.limits), so that no number is computed
+// apart from what admission uses.
+type TierTable struct {
+	Fallback string
+	Tiers    []space.Caller
+	// Reservations is how the tiers share the cluster bucket out; nil when none
+	// reserves anything.
+	Reservations *space.Reservations
+}
