@@ -81,7 +81,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return nil
 	default: // serve
 		m := NewMain(cfg, logger)
-		m.Getenv = getenv
 		if err := m.Run(ctx); err != nil {
 			m.Close()
 			return err

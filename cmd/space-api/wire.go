@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -243,8 +244,14 @@ func (m *Main) checkTemplates(ts substrate.Templates) error {
 
 func (m *Main) substrate() (substrate.Substrate, error) {
 	switch m.Config.Sandbox.Substrate {
-	case "kubernetes":
-		return kubernetes.NewFromEnv(m.Getenv, nil, m.Logger)
+	case kubernetes.Name:
+		k := m.Config.Kubernetes
+		sub, err := kubernetes.Connect(kubernetes.Cluster{Kubeconfig: k.Kubeconfig, Namespace: k.Namespace, QPS: k.QPS, Burst: k.Burst},
+			kubernetes.Options{ReadyTimeout: k.ReadyTimeout, Logger: m.Logger})
+		if errors.Is(err, kubernetes.ErrNoNamespace) {
+			return nil, &config.VarError{Var: config.EnvKubernetesNamespace, Accepts: "the namespace that holds sandbox Pods: neither the service account nor the kubeconfig context names one"}
+		}
+		return sub, err
 	default: // "simulated"; config.Load accepts nothing else
 		c := m.Config.Sandbox
 		d := c.SimulatedColdStart

@@ -639,12 +639,8 @@ func TestFullRenderSetsEveryOptionalPart(t *testing.T) {
 		t.Errorf("extraEnv not rendered")
 	}
 
-	kenv, err := kubernetes.ReadEnv(getenv(env))
-	if err != nil {
-		t.Fatalf("the rendered SPACE_KUBERNETES_* env does not load: %v", err)
-	}
-	if kenv.Namespace != "sandboxes" || kenv.ReadyTimeout.Seconds() != 90 || kenv.QPS != 100 || kenv.Burst != 200 {
-		t.Errorf("kubernetes env = %+v", kenv)
+	if k := cfg.Kubernetes; k.Namespace != "sandboxes" || k.ReadyTimeout.Seconds() != 90 || k.QPS != 100 || k.Burst != 200 {
+		t.Errorf("kubernetes config = %+v", k)
 	}
 	if sa := d.Spec.Template.Spec.AutomountServiceAccountToken; sa == nil || !*sa {
 		t.Errorf("the kubernetes substrate has no API token")
