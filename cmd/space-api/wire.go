@@ -121,7 +121,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 			return opts, err
 		}
 	}
-	m.Reconciler = sandbox.NewReconciler(sandbox.ReconcilerOptions{
+	m.Reconciler, err = sandbox.NewReconciler(sandbox.ReconcilerOptions{
 		Service:  m.Sandboxes,
 		Interval: cfg.Reconcile.Interval,
 		Grace:    cfg.Reconcile.Grace,
@@ -132,6 +132,9 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Registerer: m.Registry,
 		Logger:     m.Logger.With("component", "reconciler"),
 	})
+	if err != nil {
+		return opts, err
+	}
 
 	if opts.Auth, err = m.authenticator(); err != nil {
 		return opts, err
