@@ -226,14 +226,9 @@ type Kubernetes struct {
 // required set.
 func Default() Config {
 	var c Config
-	for _, v := range declare(&c) {
-		if v.Default == "" {
-			continue
-		}
-		if err := v.parse(v.Default); err != nil {
-			// A declaration whose default its own parser refuses; TestDefaults catches it.
-			panic(fmt.Sprintf("config: the default of %s does not parse: %v", v.Name, err))
-		}
+	if _, err := load(&c, nil, []string{}); err != nil {
+		// A default its own parser refuses: TestDefaultsAreTheDocumentedValues fails.
+		panic("config: a declared default does not parse: " + err.Error())
 	}
 	return c
 }
@@ -268,8 +263,8 @@ func LoadDatabase(getenv func(string) string) (Config, error) {
 }
 
 // load parses the declared variables into c. only, when not nil, names the variables
-// read from getenv; the others take their defaults. It returns which variables were
-// set.
+// read from getenv; the others take their defaults (an empty only reads nothing). It
+// returns which variables were set.
 func load(c *Config, getenv func(string) string, only []string) (map[string]bool, error) {
 	set := map[string]bool{}
 	for _, v := range declare(c) {
@@ -284,13 +279,13 @@ func load(c *Config, getenv func(string) string, only []string) (map[string]bool
 		case raw != "":
 			set[v.Name] = true
 			if err := v.parse(raw); err != nil {
-				return nil, v.error(raw, err)
+				return nil, v.refusal(raw, err)
 			}
 		case v.Required != "" && read:
 			return nil, &VarError{Var: v.Name, Accepts: v.Required}
 		case v.Default != "":
 			if err := v.parse(v.Default); err != nil {
-				return nil, v.error(v.Default, err)
+				return nil, v.refusal(v.Default, err)
 			}
 		}
 	}
@@ -301,12 +296,12 @@ func load(c *Config, getenv func(string) string, only []string) (map[string]bool
 // says which variables were set.
 func (c *Config) check(set map[string]bool) error {
 	if c.Auth.Mode == AuthTrustedHeader && len(c.Auth.TrustedProxyCIDRs) == 0 {
-		return &VarError{Var: "SPACE_TRUSTED_PROXY_CIDRS", Accepts: "one or more CIDRs (e.g. 10.0.0.0/8); required when SPACE_AUTH_MODE=trusted_header"}
+		return &VarError{Var: envTrustedProxyCIDRs, Accepts: "one or more CIDRs (e.g. 10.0.0.0/8); required when " + envAuthMode + "=trusted_header"}
 	}
 	if err := c.Redis.check(); err != nil {
 		return err
 	}
-	const rps, burst = "SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_REFILL_RPS", "SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_BURST"
+	rps, burst := envClientRefillRPS, envClientBurst
 	switch {
 	case set[rps] && !set[burst]:
 		return &VarError{Var: burst, Accepts: "an integer number of tokens >= 1; set together with " + rps}
@@ -340,10 +335,10 @@ func (e *VarError) Error() string {
 	return fmt.Sprintf("%s=%q is invalid: want %s", e.Var, e.Value, e.Accepts)
 }
 
-// error turns what v's parser returned for value into the *VarError Load reports: a
+// refusal turns what v's parser returned for value into the *VarError Load reports: a
 // *VarError of the parser's own (a redacted value, two variables set together) keeps
 // its fields, and any other error's text is what v accepts.
-func (v Var) error(value string, err error) *VarError {
+func (v Var) refusal(value string, err error) *VarError {
 	var ve *VarError
 	if errors.As(err, &ve) {
 		if ve.Var == "" {

@@ -47,6 +47,14 @@ const (
 	EnvKubernetesNamespace = "SPACE_KUBERNETES_NAMESPACE"
 )
 
+// The names the rules between variables (Config.check) name.
+const (
+	envAuthMode          = "SPACE_AUTH_MODE"
+	envTrustedProxyCIDRs = "SPACE_TRUSTED_PROXY_CIDRS"
+	envClientRefillRPS   = "SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_REFILL_RPS"
+	envClientBurst       = "SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_BURST"
+)
+
 // Vars returns every variable, in the order of the docs.
 func Vars() []Var {
 	var c Config
@@ -86,9 +94,9 @@ func declare(c *Config) []Var {
 			Help: "How long an `Idempotency-Key` names its request: a repeat within it gets the first outcome and is not charged."},
 	)...)
 	vars = append(vars, group("Auth",
-		Var{Name: "SPACE_AUTH_MODE", Default: string(AuthAPIKey), parse: into(&c.Auth.Mode, oneOf(AuthAPIKey, AuthTrustedHeader)),
+		Var{Name: envAuthMode, Default: string(AuthAPIKey), parse: into(&c.Auth.Mode, oneOf(AuthAPIKey, AuthTrustedHeader)),
 			Help: "`api_key` (`Authorization: Bearer`, keys hashed in Postgres) or `trusted_header` (`X-Client-ID` from a trusted proxy)."},
-		Var{Name: "SPACE_TRUSTED_PROXY_CIDRS", Unset: "none; required with `trusted_header`", parse: into(&c.Auth.TrustedProxyCIDRs, cidrs),
+		Var{Name: envTrustedProxyCIDRs, Unset: "none; required with `trusted_header`", parse: into(&c.Auth.TrustedProxyCIDRs, cidrs),
 			Help: "Comma-separated CIDRs of the proxies whose `X-Client-ID` is believed, and whose `X-Forwarded-For` names the source of failed logins."},
 		Var{Name: "SPACE_AUTH_FAILURE_REFILL_RPS", Default: "0.2", parse: into(&c.Auth.FailureRate.RefillRPS, refill),
 			Help: "Failed authentications allowed per source address and second, after the burst (`api_key` mode)."},
@@ -126,9 +134,9 @@ func declare(c *Config) []Var {
 			Help: "The cluster bucket's refill, in tokens per second."},
 		Var{Name: "SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST", Default: "200", parse: into(&a.Cluster.Burst, tokens),
 			Help: "The cluster bucket's capacity."},
-		Var{Name: "SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_REFILL_RPS", Unset: "no per-client bucket", parse: a.parseClientRefill,
+		Var{Name: envClientRefillRPS, Unset: "no per-client bucket", parse: a.parseClientRefill,
 			Help: "Every client key's refill unless the quota flag says otherwise; set together with `_CLIENT_BURST`."},
-		Var{Name: "SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_BURST", Unset: "no per-client bucket", parse: a.parseClientBurst,
+		Var{Name: envClientBurst, Unset: "no per-client bucket", parse: a.parseClientBurst,
 			Help: "Every client key's capacity; set together with `_CLIENT_REFILL_RPS`."},
 		Var{Name: "SPACE_CLUSTER_ACTIVATION_ADMISSION_FAILURE_MODE", Default: string(FailOpen), parse: into(&a.FailureMode, oneOf(FailOpen, FailClosed)),
 			Help: "On a Redis error, `open` admits and `closed` answers 503; both are counted."},

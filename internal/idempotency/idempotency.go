@@ -140,8 +140,8 @@ type Querier interface {
 var ErrReused = errors.New("idempotency key reused for a different request")
 
 // Claim makes rec's key name rec's request for ttl (SPACE_IDEMPOTENCY_KEY_TTL, 24h by
-// default: the draft's example, and longer than any client's retry loop), unless an
-// unexpired claim holds the key already. It returns nil when rec now holds the key (its CreatedAt and ExpiresAt
+// default: longer than any client's retry loop), unless an unexpired claim holds the
+// key already. It returns nil when rec now holds the key (its CreatedAt and ExpiresAt
 // set); the holding Record when it names this same request (a repeat, whose outcome
 // the caller answers with); and an EUNPROCESSABLE error naming the header, wrapping
 // ErrReused, when it names a different one.
