@@ -1,6 +1,9 @@
 package space
 
-import "fmt"
+import (
+	"fmt"
+	"regexp"
+)
 
 // ClientID is who a request is from: the client its API key was issued for
 // (SPACE_AUTH_MODE=api_key) or the X-Client-ID its trusted gateway set
@@ -187,4 +190,18 @@ type Caller struct {
 	// (a malformed rate entry, a tier that is not in the table, ...), as GET
 	// /v1/limits reports them.
 	Warnings []string
+}
+
+// TierNameRule is what a tier may be named: it becomes a Redis key's suffix and a
+// metric label.
+const TierNameRule = "1 to 63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+var tierName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// CheckTierName reports whether name can name a tier (TierNameRule).
+func CheckTierName(name string) error {
+	if !tierName.MatchString(name) {
+		return fmt.Errorf("a tier name is %s", TierNameRule)
+	}
+	return nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
+	"github.com/space-sandbox/space/internal/config"
 )
 
 // KeysResult is the scale-with-keys scenario.
@@ -217,7 +218,7 @@ func populate(ctx context.Context, rdb *redis.Client, n int) error {
 	binary.LittleEndian.PutUint64(state[16:], math.Float64bits(float64(now.Add(10*time.Minute).UnixMicro())))
 	const chunk = 100_000
 	for _, k := range []struct{ prefix, state string }{
-		{admission.ClientKey(admission.DefaultPrefix, "c"), string(state[:])},
+		{admission.ClientKey(config.Default().Redis.KeyPrefix, "c"), string(state[:])},
 		// redis_rate's key holds its GCRA theoretical arrival time; 0 is "now".
 		{"rate:c", "0"},
 	} {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/admission"
+	"github.com/space-sandbox/space/internal/config"
 )
 
 // ReplicasRun is one flood of the three replicas.
@@ -102,7 +103,7 @@ func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasRe
 		}()
 	}
 	warm.Wait()
-	clusterKey := admission.ClusterKey(admission.DefaultPrefix)
+	clusterKey := admission.ClusterKey(config.Default().Redis.KeyPrefix)
 	for range runs {
 		// A fresh, full bucket (a missing key is a full one), and no sandbox yet.
 		if err := rdb.Del(ctx, clusterKey).Err(); err != nil {

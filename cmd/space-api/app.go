@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
@@ -40,9 +39,6 @@ type Main struct {
 	// the design's keys); tests set a prefix of their own so that servers can share one
 	// Redis.
 	RedisPrefix string
-	// Getenv reads the environment of components that read their own variables (the
-	// Kubernetes substrate's SPACE_KUBERNETES_*); default os.Getenv.
-	Getenv func(string) string
 	// OnFlagsReload, when set before Run, is told of every flags file reload: tests
 	// wait on it instead of sleeping.
 	OnFlagsReload func(flags.ReloadResult)
@@ -99,7 +95,7 @@ func NewMain(cfg config.Config, logger *slog.Logger) *Main {
 		Help: "Connections with a request in flight, both listeners.",
 	})
 	reg.MustRegister(inFlight, buildInfo())
-	return &Main{Config: cfg, Logger: logger, Registry: reg, RedisPrefix: cfg.Redis.KeyPrefix, Getenv: os.Getenv, inFlight: inFlight, readHeaderTimeout: 5 * time.Second, serveErr: make(chan error, 2)}
+	return &Main{Config: cfg, Logger: logger, Registry: reg, RedisPrefix: cfg.Redis.KeyPrefix, inFlight: inFlight, readHeaderTimeout: 5 * time.Second, serveErr: make(chan error, 2)}
 }
 
 // Run opens the dependencies, refuses an unmigrated database, starts the listeners and

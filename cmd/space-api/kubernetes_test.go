@@ -40,14 +40,8 @@ current-context: x
 `, apiServer.URL))
 		cfg := testConfig(t)
 		cfg.Sandbox.Substrate = "kubernetes"
-		env := map[string]string{"KUBECONFIG": kubeconfig, "SPACE_KUBERNETES_NAMESPACE": "sandboxes"}
-		m := NewMain(cfg, NewLogger(io.Discard, "error"))
-		m.RedisPrefix = testenv.Prefix(t)
-		m.Getenv = func(k string) string { return env[k] }
-		if err := m.Run(testenv.Context(t)); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
+		cfg.Kubernetes.Kubeconfig, cfg.Kubernetes.Namespace = kubeconfig, "sandboxes"
+		m := startMain(t, cfg)
 		var ready api.Readiness
 		if code := getJSON(t, m.InternalURL()+"/readyz", &ready); code != 200 {
 			t.Fatalf("readyz = %d %+v", code, ready)
@@ -59,18 +53,16 @@ current-context: x
 
 	t.Run("a bad kubernetes variable stops the start naming it", func(t *testing.T) {
 		t.Parallel()
-		cfg := testConfig(t)
-		cfg.Sandbox.Substrate = "kubernetes"
-		m := NewMain(cfg, NewLogger(io.Discard, "error"))
-		m.Getenv = func(k string) string {
-			if k == "SPACE_KUBERNETES_NAMESPACE" {
-				return "Not_A_Namespace"
-			}
-			return ""
+		env := map[string]string{
+			"SPACE_DATABASE_URL":         testenv.DatabaseURL(t),
+			"SPACE_REDIS_ADDRS":          testenv.RedisAddr(t),
+			"SPACE_TEMPLATES_FILE":       testenv.WriteFile(t, "templates.json", testTemplates),
+			"SPACE_SUBSTRATE":            "kubernetes",
+			"SPACE_KUBERNETES_NAMESPACE": "Not_A_Namespace",
 		}
-		defer m.Close()
-		if err := m.Run(testenv.Context(t)); err == nil || !strings.Contains(err.Error(), "SPACE_KUBERNETES_NAMESPACE") {
-			t.Fatalf("Run = %v, want an error naming SPACE_KUBERNETES_NAMESPACE", err)
+		err := run(testenv.Context(t), []string{"serve"}, func(k string) string { return env[k] }, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "SPACE_KUBERNETES_NAMESPACE") {
+			t.Fatalf("run = %v, want an error naming SPACE_KUBERNETES_NAMESPACE", err)
 		}
 	})
 }

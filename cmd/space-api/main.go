@@ -3,9 +3,11 @@
 //	space-api [serve]   serve the public and internal listeners (default)
 //	space-api migrate   apply database migrations (ours and River's)
 //	space-api keys      create, list and revoke API keys
+//	space-api config    print every configuration variable with its default
 //	space-api version   print the version
 //
-// Configuration comes from SPACE_* environment variables; see README.md.
+// Configuration comes from environment variables, declared in internal/config; see
+// docs/configuration.md.
 package main
 
 import (
@@ -50,6 +52,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
+	case "config":
+		return printConfig(args, stdout)
 	case "serve", "migrate", "keys":
 	default:
 		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
@@ -81,7 +85,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return nil
 	default: // serve
 		m := NewMain(cfg, logger)
-		m.Getenv = getenv
 		if err := m.Run(ctx); err != nil {
 			m.Close()
 			return err
@@ -96,10 +99,25 @@ commands:
   serve     serve the public and internal listeners (default)
   migrate   apply database migrations
   keys      create, list and revoke API keys (keys create --client acme --name ci)
+  config    print every configuration variable with its default and help, as an env
+            file (config --markdown: the table of docs/configuration.md)
   version   print the version
 
-Configuration is read from SPACE_* environment variables (see README.md).
+Configuration is read from environment variables: see space-api config.
 `
+
+// printConfig prints every declared variable: an env file of the defaults, or with
+// --markdown the tables of docs/configuration.md. It reads no environment, so it
+// works anywhere the binary does.
+func printConfig(args []string, stdout io.Writer) error {
+	switch {
+	case len(args) == 0:
+		return config.WriteEnv(stdout)
+	case len(args) == 1 && (args[0] == "--markdown" || args[0] == "-markdown"):
+		return config.WriteMarkdown(stdout)
+	}
+	return fmt.Errorf("config: unknown arguments %q: want none, or --markdown", args)
+}
 
 // Version is the build's version.
 func Version() string {

@@ -212,6 +212,33 @@ func TestRun(t *testing.T) {
 		}
 	})
 
+	t.Run("config prints every variable with its default, without any configuration", func(t *testing.T) {
+		t.Parallel()
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"config"}, func(string) string { return "" }, &out, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range config.Vars() {
+			want := v.Name + "=" + v.Default
+			if v.Default == "" && v.Required == "" {
+				want = "#" + v.Name + "="
+			}
+			if !strings.Contains(out.String(), "\n"+want+"\n") || !strings.Contains(out.String(), v.Help) {
+				t.Errorf("config does not print %q with its help %q", want, v.Help)
+			}
+		}
+		var md, want bytes.Buffer
+		if err := run(context.Background(), []string{"config", "--markdown"}, func(string) string { return "" }, &md, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		if err := config.WriteMarkdown(&want); err != nil || md.String() != want.String() {
+			t.Errorf("config --markdown printed something else than the docs tables (%v):\n%s", err, md.String())
+		}
+		if err := run(context.Background(), []string{"config", "--yaml"}, func(string) string { return "" }, io.Discard, io.Discard); err == nil {
+			t.Error("config --yaml succeeded")
+		}
+	})
+
 	t.Run("an unknown command is an error", func(t *testing.T) {
 		t.Parallel()
 		err := run(context.Background(), []string{"frobnicate"}, func(string) string { return "" }, io.Discard, io.Discard)

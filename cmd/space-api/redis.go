@@ -247,13 +247,13 @@ func (c *redisCheck) judge(f redisFound) error {
 	}
 	switch {
 	case cfg.Mode == config.RedisStandalone && f.cluster:
-		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_MODE=standalone, but Redis at %s is %s: set SPACE_REDIS_MODE=cluster (or auto)", f.addr, what)}
+		return &redisSetupError{msg: fmt.Sprintf("%[1]s=standalone, but Redis at %[2]s is %[3]s: set %[1]s=cluster (or auto)", config.EnvRedisMode, f.addr, what)}
 	case cfg.Mode == config.RedisCluster && !f.cluster:
-		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_MODE=cluster, but Redis at %s is %s: set SPACE_REDIS_MODE=standalone (or auto)", f.addr, what)}
+		return &redisSetupError{msg: fmt.Sprintf("%[1]s=cluster, but Redis at %[2]s is %[3]s: set %[1]s=standalone (or auto)", config.EnvRedisMode, f.addr, what)}
 	case cfg.Mode == config.RedisAuto && len(cfg.Addrs) > 1 && !f.cluster:
-		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_MODE=auto takes the %d addresses of SPACE_REDIS_ADDRS for a Redis Cluster, but Redis at %s is %s: name one address for a standalone server", len(cfg.Addrs), f.addr, what)}
+		return &redisSetupError{msg: fmt.Sprintf("%s=auto takes the %d addresses of %s for a Redis Cluster, but Redis at %s is %s: name one address for a standalone server", config.EnvRedisMode, len(cfg.Addrs), config.EnvRedisAddrs, f.addr, what)}
 	case f.cluster && cfg.DB != 0:
-		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_URL names database %d, but Redis at %s is %s, which has database 0 only", cfg.DB, f.addr, what)}
+		return &redisSetupError{msg: fmt.Sprintf("%s names database %d, but Redis at %s is %s, which has database 0 only", config.EnvRedisURL, cfg.DB, f.addr, what)}
 	}
 	return nil
 }
@@ -265,19 +265,19 @@ func (c *redisCheck) classify(addr string, err error) *redisSetupError {
 	switch {
 	case redis.IsAuthError(err) || redis.HasErrorPrefix(err, "AUTH"):
 		if cfg.Password == "" {
-			return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_PASSWORD_FILE/SPACE_REDIS_PASSWORD: Redis at %s wants a password and none is set", addr), err: err}
+			return &redisSetupError{msg: fmt.Sprintf("%s/%s: Redis at %s wants a password and none is set", config.EnvRedisPasswordFile, config.EnvRedisPassword, addr), err: err}
 		}
 		return &redisSetupError{msg: fmt.Sprintf("%s: Redis at %s refused the credentials", c.credentialVars(), addr), err: err}
 	case redis.IsPermissionError(err) && cfg.Mode == config.RedisAuto:
-		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_USERNAME/SPACE_REDIS_MODE: the Redis user %s at %s may not run INFO, which SPACE_REDIS_MODE=auto needs to tell a standalone server from a cluster: allow it (+info) or set SPACE_REDIS_MODE",
-			orDefault(cfg.Username, "default"), addr), err: err}
+		return &redisSetupError{msg: fmt.Sprintf("%[1]s/%[2]s: the Redis user %[3]s at %[4]s may not run INFO, which %[2]s=auto needs to tell a standalone server from a cluster: allow it (+info) or set %[2]s",
+			config.EnvRedisUsername, config.EnvRedisMode, orDefault(cfg.Username, "default"), addr), err: err}
 	case redis.IsPermissionError(err):
-		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_USERNAME: the Redis user %s at %s may not run a command the replica needs", orDefault(cfg.Username, "default"), addr), err: err}
+		return &redisSetupError{msg: fmt.Sprintf("%s: the Redis user %s at %s may not run a command the replica needs", config.EnvRedisUsername, orDefault(cfg.Username, "default"), addr), err: err}
 	}
 	if !cfg.TLS {
 		return nil
 	}
-	tlsVar := orDefault(cfg.From.TLS, "SPACE_REDIS_TLS")
+	tlsVar := orDefault(cfg.From.TLS, config.EnvRedisTLS)
 	var (
 		unknownCA x509.UnknownAuthorityError
 		hostname  x509.HostnameError
@@ -287,29 +287,29 @@ func (c *redisCheck) classify(addr string, err error) *redisSetupError {
 	)
 	switch {
 	case errors.As(err, &unknownCA):
-		roots := "the system roots (SPACE_REDIS_TLS_CA_FILE is not set)"
+		roots := "the system roots (" + config.EnvRedisTLSCAFile + " is not set)"
 		if cfg.TLSCAFile != "" {
 			roots = cfg.TLSCAFile
 		}
-		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_TLS_CA_FILE: the TLS handshake with Redis at %s failed: its certificate is not signed by a CA of %s", addr, roots), err: err}
+		return &redisSetupError{msg: fmt.Sprintf("%s: the TLS handshake with Redis at %s failed: its certificate is not signed by a CA of %s", config.EnvRedisTLSCAFile, addr, roots), err: err}
 	case errors.As(err, &hostname):
 		name := cfg.TLSServerName
 		if name == "" {
 			name, _, _ = net.SplitHostPort(addr)
 		}
-		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_TLS_SERVER_NAME: the TLS handshake with Redis at %s failed: its certificate is not for %s", addr, name), err: err}
+		return &redisSetupError{msg: fmt.Sprintf("%s: the TLS handshake with Redis at %s failed: its certificate is not for %s", config.EnvRedisTLSServerName, addr, name), err: err}
 	case errors.As(err, &invalid):
-		return &redisSetupError{msg: fmt.Sprintf("SPACE_REDIS_TLS_CA_FILE: the TLS handshake with Redis at %s failed: its certificate is not valid", addr), err: err}
+		return &redisSetupError{msg: fmt.Sprintf("%s: the TLS handshake with Redis at %s failed: its certificate is not valid", config.EnvRedisTLSCAFile, addr), err: err}
 	case errors.As(err, &record):
 		return &redisSetupError{msg: fmt.Sprintf("%s: Redis at %s does not speak TLS", tlsVar, addr), err: err}
 	case errors.As(err, &opErr) && opErr.Op == "remote error":
-		return &redisSetupError{msg: fmt.Sprintf("%s/SPACE_REDIS_TLS_CA_FILE/SPACE_REDIS_TLS_SERVER_NAME: Redis at %s refused the TLS handshake", tlsVar, addr), err: err}
+		return &redisSetupError{msg: fmt.Sprintf("%s/%s/%s: Redis at %s refused the TLS handshake", tlsVar, config.EnvRedisTLSCAFile, config.EnvRedisTLSServerName, addr), err: err}
 	}
 	return nil
 }
 
-// credentialVars names the variables the credentials came from, e.g.
-// "SPACE_REDIS_USERNAME/SPACE_REDIS_PASSWORD_FILE".
+// credentialVars names the variables the credentials came from (config.Redis.From),
+// e.g. "SPACE_REDIS_USERNAME/SPACE_REDIS_PASSWORD_FILE".
 func (c *redisCheck) credentialVars() string {
 	var vars []string
 	for _, v := range []string{c.cfg.From.Username, c.cfg.From.Password} {
@@ -331,9 +331,9 @@ func (c *redisCheck) hint(err error) string {
 	case !c.cfg.TLS && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
 		// A TLS server closes on the first bytes that are not a handshake: EOF, or a
 		// reset when some of them were still unread.
-		return " (the server closed the connection without answering: if it serves TLS, set SPACE_REDIS_TLS=true)"
+		return " (the server closed the connection without answering: if it serves TLS, set " + config.EnvRedisTLS + "=true)"
 	case c.cfg.TLS && errors.As(err, &ne) && ne.Timeout():
-		return " (no answer: if the server does not speak TLS, " + orDefault(c.cfg.From.TLS, "SPACE_REDIS_TLS") + " must not ask for it)"
+		return " (no answer: if the server does not speak TLS, " + orDefault(c.cfg.From.TLS, config.EnvRedisTLS) + " must not ask for it)"
 	}
 	return ""
 }

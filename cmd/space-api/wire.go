@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -118,7 +119,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 			return opts, err
 		}
 	}
-	m.Reconciler = sandbox.NewReconciler(sandbox.ReconcilerOptions{
+	m.Reconciler, err = sandbox.NewReconciler(sandbox.ReconcilerOptions{
 		Service:  m.Sandboxes,
 		Interval: cfg.Reconcile.Interval,
 		Grace:    cfg.Reconcile.Grace,
@@ -129,6 +130,9 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Registerer: m.Registry,
 		Logger:     m.Logger.With("component", "reconciler"),
 	})
+	if err != nil {
+		return opts, err
+	}
 
 	if opts.Auth, err = m.authenticator(); err != nil {
 		return opts, err
@@ -181,6 +185,7 @@ func (m *Main) flagsEnv() flags.Env {
 		Cluster:          cfg.Admission.Cluster,
 		ClientRate:       cfg.Admission.Client,
 		OwnKeys:          cfg.Auth.Mode == config.AuthAPIKey,
+		FallbackTier:     cfg.Flags.FallbackTier,
 	}
 }
 
@@ -255,8 +260,14 @@ func (m *Main) checkTemplates(ts substrate.Templates) error {
 
 func (m *Main) substrate() (substrate.Substrate, error) {
 	switch m.Config.Sandbox.Substrate {
-	case "kubernetes":
-		return kubernetes.NewFromEnv(m.Getenv, nil, m.Logger)
+	case kubernetes.Name:
+		k := m.Config.Kubernetes
+		sub, err := kubernetes.Connect(kubernetes.Cluster{Kubeconfig: k.Kubeconfig, Namespace: k.Namespace, QPS: k.QPS, Burst: k.Burst},
+			kubernetes.Options{ReadyTimeout: k.ReadyTimeout, Logger: m.Logger})
+		if errors.Is(err, kubernetes.ErrNoNamespace) {
+			return nil, &config.VarError{Var: config.EnvKubernetesNamespace, Accepts: "the namespace that holds sandbox Pods: neither the service account nor the kubeconfig context names one"}
+		}
+		return sub, err
 	default: // "simulated"; config.Load accepts nothing else
 		c := m.Config.Sandbox
 		d := c.SimulatedColdStart

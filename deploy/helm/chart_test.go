@@ -478,39 +478,12 @@ func volumeOf(t *testing.T, d *appsv1.Deployment, c corev1.Container, dir string
 	return corev1.Volume{}, corev1.VolumeMount{}
 }
 
-// kubernetesVariables are the substrate's own variables (internal/substrate/kubernetes).
-var kubernetesVariables = []string{"SPACE_KUBERNETES_NAMESPACE", "SPACE_KUBERNETES_READY_TIMEOUT", "SPACE_KUBERNETES_CLIENT_QPS", "SPACE_KUBERNETES_CLIENT_BURST"}
-
-// redisVariables are the Redis auth, TLS and mode variables space-api reads;
-// named here too so the chart renders them whether or not internal/config has them yet.
-var redisVariables = []string{"SPACE_REDIS_USERNAME", "SPACE_REDIS_PASSWORD_FILE", "SPACE_REDIS_TLS", "SPACE_REDIS_TLS_CA_FILE", "SPACE_REDIS_TLS_SERVER_NAME", "SPACE_REDIS_MODE"}
-
 // notRendered are the variables space-api reads that the chart renders on purpose
 // never: a password in the environment (the chart mounts SPACE_REDIS_PASSWORD_FILE
-// instead), and a URL that may carry one (the chart renders SPACE_REDIS_ADDRS and the
-// separate variables).
-var notRendered = []string{"SPACE_REDIS_PASSWORD", "SPACE_REDIS_URL"}
-
-// configVariables reads every SPACE_* name out of internal/config's source, so that a
-// variable added there without a chart value fails TestEveryConfigVariableIsRendered.
-func configVariables(t *testing.T) []string {
-	t.Helper()
-	src, err := os.ReadFile(filepath.Join("..", "..", "internal", "config", "config.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := regexp.MustCompile(`"(SPACE_[A-Z0-9_]+)"`).FindAllStringSubmatch(string(src), -1)
-	var out []string
-	for _, m := range names {
-		out = append(out, m[1])
-	}
-	slices.Sort(out)
-	out = slices.Compact(out)
-	if len(out) < 20 {
-		t.Fatalf("found only %d SPACE_* names in config.go: %v", len(out), out)
-	}
-	return out
-}
+// instead), a URL that may carry one (the chart renders SPACE_REDIS_ADDRS and the
+// separate variables), and KUBECONFIG (in its cluster, the substrate uses the service
+// account).
+var notRendered = []string{"SPACE_REDIS_PASSWORD", "SPACE_REDIS_URL", "KUBECONFIG"}
 
 // The Secret the full values point at for the database.
 var fullExternal = map[string]string{"pg-app/uri": "postgres://space:secret@pg-rw.db:5432/space"}
@@ -666,12 +639,8 @@ func TestFullRenderSetsEveryOptionalPart(t *testing.T) {
 		t.Errorf("extraEnv not rendered")
 	}
 
-	kenv, err := kubernetes.ReadEnv(getenv(env))
-	if err != nil {
-		t.Fatalf("the rendered SPACE_KUBERNETES_* env does not load: %v", err)
-	}
-	if kenv.Namespace != "sandboxes" || kenv.ReadyTimeout.Seconds() != 90 || kenv.QPS != 100 || kenv.Burst != 200 {
-		t.Errorf("kubernetes env = %+v", kenv)
+	if k := cfg.Kubernetes; k.Namespace != "sandboxes" || k.ReadyTimeout.Seconds() != 90 || k.QPS != 100 || k.Burst != 200 {
+		t.Errorf("kubernetes config = %+v", k)
 	}
 	if sa := d.Spec.Template.Spec.AutomountServiceAccountToken; sa == nil || !*sa {
 		t.Errorf("the kubernetes substrate has no API token")
@@ -714,7 +683,8 @@ func TestEveryConfigVariableIsRendered(t *testing.T) {
 			rendered[e.Name] = true
 		}
 	}
-	for _, name := range slices.Concat(configVariables(t), kubernetesVariables, redisVariables) {
+	for _, v := range config.Vars() {
+		name := v.Name
 		if slices.Contains(notRendered, name) {
 			if rendered[name] {
 				t.Errorf("%s is rendered: the chart must never put it in the environment", name)

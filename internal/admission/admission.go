@@ -31,10 +31,6 @@ import (
 	"github.com/space-sandbox/space/internal/metric"
 )
 
-// DefaultPrefix is the key namespace of production: with it the keys are exactly
-// those of the design (space:cluster_admission:sandbox_activation and its client keys).
-const DefaultPrefix = "space"
-
 // Options configures an Admitter.
 type Options struct {
 	// Redis is required: a standalone client or a cluster client. Build it with
@@ -42,8 +38,11 @@ type Options struct {
 	// without it the call still returns at the timeout, but go-redis holds the
 	// connection until its own ReadTimeout.
 	Redis redis.UniversalClient
-	// Prefix namespaces the keys, default "space". It must not contain braces: the
-	// client keys use the cluster key as their Redis Cluster hash tag.
+	// Prefix namespaces the keys (required; SPACE_REDIS_KEY_PREFIX, "space" by default,
+	// which gives exactly the keys of the design:
+	// space:cluster_admission:sandbox_activation and its client keys). It must not
+	// contain braces: the client keys use the cluster key as their Redis Cluster hash
+	// tag.
 	Prefix string
 	// Enabled false admits everything and charges nothing, without a Redis call.
 	Enabled bool
@@ -58,7 +57,9 @@ type Options struct {
 	// shadow_rejected and admitted with Decision.Shadow set. A Redis error in shadow
 	// mode admits too, whatever FailClosed says.
 	Shadow bool
-	// Timeout bounds each Redis call, default DefaultTimeout (100ms).
+	// Timeout bounds each Redis call (required; SPACE_REDIS_TIMEOUT, 100ms by default):
+	// an admission decision that cannot be made quickly is better failed open or
+	// closed than waited for.
 	Timeout time.Duration
 	// Breaker, shared by a replica's Redis components, fails calls at once while Redis
 	// is known to be down (see Breaker); nil calls Redis every time.
@@ -186,6 +187,9 @@ func New(opts Options) (*Admitter, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkTimeout("admission", opts.Timeout); err != nil {
+		return nil, err
+	}
 	if opts.Enabled {
 		if err := opts.Cluster.Validate(); err != nil {
 			return nil, fmt.Errorf("admission: cluster rate: %w", err)
@@ -218,7 +222,7 @@ func New(opts Options) (*Admitter, error) {
 
 func checkPrefix(prefix string) (string, error) {
 	if prefix == "" {
-		return DefaultPrefix, nil
+		return "", errors.New("admission: Prefix is required")
 	}
 	if strings.ContainsAny(prefix, "{}") {
 		return "", fmt.Errorf("admission: prefix %q must not contain braces: the cluster key is the client keys' hash tag", prefix)

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
@@ -269,22 +270,31 @@ func TestDecision(t *testing.T) {
 				t.Errorf("%s: New succeeded", name)
 			}
 		}
-		if a, err := New(Options{Redis: rdb}); err != nil || a.Enabled() {
+		for field, opts := range map[string]Options{
+			"Prefix":  {Redis: rdb, Timeout: testTimeout},
+			"Timeout": {Redis: rdb, Prefix: testenv.Prefix(t)},
+		} {
+			if _, err := New(opts); err == nil || !strings.Contains(err.Error(), field) {
+				t.Errorf("New without %s = %v, want an error naming it", field, err)
+			}
+		}
+		if a, err := New(Options{Redis: rdb, Prefix: testenv.Prefix(t), Timeout: testTimeout}); err != nil || a.Enabled() {
 			t.Fatalf("a disabled Admitter without a rate: %v, enabled %v", err, a != nil && a.Enabled())
 		}
 	})
 
 	t.Run("the default prefix gives the keys of the design", func(t *testing.T) {
 		t.Parallel()
-		if got := ClusterKey(DefaultPrefix); got != "space:cluster_admission:sandbox_activation" {
+		prefix := config.Default().Redis.KeyPrefix
+		if got := ClusterKey(prefix); got != "space:cluster_admission:sandbox_activation" {
 			t.Fatalf("cluster key %q", got)
 		}
-		if got := ClientKey(DefaultPrefix, "acme"); got != "{space:cluster_admission:sandbox_activation}:client:acme" {
+		if got := ClientKey(prefix, "acme"); got != "{space:cluster_admission:sandbox_activation}:client:acme" {
 			t.Fatalf("client key %q", got)
 		}
-		a, err := New(Options{Redis: testenv.Redis(t), Enabled: true, Cluster: space.Rate{RefillRPS: 1, Burst: 1}})
-		if err != nil || a.clusterKey != ClusterKey(DefaultPrefix) || a.clientPrefix+"acme" != ClientKey(DefaultPrefix, "acme") {
-			t.Fatalf("New without a prefix: %v, keys %q %q", err, a.clusterKey, a.clientPrefix)
+		a, err := New(Options{Redis: testenv.Redis(t), Prefix: prefix, Timeout: testTimeout, Enabled: true, Cluster: space.Rate{RefillRPS: 1, Burst: 1}})
+		if err != nil || a.clusterKey != ClusterKey(prefix) || a.clientPrefix+"acme" != ClientKey(prefix, "acme") {
+			t.Fatalf("New with the default prefix: %v, keys %q %q", err, a.clusterKey, a.clientPrefix)
 		}
 		if a.ClusterRate() != (space.Rate{RefillRPS: 1, Burst: 1}) {
 			t.Fatalf("ClusterRate = %+v", a.ClusterRate())

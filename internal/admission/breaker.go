@@ -14,19 +14,19 @@ import (
 
 // Defaults of BreakerOptions.
 const (
-	// DefaultBreakerFailures is how many Redis calls in a row must fail or time out
+	// breakerFailures is how many Redis calls in a row must fail or time out
 	// before the breaker opens.
-	DefaultBreakerFailures = 3
-	// DefaultBreakerOpenFor is how long the breaker stays open before it lets one
+	breakerFailures = 3
+	// breakerOpenFor is how long the breaker stays open before it lets one
 	// probe through: one Redis timeout a second is what an outage then costs.
-	DefaultBreakerOpenFor = time.Second
+	breakerOpenFor = time.Second
 )
 
 // BreakerOptions configure a Breaker.
 type BreakerOptions struct {
-	// Failures in a row that open the breaker (default DefaultBreakerFailures).
+	// Failures in a row that open the breaker (default 3).
 	Failures int
-	// OpenFor is how long it stays open before a probe (default DefaultBreakerOpenFor).
+	// OpenFor is how long it stays open before a probe (default 1s).
 	OpenFor    time.Duration
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -66,10 +66,10 @@ func stateName(s gobreaker.State) string {
 // NewBreaker returns a closed Breaker.
 func NewBreaker(opts BreakerOptions) *Breaker {
 	if opts.Failures <= 0 {
-		opts.Failures = DefaultBreakerFailures
+		opts.Failures = breakerFailures
 	}
 	if opts.OpenFor <= 0 {
-		opts.OpenFor = DefaultBreakerOpenFor
+		opts.OpenFor = breakerOpenFor
 	}
 	logger := opts.Logger
 	if logger == nil {

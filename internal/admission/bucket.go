@@ -23,11 +23,6 @@ var bucketSource string
 // SCRIPT FLUSH).
 var bucketScript = redis.NewScript(bucketSource)
 
-// DefaultTimeout bounds each Redis call on the request path (SPACE_REDIS_TIMEOUT):
-// an admission decision that cannot be made quickly is better failed open or closed
-// than waited for.
-const DefaultTimeout = 100 * time.Millisecond
-
 // ErrUnavailable is in the chain of the error a fail-closed Admitter, a
 // ConcurrencyLimiter or a Limiter returns when Redis fails or does not answer within
 // the timeout. The same error is an *space.Error with code space.EUNAVAILABLE, which
@@ -58,10 +53,15 @@ type runner struct {
 	direct bool
 }
 
-func newRunner(rdb redis.UniversalClient, timeout time.Duration, breaker *Breaker) runner {
+// checkTimeout refuses a missing per-call timeout of component's options.
+func checkTimeout(component string, timeout time.Duration) error {
 	if timeout <= 0 {
-		timeout = DefaultTimeout
+		return fmt.Errorf("%s: Timeout must be positive, got %s", component, timeout)
 	}
+	return nil
+}
+
+func newRunner(rdb redis.UniversalClient, timeout time.Duration, breaker *Breaker) runner {
 	return runner{rdb: rdb, timeout: timeout, breaker: breaker, direct: honoursContext(rdb)}
 }
 

@@ -30,10 +30,11 @@ var (
 	renewScript   = redis.NewScript(renewSource)
 )
 
-// DefaultLeaseTTL is how long a lease outlives its last renewal. A replica renews the
-// leases it holds every third of it, so a lease survives two missed renewals, and a
-// crashed replica's places come back within this time.
-const DefaultLeaseTTL = 30 * time.Second
+// leaseTTL is how long a lease outlives its last renewal when
+// ConcurrencyOptions.LeaseTTL is zero. A replica renews the leases it holds every
+// third of it, so a lease survives two missed renewals, and a crashed replica's places
+// come back within this time.
+const leaseTTL = 30 * time.Second
 
 // minLeaseTTL keeps the renewal interval meaningful.
 const minLeaseTTL = 30 * time.Millisecond
@@ -45,13 +46,13 @@ var ErrClosed = errors.New("concurrency limiter is closed")
 type ConcurrencyOptions struct {
 	// Redis is required.
 	Redis redis.UniversalClient
-	// Prefix namespaces the keys, default "space": a client's leases are the sorted
-	// set "<prefix>:client_concurrency:<client>".
+	// Prefix namespaces the keys (required; SPACE_REDIS_KEY_PREFIX): a client's leases
+	// are the sorted set "<prefix>:client_concurrency:<client>".
 	Prefix string
-	// LeaseTTL is how long a lease lives without renewal, default DefaultLeaseTTL
+	// LeaseTTL is how long a lease lives without renewal, default 30s
 	// (30s), at least 30ms. Held leases are renewed every LeaseTTL/3.
 	LeaseTTL time.Duration
-	// Timeout bounds each Redis call, default DefaultTimeout (100ms).
+	// Timeout bounds each Redis call (required; SPACE_REDIS_TIMEOUT).
 	Timeout time.Duration
 	// Breaker, shared by a replica's Redis components, fails calls at once while Redis
 	// is known to be down (see Breaker); nil calls Redis every time.
@@ -104,11 +105,14 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 	}
 	prefix := opts.Prefix
 	if prefix == "" {
-		prefix = DefaultPrefix
+		return nil, errors.New("concurrency limiter: Prefix is required")
+	}
+	if err := checkTimeout("concurrency limiter", opts.Timeout); err != nil {
+		return nil, err
 	}
 	ttl := opts.LeaseTTL
 	if ttl == 0 {
-		ttl = DefaultLeaseTTL
+		ttl = leaseTTL
 	}
 	if ttl < minLeaseTTL {
 		return nil, fmt.Errorf("concurrency limiter: LeaseTTL %v is below %v", ttl, minLeaseTTL)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -304,8 +305,16 @@ func TestConcurrencyLimiter(t *testing.T) {
 		if _, err := NewConcurrencyLimiter(ConcurrencyOptions{}); err == nil {
 			t.Fatal("a limiter without Redis was built")
 		}
-		if _, err := NewConcurrencyLimiter(ConcurrencyOptions{Redis: b.rdb, LeaseTTL: time.Millisecond}); err == nil {
-			t.Fatal("a 1ms lease TTL was accepted")
+		if _, err := NewConcurrencyLimiter(ConcurrencyOptions{Redis: b.rdb, Prefix: b.prefix, Timeout: testTimeout, LeaseTTL: time.Millisecond}); err == nil || !strings.Contains(err.Error(), "LeaseTTL") {
+			t.Fatalf("a 1ms lease TTL: %v, want it refused", err)
+		}
+		for field, opts := range map[string]ConcurrencyOptions{
+			"Prefix":  {Redis: b.rdb, Timeout: testTimeout},
+			"Timeout": {Redis: b.rdb, Prefix: b.prefix},
+		} {
+			if _, err := NewConcurrencyLimiter(opts); err == nil || !strings.Contains(err.Error(), field) {
+				t.Errorf("a limiter without %s: %v, want an error naming it", field, err)
+			}
 		}
 	})
 }

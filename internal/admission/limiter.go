@@ -20,7 +20,7 @@ type LimiterOptions struct {
 	Prefix string
 	// Rate is every key's bucket.
 	Rate space.Rate
-	// Timeout bounds each Redis call, default DefaultTimeout (100ms).
+	// Timeout bounds each Redis call (required; SPACE_REDIS_TIMEOUT).
 	Timeout time.Duration
 	// Breaker, shared by a replica's Redis components, fails calls at once while Redis
 	// is known to be down (see Breaker); nil calls Redis every time.
@@ -49,6 +49,9 @@ func NewLimiter(opts LimiterOptions) (*Limiter, error) {
 	}
 	if err := opts.Rate.Validate(); err != nil {
 		return nil, fmt.Errorf("limiter: rate: %w", err)
+	}
+	if err := checkTimeout("limiter", opts.Timeout); err != nil {
+		return nil, err
 	}
 	return &Limiter{run: newRunner(opts.Redis, opts.Timeout, opts.Breaker), prefix: opts.Prefix + ":", rate: opts.Rate, args: argsOf(opts.Rate)}, nil
 }

@@ -106,9 +106,10 @@ func TestLimiter(t *testing.T) {
 		t.Parallel()
 		rdb := testenv.Redis(t)
 		for name, opts := range map[string]LimiterOptions{
-			"no redis":  {Prefix: "p", Rate: space.Rate{RefillRPS: 1, Burst: 1}},
-			"no prefix": {Redis: rdb, Rate: space.Rate{RefillRPS: 1, Burst: 1}},
-			"no burst":  {Redis: rdb, Prefix: "p", Rate: space.Rate{RefillRPS: 1}},
+			"no redis":   {Prefix: "p", Rate: space.Rate{RefillRPS: 1, Burst: 1}, Timeout: testTimeout},
+			"no prefix":  {Redis: rdb, Rate: space.Rate{RefillRPS: 1, Burst: 1}, Timeout: testTimeout},
+			"no burst":   {Redis: rdb, Prefix: "p", Rate: space.Rate{RefillRPS: 1}, Timeout: testTimeout},
+			"no timeout": {Redis: rdb, Prefix: "p", Rate: space.Rate{RefillRPS: 1, Burst: 1}},
 		} {
 			if _, err := NewLimiter(opts); err == nil {
 				t.Errorf("%s: NewLimiter succeeded", name)

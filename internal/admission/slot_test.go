@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
@@ -63,7 +64,7 @@ func TestSlots(t *testing.T) {
 
 	t.Run("every client key shares the cluster key's slot", func(t *testing.T) {
 		t.Parallel()
-		for _, prefix := range []string{DefaultPrefix, "t0123456789ab", "space:staging"} {
+		for _, prefix := range []string{config.Default().Redis.KeyPrefix, "t0123456789ab", "space:staging"} {
 			want := keySlot(ClusterKey(prefix))
 			for _, client := range clients {
 				if got := keySlot(ClientKey(prefix, client)); got != want {
@@ -77,9 +78,9 @@ func TestSlots(t *testing.T) {
 		t.Parallel()
 		rdb := testenv.RedisCluster(t)
 		ctx := testenv.Context(t)
-		keys := []string{"123456789", ClusterKey(DefaultPrefix), ClusterKey(testenv.Prefix(t))}
+		keys := []string{"123456789", ClusterKey(config.Default().Redis.KeyPrefix), ClusterKey(testenv.Prefix(t))}
 		for _, client := range clients {
-			keys = append(keys, ClientKey(DefaultPrefix, client))
+			keys = append(keys, ClientKey(config.Default().Redis.KeyPrefix, client))
 		}
 		for _, key := range keys {
 			got, err := rdb.ClusterKeySlot(ctx, key).Result()

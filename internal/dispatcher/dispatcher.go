@@ -34,26 +34,14 @@ import (
 	"github.com/space-sandbox/space/internal/store"
 )
 
-// Defaults of Options.
+// Defaults of the Options that are tuning, not operator settings.
 const (
-	// DefaultAdmissionDeadline is how long an operation may wait for admission
-	// (SPACE_DISPATCHER_ADMISSION_DEADLINE).
-	DefaultAdmissionDeadline = 10 * time.Minute
-	// DefaultMaxSnooze caps one snooze (SPACE_DISPATCHER_MAX_SNOOZE).
-	DefaultMaxSnooze = time.Minute
-	// DefaultSnoozeGrowth is the factor each further snooze of one operation grows by.
-	DefaultSnoozeGrowth = 1.5
-	// DefaultMaxAttempts is how many real attempts an operation gets
-	// (SPACE_DISPATCHER_MAX_ATTEMPTS). With River's backoff (attempt^4 seconds) five
-	// attempts span about six minutes.
-	DefaultMaxAttempts = 5
-	// DefaultJobTimeout bounds one run when Options.JobTimeout is not set. space-api
-	// sets it from the substrate's own timeout (see Options.JobTimeout).
-	DefaultJobTimeout = 10 * time.Minute
-	// DefaultSettleWait is how long a run that found its sandbox still settling (an
-	// earlier attempt died with its replica) waits before looking again: about one
-	// round of the reconciler.
-	DefaultSettleWait = 10 * time.Second
+	// snoozeGrowth is the factor each further snooze of one operation grows by.
+	snoozeGrowth = 1.5
+	// settleWait is how long a run that found its sandbox still settling (an earlier
+	// attempt died with its replica) waits before looking again: about one round of
+	// the reconciler.
+	settleWait = 10 * time.Second
 )
 
 // Queue is the River queue of every operation. One queue is enough for fairness: a
@@ -68,7 +56,9 @@ type Callers interface {
 	Resolve(ctx context.Context, id space.ClientID) space.Caller
 }
 
-// Options configure a Dispatcher. DB, Sandboxes and Callers are required.
+// Options configure a Dispatcher. DB, Sandboxes and Callers are required, and so are
+// the settings an operator sets (SPACE_DISPATCHER_*, SPACE_IDEMPOTENCY_KEY_TTL): their
+// defaults live in internal/config.
 type Options struct {
 	DB        *pgxpool.Pool
 	Sandboxes *sandbox.Service
@@ -78,22 +68,25 @@ type Options struct {
 	// operations and others run them.
 	Workers int
 	// AdmissionDeadline is how long after acceptance an operation may still be turned
-	// away by a limit before it fails as admission_timeout (default
-	// DefaultAdmissionDeadline).
+	// away by a limit before it fails as admission_timeout (required;
+	// SPACE_DISPATCHER_ADMISSION_DEADLINE, 10m by default).
 	AdmissionDeadline time.Duration
-	// MaxSnooze caps one snooze (default DefaultMaxSnooze); SnoozeGrowth is the factor
-	// each further snooze grows by (default DefaultSnoozeGrowth; at least 1).
+	// MaxSnooze caps one snooze (required; SPACE_DISPATCHER_MAX_SNOOZE, 1m by default);
+	// SnoozeGrowth is the factor each further snooze grows by (default 1.5; at least 1).
 	MaxSnooze    time.Duration
 	SnoozeGrowth float64
-	// MaxAttempts is how many real attempts an operation gets before it fails (default
-	// DefaultMaxAttempts). Snoozes are not attempts.
+	// MaxAttempts is how many real attempts an operation gets before it fails
+	// (required; SPACE_DISPATCHER_MAX_ATTEMPTS, 5 by default). With River's backoff
+	// (attempt^4 seconds) five attempts span about six minutes. Snoozes are not
+	// attempts.
 	MaxAttempts int
 	// Backoff is the wait after failed attempt n (1 for the first) before the next;
 	// nil is River's default policy (n^4 seconds, jittered by 10%).
 	Backoff func(attempt int) time.Duration
-	// JobTimeout bounds one run (default DefaultJobTimeout). space-api sets it to the
-	// substrate's timeout plus a margin for the writes around it: above anything the
-	// flow itself would still finish, so River never cuts a run short.
+	// JobTimeout bounds one run (required). space-api sets it to
+	// SPACE_DISPATCHER_JOB_TIMEOUT, or to the substrate's timeout plus a margin for the
+	// writes around it: above anything the flow itself would still finish, so River
+	// never cuts a run short.
 	JobTimeout time.Duration
 	// RescueAfter is how long a run may stay running before River's rescuer takes it
 	// as abandoned by a dead replica and runs it again (default JobTimeout + 1m; River's
@@ -101,10 +94,10 @@ type Options struct {
 	// rescued from under it. The rescuer looks every 30 seconds.
 	RescueAfter time.Duration
 	// SettleWait is how long a run that found its sandbox still settling waits before
-	// trying again (default DefaultSettleWait); such waits spend no attempt.
+	// trying again (default 10s); such waits spend no attempt.
 	SettleWait time.Duration
 	// IdempotencyTTL is how long an Idempotency-Key names the request it came with
-	// (SPACE_IDEMPOTENCY_KEY_TTL; default idempotency.DefaultTTL).
+	// (required; SPACE_IDEMPOTENCY_KEY_TTL, 24h by default).
 	IdempotencyTTL time.Duration
 	// Rand returns a float in [0, 1) for snooze jitter (default math/rand/v2.Float64).
 	Rand       func() float64
@@ -141,27 +134,25 @@ func New(opts Options) (*Dispatcher, error) {
 		return nil, errors.New("dispatcher: Callers is required")
 	case opts.Workers < 0:
 		return nil, fmt.Errorf("dispatcher: Workers must be >= 0, got %d", opts.Workers)
-	}
-	if opts.AdmissionDeadline <= 0 {
-		opts.AdmissionDeadline = DefaultAdmissionDeadline
-	}
-	if opts.MaxSnooze <= 0 {
-		opts.MaxSnooze = DefaultMaxSnooze
+	case opts.AdmissionDeadline <= 0:
+		return nil, fmt.Errorf("dispatcher: AdmissionDeadline must be positive, got %s", opts.AdmissionDeadline)
+	case opts.MaxSnooze <= 0:
+		return nil, fmt.Errorf("dispatcher: MaxSnooze must be positive, got %s", opts.MaxSnooze)
+	case opts.MaxAttempts <= 0:
+		return nil, fmt.Errorf("dispatcher: MaxAttempts must be >= 1, got %d", opts.MaxAttempts)
+	case opts.JobTimeout <= 0:
+		return nil, fmt.Errorf("dispatcher: JobTimeout must be positive, got %s", opts.JobTimeout)
+	case opts.IdempotencyTTL <= 0:
+		return nil, fmt.Errorf("dispatcher: IdempotencyTTL must be positive, got %s", opts.IdempotencyTTL)
 	}
 	if opts.SnoozeGrowth < 1 {
-		opts.SnoozeGrowth = DefaultSnoozeGrowth
-	}
-	if opts.MaxAttempts <= 0 {
-		opts.MaxAttempts = DefaultMaxAttempts
-	}
-	if opts.JobTimeout <= 0 {
-		opts.JobTimeout = DefaultJobTimeout
+		opts.SnoozeGrowth = snoozeGrowth
 	}
 	if opts.RescueAfter <= opts.JobTimeout {
 		opts.RescueAfter = opts.JobTimeout + time.Minute
 	}
 	if opts.SettleWait <= 0 {
-		opts.SettleWait = DefaultSettleWait
+		opts.SettleWait = settleWait
 	}
 	if opts.Rand == nil {
 		opts.Rand = rand.Float64

@@ -403,7 +403,10 @@ func TestRecovery(t *testing.T) {
 		// A surviving replica: River rescues the job, a run finds the sandbox still
 		// settling and waits, the reconciler settles it, the next run creates it.
 		b.dispatcher(setupOptions{jobTimeout: time.Second, rescueAfter: 2 * time.Second, settleWait: 100 * time.Millisecond})
-		rec := sandbox.NewReconciler(sandbox.ReconcilerOptions{Service: b.svc, Grace: time.Hour})
+		rec, err := sandbox.NewReconciler(sandbox.ReconcilerOptions{Service: b.svc, Grace: time.Hour, Interval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
 		done := b.wait(op.ID, "the rescued operation to finish", func(got *space.Operation) bool {
 			if got.State == space.OperationQueued && got.LastError != "" {
 				if _, err := rec.Round(b.ctx); err != nil {

@@ -1,6 +1,7 @@
 package dispatcher_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
+	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/dispatcher"
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/sandbox"
@@ -108,6 +110,7 @@ func setup(t *testing.T, o setupOptions) *bundle {
 	b.svc = sandbox.New(sandbox.Options{
 		DB: b.db, Pool: pool.New(pool.Options{DB: b.db, Substrate: b.sim}), Substrate: b.sim,
 		Charger: b.admitter, Catalog: sandbox.Catalog{Templates: templates},
+		IdempotencyTTL: config.Default().IdempotencyKeyTTL,
 	})
 	b.d = b.dispatcher(o)
 	return b
@@ -129,13 +132,15 @@ func (b *bundle) dispatcher(o setupOptions) *dispatcher.Dispatcher {
 		b.reg = prometheus.NewRegistry()
 		reg = b.reg
 	}
+	defaults := config.Default()
 	d, err := dispatcher.New(dispatcher.Options{
 		DB: b.db, Sandboxes: b.svc, Callers: b.limits, Registerer: reg,
 		Workers:           workers,
-		AdmissionDeadline: o.deadline,
-		MaxSnooze:         o.maxSnooze,
-		MaxAttempts:       o.maxAttempts,
-		JobTimeout:        o.jobTimeout,
+		AdmissionDeadline: cmp.Or(o.deadline, defaults.Dispatcher.AdmissionDeadline),
+		MaxSnooze:         cmp.Or(o.maxSnooze, defaults.Dispatcher.MaxSnooze),
+		MaxAttempts:       cmp.Or(o.maxAttempts, defaults.Dispatcher.MaxAttempts),
+		IdempotencyTTL:    defaults.IdempotencyKeyTTL,
+		JobTimeout:        cmp.Or(o.jobTimeout, 10*time.Minute), // above any run of these tests
 		RescueAfter:       o.rescueAfter,
 		SettleWait:        o.settleWait,
 		Backoff:           func(int) time.Duration { return 100 * time.Millisecond },

@@ -8,7 +8,7 @@
 // flagd's flag-definition format with static defaultVariant values only (a flag with
 // targeting rules is refused, naming the flag; parseFlagsFile lists what else flagd's
 // schema accepts and refuses). It polls the file by content hash
-// (DefaultPollInterval, 2s), so an atomic rename and a Kubernetes ConfigMap update (the
+// (SPACE_FLAGS_POLL_INTERVAL, 2s by default), so an atomic rename and a Kubernetes ConfigMap update (the
 // ..data symlink swap) are both picked up, emits PROVIDER_CONFIGURATION_CHANGED on a
 // change, and keeps the last good flags when a new file is invalid or missing (logged,
 // space_flags_reloads_total{result="error"}). Validators run at every load, so a quota

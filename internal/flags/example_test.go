@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/open-feature/go-sdk/openfeature/isolated"
 
@@ -23,7 +24,7 @@ func ExampleResolver() {
 			"rate": {"acme": {"refill_rps": 10, "burst": 40}, "unknown": null}}}}}}`), 0o644)
 
 	log := slog.New(slog.DiscardHandler)
-	provider, err := flags.NewFileProvider(flags.FileProviderOptions{Path: path, Logger: log})
+	provider, err := flags.NewFileProvider(flags.FileProviderOptions{Path: path, PollInterval: 2 * time.Second, Logger: log})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -3,7 +3,6 @@ package flags
 import (
 	"fmt"
 	"math"
-	"regexp"
 	"sort"
 	"strings"
 
@@ -118,8 +117,8 @@ func parseFields(obj map[string]any, s scope, fields *Fields, reserve *reserveFi
 				continue
 			}
 			str, ok := raw.(string)
-			if !ok || checkTierName(str) != nil {
-				return malformedf("tier must be a tier name (%s), got %s", tierNameRule, describe(raw))
+			if !ok || space.CheckTierName(str) != nil {
+				return malformedf("tier must be a tier name (%s), got %s", space.TierNameRule, describe(raw))
 			}
 			*tier = str
 			continue
@@ -191,26 +190,13 @@ type Tier struct {
 	Reserve *space.Reserve
 }
 
-// tierNameRule is what a tier may be named: it becomes a Redis key's suffix and a
-// metric label.
-const tierNameRule = "1 to 63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
-
-var tierName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-
-func checkTierName(name string) error {
-	if !tierName.MatchString(name) {
-		return fmt.Errorf("a tier name is %s", tierNameRule)
-	}
-	return nil
-}
-
 // parseTier reads one entry of "tiers". A tier's rates are whole: refill_rps and
 // burst come together or not at all, and so do the soft and the reserved pairs, since
 // a half-set pair would take its other half from whatever lies below, which differs by
 // deployment. A soft limit lies within the hard one.
 func parseTier(name string, v any) (Tier, error) {
 	t := Tier{Name: name}
-	if err := checkTierName(name); err != nil {
+	if err := space.CheckTierName(name); err != nil {
 		return t, malformedf("%v", err)
 	}
 	obj, ok := v.(map[string]any)

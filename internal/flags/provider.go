@@ -14,10 +14,6 @@ import (
 	"github.com/space-sandbox/space/internal/reload"
 )
 
-// DefaultPollInterval is how often the file provider checks its file when
-// FileProviderOptions.PollInterval is zero (SPACE_FLAGS_POLL_INTERVAL's default).
-const DefaultPollInterval = 2 * time.Second
-
 // ProviderName is the name the file provider reports in its OpenFeature metadata and
 // events.
 const ProviderName = "space-flags-file"
@@ -27,8 +23,8 @@ type FileProviderOptions struct {
 	// Path is the flags file (SPACE_FLAGS_FILE). It may be a symlink, as a Kubernetes
 	// ConfigMap mount makes it: the provider reads through the link on every poll.
 	Path string
-	// PollInterval is how often the file is read and hashed; default
-	// DefaultPollInterval (2s).
+	// PollInterval is how often the file is read and hashed (required;
+	// SPACE_FLAGS_POLL_INTERVAL, 2s by default).
 	PollInterval time.Duration
 	// Logger receives reload successes and failures; default slog.Default().
 	Logger *slog.Logger
@@ -133,8 +129,8 @@ func NewFileProvider(opts FileProviderOptions) (*FileProvider, error) {
 	if opts.Path == "" {
 		return nil, errors.New("flags file: no path given")
 	}
-	if opts.PollInterval < 0 {
-		return nil, fmt.Errorf("flags file: poll interval must be positive, got %s", opts.PollInterval)
+	if opts.PollInterval <= 0 {
+		return nil, fmt.Errorf("flags file: PollInterval must be positive, got %s", opts.PollInterval)
 	}
 	p := &FileProvider{
 		path:       opts.Path,
@@ -144,9 +140,6 @@ func NewFileProvider(opts FileProviderOptions) (*FileProvider, error) {
 		onReload:   opts.OnReload,
 		// Buffered so that a reload never waits on the API's listener; see emit.
 		events: make(chan openfeature.Event, 16),
-	}
-	if p.interval == 0 {
-		p.interval = DefaultPollInterval
 	}
 	if p.log == nil {
 		p.log = slog.Default()

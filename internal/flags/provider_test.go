@@ -45,7 +45,7 @@ func TestFileProviderLoad(t *testing.T) {
 
 	t.Run("the demo flags file loads with both flags", func(t *testing.T) {
 		t.Parallel()
-		p, err := NewFileProvider(FileProviderOptions{Path: filepath.Join("..", "..", "deploy", "demo", "flags.json"), Logger: discardLogger()})
+		p, err := NewFileProvider(FileProviderOptions{PollInterval: testPoll, Path: filepath.Join("..", "..", "deploy", "demo", "flags.json"), Logger: discardLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +93,7 @@ func TestFileProviderLoad(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			path := writeFile(t, tc.file)
-			_, err := NewFileProvider(FileProviderOptions{Path: path, Logger: discardLogger()})
+			_, err := NewFileProvider(FileProviderOptions{PollInterval: testPoll, Path: path, Logger: discardLogger()})
 			var fe *FlagError
 			if !errors.As(err, &fe) || fe.Flag != tc.flag {
 				t.Fatalf("err = %v, want a *FlagError naming %q", err, tc.flag)
@@ -116,7 +116,7 @@ func TestFileProviderLoad(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			if _, err := NewFileProvider(FileProviderOptions{Path: writeFile(t, file), Logger: discardLogger()}); err == nil {
+			if _, err := NewFileProvider(FileProviderOptions{PollInterval: testPoll, Path: writeFile(t, file), Logger: discardLogger()}); err == nil {
 				t.Fatal("loaded")
 			}
 		})
@@ -125,7 +125,7 @@ func TestFileProviderLoad(t *testing.T) {
 	t.Run("a missing file is an error naming the path", func(t *testing.T) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "absent.json")
-		_, err := NewFileProvider(FileProviderOptions{Path: path, Logger: discardLogger()})
+		_, err := NewFileProvider(FileProviderOptions{PollInterval: testPoll, Path: path, Logger: discardLogger()})
 		if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), path) {
 			t.Fatalf("err = %v", err)
 		}
@@ -136,7 +136,7 @@ func TestFileProviderLoad(t *testing.T) {
 		path := writeFile(t, `{"$schema": "x", "metadata": {"version": "1"}, "flags": {
 			"a": {"state": "ENABLED", "variants": {"on": true}, "defaultVariant": "on", "targeting": {}},
 			"b": {"state": "ENABLED", "variants": {"on": true}, "defaultVariant": "on", "targeting": null}}}`)
-		if _, err := NewFileProvider(FileProviderOptions{Path: path, Logger: discardLogger()}); err != nil {
+		if _, err := NewFileProvider(FileProviderOptions{PollInterval: testPoll, Path: path, Logger: discardLogger()}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -401,4 +401,14 @@ func TestFileProviderReload(t *testing.T) {
 		}
 		f.waitLoaded(content)
 	})
+}
+
+func TestNewFileProviderRefusesAMissingPollInterval(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join("..", "..", "deploy", "demo", "flags.json")
+	for _, d := range []time.Duration{0, -time.Second} {
+		if _, err := NewFileProvider(FileProviderOptions{Path: path, PollInterval: d, Logger: discardLogger()}); err == nil || !strings.Contains(err.Error(), "PollInterval") {
+			t.Errorf("PollInterval %s: %v, want an error naming it", d, err)
+		}
+	}
 }

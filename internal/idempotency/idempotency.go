@@ -26,11 +26,6 @@ import (
 // Header is the request header a key arrives in.
 const Header = "Idempotency-Key"
 
-// DefaultTTL is how long a key names its request when nothing else is configured
-// (SPACE_IDEMPOTENCY_KEY_TTL): the example of the Idempotency-Key draft, and longer than any client's
-// retry loop.
-const DefaultTTL = 24 * time.Hour
-
 // MaxLen is the longest key accepted, in bytes.
 const MaxLen = 255
 
@@ -202,7 +197,8 @@ func Run(ctx context.Context, db *store.DB, rec *Record, ttl time.Duration, chec
 // one it names.
 var ErrReused = errors.New("idempotency key reused for a different request")
 
-// Claim makes rec's key name rec's request for ttl, unless an unexpired claim holds the
+// Claim makes rec's key name rec's request for ttl (SPACE_IDEMPOTENCY_KEY_TTL, 24h by
+// default: longer than any client's retry loop), unless an unexpired claim holds the
 // key already. It returns nil when rec now holds the key (its CreatedAt and ExpiresAt
 // set); the holding Record when it names this same request (a repeat, whose outcome
 // the caller answers with); and an EUNPROCESSABLE error naming the header, wrapping
@@ -213,7 +209,7 @@ var ErrReused = errors.New("idempotency key reused for a different request")
 // and then sees its outcome.
 func Claim(ctx context.Context, q store.Querier, rec *Record, ttl time.Duration) (*Record, error) {
 	if ttl <= 0 {
-		ttl = DefaultTTL
+		return nil, fmt.Errorf("idempotency: the TTL of a claim must be positive, got %s", ttl)
 	}
 	// A claim races a purge of the expired key and a concurrent claim of it: if the
 	// key is neither claimable nor readable, look again (a few times at most: each

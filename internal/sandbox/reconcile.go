@@ -17,17 +17,11 @@ import (
 	"github.com/space-sandbox/space/internal/substrate"
 )
 
-// Defaults of ReconcilerOptions.
 const (
-	// DefaultReconcileInterval is how often the reconciler looks for what to settle.
-	DefaultReconcileInterval = 10 * time.Second
-	// DefaultReconcileGrace is added to the substrate's timeout to get the bound after
-	// which a transitional sandbox is settled, and is the age under which a resource
-	// is never taken for an orphan (its row may not be visible yet).
-	DefaultReconcileGrace = 30 * time.Second
-	// DefaultSweepEvery is how many rounds pass between two sweeps of the substrate's
-	// resources (a list of every resource is costlier than a query for stale rows).
-	DefaultSweepEvery = 6
+	// sweepEvery is how many rounds pass between two sweeps of the substrate's
+	// resources when ReconcilerOptions.SweepEvery is zero (a list of every resource is
+	// costlier than a query for stale rows).
+	sweepEvery = 6
 	// settleBatch bounds the sandboxes settled in one round.
 	settleBatch = 200
 )
@@ -37,14 +31,16 @@ type ReconcilerOptions struct {
 	// Service is the flow whose sandboxes, pool and substrate are reconciled.
 	Service *Service
 	// Grace, added to the substrate's Timeout, is how long a sandbox may stay
-	// starting, restoring or pausing before it is settled (default
-	// DefaultReconcileGrace). No live replica keeps a sandbox transitional longer than
-	// the substrate's timeout: its calls fail on their own by then.
+	// starting, restoring or pausing before it is settled, and the age under which a
+	// resource is never taken for an orphan (its row may not be visible yet) (required;
+	// SPACE_RECONCILE_GRACE, 30s by default). No live replica keeps a sandbox
+	// transitional longer than the substrate's timeout: its calls fail on their own by
+	// then.
 	Grace time.Duration
-	// Interval between rounds (default DefaultReconcileInterval).
+	// Interval between rounds (required; SPACE_RECONCILE_INTERVAL, 10s by default).
 	Interval time.Duration
-	// SweepEvery is how many rounds pass between two sweeps (default
-	// DefaultSweepEvery); the first round sweeps.
+	// SweepEvery is how many rounds pass between two sweeps (default 6); the first
+	// round sweeps.
 	SweepEvery int
 	// Also runs at the end of each round, under the same lock: the dispatcher's
 	// SettleLost, and the purge of expired idempotency keys.
@@ -103,16 +99,16 @@ type ReconcileResult struct {
 	Also int
 }
 
-// NewReconciler returns a Reconciler.
-func NewReconciler(opts ReconcilerOptions) *Reconciler {
-	if opts.Grace <= 0 {
-		opts.Grace = DefaultReconcileGrace
-	}
-	if opts.Interval <= 0 {
-		opts.Interval = DefaultReconcileInterval
+// NewReconciler returns a Reconciler, or an error naming the option that is missing.
+func NewReconciler(opts ReconcilerOptions) (*Reconciler, error) {
+	switch {
+	case opts.Grace <= 0:
+		return nil, fmt.Errorf("reconciler: Grace must be positive, got %s", opts.Grace)
+	case opts.Interval <= 0:
+		return nil, fmt.Errorf("reconciler: Interval must be positive, got %s", opts.Interval)
 	}
 	if opts.SweepEvery <= 0 {
-		opts.SweepEvery = DefaultSweepEvery
+		opts.SweepEvery = sweepEvery
 	}
 	r := &Reconciler{opts: opts, svc: opts.Service, logger: opts.Logger}
 	if r.logger == nil {
@@ -140,7 +136,7 @@ func NewReconciler(opts ReconcilerOptions) *Reconciler {
 			r.settled.WithLabelValues(string(from), string(to))
 		}
 	}
-	return r
+	return r, nil
 }
 
 // Bound is how long a sandbox may stay transitional before it is settled: the

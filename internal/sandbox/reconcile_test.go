@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/substrate"
 )
@@ -16,7 +17,12 @@ import (
 // reconciler is a Reconciler on b's service that sweeps every round, taking a
 // resource older than grace and without a row, twice in a row, for an orphan.
 func (b *bundle) reconciler(grace time.Duration) *sandbox.Reconciler {
-	return sandbox.NewReconciler(sandbox.ReconcilerOptions{Service: b.svc, Grace: grace, SweepEvery: 1})
+	r, err := sandbox.NewReconciler(sandbox.ReconcilerOptions{Service: b.svc, Grace: grace, SweepEvery: 1,
+		Interval: config.Default().Reconcile.Interval})
+	if err != nil {
+		panic(err) // the options are the test's own
+	}
+	return r
 }
 
 // round runs one reconciling round and fails t unless it led it.
@@ -357,5 +363,21 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestNewReconcilerRefusesAMissingGraceOrInterval(t *testing.T) {
+	t.Parallel()
+	defaults := config.Default().Reconcile
+	for field, opts := range map[string]sandbox.ReconcilerOptions{
+		"Grace":    {Interval: defaults.Interval},
+		"Interval": {Grace: defaults.Grace},
+	} {
+		if _, err := sandbox.NewReconciler(opts); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("NewReconciler without %s = %v, want an error naming it", field, err)
+		}
+	}
+	if _, err := sandbox.NewReconciler(sandbox.ReconcilerOptions{Grace: defaults.Grace, Interval: defaults.Interval}); err != nil {
+		t.Errorf("NewReconciler with the defaults of config = %v", err)
 	}
 }

@@ -34,7 +34,8 @@ type Options struct {
 	// query, for a refusal known from memory (Plan); nil refuses nothing early.
 	View *pool.View
 	// IdempotencyTTL is how long an Idempotency-Key on a synchronous create names it
-	// (SPACE_IDEMPOTENCY_KEY_TTL; default idempotency.DefaultTTL).
+	// (SPACE_IDEMPOTENCY_KEY_TTL, 24h by default). Required for a create with a key:
+	// idempotency.Claim refuses a zero one.
 	IdempotencyTTL time.Duration
 	// OnClaim is called after a warm slot is claimed, e.g. to kick the replenisher.
 	OnClaim func()

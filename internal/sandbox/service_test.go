@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/substrate"
@@ -117,7 +118,8 @@ func setup(t *testing.T) *bundle {
 	}
 	b.svc = sandbox.New(sandbox.Options{
 		DB: b.db, Pool: b.pool, Substrate: b.sim, Charger: b.charger,
-		Catalog: sandbox.Catalog{Templates: templates, Max: space.Shape{CPUMillis: 8000, MemoryMiB: 16384, DiskGiB: 100}},
+		Catalog:        sandbox.Catalog{Templates: templates, Max: space.Shape{CPUMillis: 8000, MemoryMiB: 16384, DiskGiB: 100}},
+		IdempotencyTTL: config.Default().IdempotencyKeyTTL,
 	})
 	return b
 }

@@ -162,8 +162,8 @@ func (t Template) Fits(shape space.Shape) (field string, limit int, ok bool) {
 type TemplateStoreOptions struct {
 	// Path is SPACE_TEMPLATES_FILE.
 	Path string
-	// PollInterval is how often the file is checked for a change
-	// (SPACE_TEMPLATES_POLL_INTERVAL, default 2s).
+	// PollInterval is how often the file is checked for a change (required;
+	// SPACE_TEMPLATES_POLL_INTERVAL, 2s by default).
 	PollInterval time.Duration
 	// Check refuses templates the wiring cannot serve (a pod spec that does not
 	// decode, a cost above a bucket's burst), at start and at every reload.
@@ -190,7 +190,7 @@ type TemplateStore struct {
 // naming SPACE_TEMPLATES_FILE.
 func OpenTemplates(opts TemplateStoreOptions) (*TemplateStore, error) {
 	if opts.PollInterval <= 0 {
-		opts.PollInterval = 2 * time.Second
+		return nil, fmt.Errorf("templates file: PollInterval must be positive, got %s", opts.PollInterval)
 	}
 	f, err := reload.Open(reload.Options[Templates]{
 		Path: opts.Path, What: "templates file", Metric: "space_templates", Registerer: opts.Registerer, Logger: opts.Logger,

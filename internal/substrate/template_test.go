@@ -232,6 +232,9 @@ func openStore(t *testing.T, body string, opts substrate.TemplateStoreOptions) (
 	s := &store{t: t, path: filepath.Join(t.TempDir(), "templates.json"), reg: prometheus.NewRegistry(), reloads: make(chan reload.Result, 16)}
 	s.write(body)
 	opts.Path, opts.Registerer = s.path, s.reg
+	if opts.PollInterval == 0 {
+		opts.PollInterval = time.Hour // the tests check by hand
+	}
 	opts.OnReload = func(r reload.Result) { s.reloads <- r }
 	var err error
 	s.ts, err = substrate.OpenTemplates(opts)

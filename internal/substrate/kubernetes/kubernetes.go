@@ -35,12 +35,6 @@ import (
 // Name is the SPACE_SUBSTRATE value of this substrate.
 const Name = "kubernetes"
 
-// DefaultReadyTimeout is how long a Pod may take to become Ready when
-// Options.ReadyTimeout is zero: long enough for a cold image pull on a fresh node, short
-// enough that a sandbox stuck Pending (no capacity, bad image) fails instead of holding
-// its client's live-sandbox place.
-const DefaultReadyTimeout = 2 * time.Minute
-
 // cleanupTimeout bounds the deletion of a Pod that failed to start. It runs on a
 // context detached from the caller's, because the caller's may be the one that expired.
 const cleanupTimeout = 10 * time.Second
@@ -73,8 +67,10 @@ type Options struct {
 	// namespace of their own keeps the RBAC the substrate needs, and the blast radius of
 	// untrusted code, confined to it.
 	Namespace string
-	// ReadyTimeout bounds the wait for a Pod to become Ready (default
-	// DefaultReadyTimeout, 2m).
+	// ReadyTimeout bounds the wait for a Pod to become Ready (required;
+	// SPACE_KUBERNETES_READY_TIMEOUT, 2m by default): long enough for a cold image pull
+	// on a fresh node, short enough that a sandbox stuck Pending (no capacity, bad
+	// image) fails instead of holding its client's live-sandbox place.
 	ReadyTimeout time.Duration
 	// Snapshotter saves and loads sandbox state; nil makes Snapshot and Restore return
 	// substrate.ErrUnsupported.
@@ -102,11 +98,8 @@ func New(opts Options) (*Substrate, error) {
 	if opts.Namespace == "" {
 		return nil, errors.New("kubernetes substrate: a namespace is required")
 	}
-	if opts.ReadyTimeout < 0 {
-		return nil, fmt.Errorf("kubernetes substrate: ready timeout must be positive, got %s", opts.ReadyTimeout)
-	}
-	if opts.ReadyTimeout == 0 {
-		opts.ReadyTimeout = DefaultReadyTimeout
+	if opts.ReadyTimeout <= 0 {
+		return nil, fmt.Errorf("kubernetes substrate: ReadyTimeout must be positive, got %s", opts.ReadyTimeout)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

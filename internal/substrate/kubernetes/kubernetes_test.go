@@ -677,21 +677,22 @@ func TestDescribeSaysKubernetesAndTheNamespace(t *testing.T) {
 	}
 }
 
-func TestNewRefusesAMissingClientsetNamespaceOrANegativeTimeout(t *testing.T) {
+func TestNewRefusesAMissingClientsetNamespaceOrReadyTimeout(t *testing.T) {
 	t.Parallel()
 	cs := fake.NewClientset()
 	for name, opts := range map[string]Options{
-		"clientset": {Namespace: "x"},
-		"namespace": {Clientset: cs},
-		"timeout":   {Clientset: cs, Namespace: "x", ReadyTimeout: -time.Second},
+		"clientset":    {Namespace: "x", ReadyTimeout: time.Minute},
+		"namespace":    {Clientset: cs, ReadyTimeout: time.Minute},
+		"ReadyTimeout": {Clientset: cs, Namespace: "x"},
+		"negative":     {Clientset: cs, Namespace: "x", ReadyTimeout: -time.Second},
 	} {
 		if _, err := New(opts); err == nil {
 			t.Errorf("New without a valid %s succeeded", name)
 		}
 	}
-	s, err := New(Options{Clientset: cs, Namespace: "x"})
-	if err != nil || s.readyTimeout != DefaultReadyTimeout {
-		t.Errorf("New with defaults: %v, ready timeout %v", err, s.readyTimeout)
+	s, err := New(Options{Clientset: cs, Namespace: "x", ReadyTimeout: time.Minute})
+	if err != nil || s.readyTimeout != time.Minute {
+		t.Errorf("New: %v, ready timeout %v", err, s.readyTimeout)
 	}
 }
 

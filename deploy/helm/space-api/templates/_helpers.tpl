@@ -227,6 +227,10 @@ chartEnv, what the values render, then extraEnv.
 - name: SPACE_FLAGS_POLL_INTERVAL
   value: {{ .Values.flags.pollInterval | quote }}
 {{- end }}
+{{- with .Values.flags.fallbackTier }}
+- name: SPACE_FALLBACK_TIER
+  value: {{ . | quote }}
+{{- end }}
 - name: SPACE_TEMPLATES_FILE
   value: /etc/space/templates/templates.json
 - name: SPACE_TEMPLATES_POLL_INTERVAL
