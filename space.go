@@ -93,7 +93,12 @@ type Sandbox struct {
 	TemplateVersion string `json:"template_version"`
 	// Warm is true when the sandbox was adopted from a warm pool slot on its last
 	// activation rather than cold started.
-	Warm      bool              `json:"warm"`
+	Warm bool `json:"warm"`
+	// SoftBreach is true when the sandbox's last activation was admitted while its
+	// client was over its soft limit, at SoftBreachAt: the substrate was told, so that
+	// it degrades this sandbox first under pressure. Absent otherwise.
+	SoftBreach   bool       `json:"soft_breach,omitempty"`
+	SoftBreachAt *time.Time `json:"soft_breach_at,omitempty"`
 	Metadata  map[string]string `json:"metadata,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
 	UpdatedAt time.Time         `json:"updated_at"`

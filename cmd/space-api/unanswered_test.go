@@ -194,7 +194,7 @@ func TestUnansweredCreates(t *testing.T) {
 					select {
 					case <-stop:
 						return
-					default:
+					case <-time.After(20 * time.Millisecond): // a steady flood, not a spin against a dead database
 					}
 					client, key := "acme", ""
 					if w%2 == 1 {

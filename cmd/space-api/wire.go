@@ -66,6 +66,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Shadow:        cfg.Admission.Shadow,
 		Timeout:       cfg.Redis.Timeout,
 		RefusalMaxAge: cfg.Admission.RefusalCacheMaxAge,
+		Reservations:  m.Resolver.Reservations,
 		Breaker:       m.Breaker,
 		Registerer:    m.Registry,
 		Logger:        m.Logger,

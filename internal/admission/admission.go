@@ -28,7 +28,6 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/logs"
-	"github.com/space-sandbox/space/internal/metric"
 )
 
 // Options configures an Admitter.
@@ -78,6 +77,11 @@ type Options struct {
 	// anything else that gives tokens back, is seen within this bound. Zero refuses
 	// nothing from memory.
 	RefusalMaxAge time.Duration
+	// Reservations returns how tiers share the cluster bucket out now (the tier table
+	// in force, *flags.Resolver.Reservations); nil, or a nil answer, is one cluster
+	// bucket for everyone. Every charge, a warm-up's included, follows it, so that the
+	// total admitted never exceeds the cluster rate whoever charges.
+	Reservations func() *space.Reservations
 }
 
 // Admitter decides activations against the cluster bucket and, when the caller has a
@@ -98,8 +102,13 @@ type Admitter struct {
 	cluster     space.Rate
 	clusterArgs bucketArgs
 	clusterKey  string
-	// clientPrefix is the client key without the client: "{<cluster key>}:client:".
-	clientPrefix string
+	// clientPrefix is the client key without the client: "{<cluster key>}:client:";
+	// tierPrefix a tier reserve's key without the tier: "{<cluster key>}:tier:".
+	clientPrefix, tierPrefix string
+	// reservations is Options.Reservations; plans holds the script's keys and
+	// arguments of the last reservations seen, built once per tier table.
+	reservations func() *space.Reservations
+	plans        atomic.Pointer[reservePlan]
 
 	metrics *admissionMetrics
 	errLog  *throttledLog
@@ -151,6 +160,12 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Shadow is true when the decision rejected and shadow mode admitted anyway.
 	Shadow bool
+	// SoftBreach is true when the decision admitted the client over its soft limit.
+	SoftBreach bool
+	// Source is where an admitted decision's cluster token came from when tiers
+	// reserve shares of the cluster bucket: "reserve" (the tier's own), "shared" or
+	// "borrowed" (another tier's idle reserve); "" otherwise.
+	Source string
 	// FailedOpen is true when Redis failed and fail-open mode admitted; the bucket
 	// states are then unknown (zero Remaining).
 	FailedOpen bool
@@ -215,6 +230,8 @@ func New(opts Options) (*Admitter, error) {
 		clusterArgs:  argsOf(opts.Cluster),
 		clusterKey:   clusterKey,
 		clientPrefix: "{" + clusterKey + "}:client:",
+		tierPrefix:   "{" + clusterKey + "}:tier:",
+		reservations: opts.Reservations,
 		metrics:      metrics,
 		errLog:       newThrottledLog(opts.Logger, "admission: redis failed"),
 	}, nil
@@ -258,53 +275,101 @@ func (a *Admitter) ClusterRate() space.Rate { return a.cluster }
 // It returns an error only for a bad argument or, in fail-closed mode, when Redis
 // fails or does not answer within the timeout (an error wrapping ErrUnavailable).
 func (a *Admitter) Admit(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, error) {
-	return a.admit(ctx, client, clientRate, 1)
+	return a.decide(ctx, space.Charge{Key: client, Rate: clientRate, Cost: 1}, take)
 }
 
-// Charge is the activation flow's seam (space.Charger): cost tokens from the cluster
-// bucket and, when rate is not nil, from key's bucket, all or none, decided by Redis.
-// A refusal is a *space.LimitError; a Redis failure admits in fail-open mode and is an
-// error wrapping ErrUnavailable in fail-closed mode. The flow asks CachedRefusal
-// itself, once, before it gets here.
+// Charge is the activation flow's seam (space.Charger): c.Cost tokens from the cluster
+// bucket (from the tier's reserve first, when tiers reserve shares of it) and, when
+// c.Rate is not nil, from c.Key's bucket, all or none, decided by Redis. A refusal is a
+// *space.LimitError; a Redis failure admits in fail-open mode and is an error wrapping
+// ErrUnavailable in fail-closed mode. The flow asks CachedRefusal itself, once, before
+// it gets here. A soft breach is reported except in shadow mode, which decides and
+// records but tells nobody to degrade.
 func (a *Admitter) Charge(ctx context.Context, c space.Charge) (space.Charged, error) {
-	d, err := a.admit(ctx, c.Key, c.Rate, c.Cost)
+	d, err := a.decide(ctx, c, take)
 	if err != nil {
 		return space.Charged{}, err
 	}
 	if le := d.LimitError(c.Key); le != nil {
 		return space.Charged{}, le
 	}
-	return space.Charged{}, nil
+	return space.Charged{SoftBreach: d.SoftBreach && !a.shadow}, nil
 }
 
-func (a *Admitter) admit(ctx context.Context, client space.ClientKey, clientRate *space.Rate, cost int) (Decision, error) {
+// decide runs one decision (mode take: the charge's cost; peek: nothing taken) on the
+// script its charge needs, and applies shadow mode and the metrics to a take.
+func (a *Admitter) decide(ctx context.Context, c space.Charge, mode string) (Decision, error) {
 	if !a.enabled {
-		return a.disabled(clientRate), nil
+		return a.disabled(c.Rate), nil
 	}
-	if cost < 1 {
-		return Decision{}, fmt.Errorf("admit: cost %d, want at least 1", cost)
+	if c.Cost < 1 {
+		return Decision{}, fmt.Errorf("admit: cost %d, want at least 1", c.Cost)
 	}
-	keys, clientArgs, err := a.keys(client, clientRate)
-	if err != nil {
-		return Decision{}, fmt.Errorf("admit: %w", err)
+	if c.Rate != nil {
+		if c.Key == "" {
+			return Decision{}, errors.New("admit: a client rate needs a client key")
+		}
+		if err := c.Rate.Validate(); err != nil {
+			return Decision{}, fmt.Errorf("admit: client %q rate: %w", c.Key, err)
+		}
+	}
+	cost := mode
+	if mode == take {
+		cost = strconv.Itoa(c.Cost)
+	}
+	var res *space.Reservations
+	if a.reservations != nil {
+		res = a.reservations()
 	}
 	sent := a.now()
 	start := time.Now()
-	admitted, states, err := a.run.decide(ctx, strconv.Itoa(cost), keys, a.clusterArgs, clientArgs)
+	var d Decision
+	var err error
+	if res != nil {
+		d, err = a.reserved(ctx, c, res, cost, sent)
+	} else {
+		d, err = a.plain(ctx, c, cost, sent)
+	}
+	if mode == peek {
+		return d, err
+	}
 	a.metrics.script.Observe(time.Since(start).Seconds())
 	if err != nil {
-		return a.failed(client, clientRate, err)
+		return a.failed(c, err)
 	}
-	d := a.decision(admitted, states, clientRate)
-	a.learn(keys, d, sent)
 	switch {
 	case d.Admitted:
-		a.metrics.admitted(clientRate != nil)
+		a.metrics.admitted(c, d)
 	case a.shadow:
-		a.metrics.count(decisionShadowRejected, d.Bucket)
+		a.metrics.count(decisionShadowRejected, d.Bucket, c.Tier)
 		d.Admitted, d.Shadow = true, true
 	default:
-		a.metrics.count(decisionRejected, d.Bucket)
+		a.metrics.count(decisionRejected, d.Bucket, c.Tier)
+	}
+	return d, nil
+}
+
+// plain is the decision of bucket.lua: the cluster bucket, and the client bucket with
+// its soft limit when c has them.
+func (a *Admitter) plain(ctx context.Context, c space.Charge, cost string, sent time.Time) (Decision, error) {
+	keys := []string{a.clusterKey}
+	var clientArgs, softArgs bucketArgs
+	if c.Rate != nil {
+		keys = append(keys, a.clientPrefix+string(c.Key))
+		clientArgs = argsOf(*c.Rate)
+		if c.Soft != nil {
+			softArgs = argsOf(*c.Soft)
+		}
+	}
+	admitted, states, breach, err := a.run.decide(ctx, cost, keys, a.clusterArgs, clientArgs, softArgs)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := a.decision(admitted, states, c.Rate)
+	d.SoftBreach = breach
+	a.remember(a.clusterKey, d.Cluster, sent)
+	if d.Client != nil {
+		a.remember(keys[1], *d.Client, sent)
 	}
 	return d, nil
 }
@@ -325,6 +390,11 @@ func (a *Admitter) admit(ctx context.Context, client space.ClientKey, clientRate
 // by hand) is seen once the entry is older than Options.RefusalMaxAge, when the next
 // charge asks Redis and learns the bucket afresh. Nothing is refused in shadow mode or
 // with admission disabled. A refusal is counted as Admit counts one.
+//
+// With tiers reserving shares of the cluster bucket, the cluster side is known per
+// tier: an upper bound of everything the tier's charge could draw on (its reserve, the
+// shared remainder, what other reserves could ever lend), so that a shared remainder
+// known empty never refuses a tier whose reserve holds tokens.
 func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 	if !a.enabled || a.shadow || a.maxAge <= 0 {
 		return nil
@@ -335,7 +405,14 @@ func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 	if rate != nil && key != "" {
 		le = a.knownShort(a.clientPrefix+string(key), *rate, cost, now, space.BucketClientActivation, key)
 	}
-	if cluster := a.knownShort(a.clusterKey, a.cluster, cost, now, space.BucketClusterActivation, key); cluster != nil {
+	clusterKey, clusterRate := a.clusterKey, a.cluster
+	if a.reservations != nil {
+		if res := a.reservations(); res != nil {
+			t := a.plan(res).of(c.Tier)
+			clusterKey, clusterRate = t.knownKey, t.drawable
+		}
+	}
+	if cluster := a.knownShort(clusterKey, clusterRate, cost, now, space.BucketClusterActivation, key); cluster != nil {
 		if le == nil {
 			le = cluster
 		} else {
@@ -344,7 +421,7 @@ func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 		}
 	}
 	if le != nil {
-		a.metrics.count(decisionRejected, le.Bucket)
+		a.metrics.count(decisionRejected, le.Bucket, c.Tier)
 		a.metrics.local.WithLabelValues(string(le.Bucket)).Inc()
 	}
 	return le
@@ -378,14 +455,7 @@ func (a *Admitter) knownShort(key string, rate space.Rate, cost int, now time.Ti
 	return &space.LimitError{Bucket: bucket, Client: client, RetryAfter: micros((need - tokens) / rate.RefillRPS * 1e6), Limit: &limit, Remaining: tokens}
 }
 
-// learn records what a decision found of each bucket, for CachedRefusal.
-func (a *Admitter) learn(keys []string, d Decision, sent time.Time) {
-	a.remember(keys[0], d.Cluster, sent)
-	if d.Client != nil && len(keys) > 1 {
-		a.remember(keys[1], *d.Client, sent)
-	}
-}
-
+// remember records what a decision found of the bucket under key, for CachedRefusal.
 func (a *Admitter) remember(key string, st BucketState, at time.Time) {
 	v, ok := a.known.Load(key)
 	if !ok {
@@ -399,20 +469,14 @@ func (a *Admitter) remember(key string, st BucketState, at time.Time) {
 // disabled it reports full buckets without asking Redis. A Redis failure is returned
 // as an error wrapping ErrUnavailable, whatever the failure mode; nothing is counted.
 func (a *Admitter) Peek(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, error) {
-	if !a.enabled {
-		return a.disabled(clientRate), nil
-	}
-	keys, clientArgs, err := a.keys(client, clientRate)
-	if err != nil {
-		return Decision{}, fmt.Errorf("peek: %w", err)
-	}
-	sent := a.now()
-	admitted, states, err := a.run.decide(ctx, peek, keys, a.clusterArgs, clientArgs)
+	return a.peek(ctx, space.Charge{Key: client, Rate: clientRate, Cost: 1})
+}
+
+func (a *Admitter) peek(ctx context.Context, c space.Charge) (Decision, error) {
+	d, err := a.decide(ctx, c, peek)
 	if err != nil {
 		return Decision{}, fmt.Errorf("peek: %w", unavailable(err))
 	}
-	d := a.decision(admitted, states, clientRate)
-	a.learn(keys, d, sent)
 	return d, nil
 }
 
@@ -441,11 +505,12 @@ const (
 // them (when Redis answers) and the Enforcement an Admit of this moment would follow.
 // It takes nothing, writes nothing (but a refusal's expiry repair, see bucket.lua)
 // and counts nothing.
-func (a *Admitter) Report(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, Enforcement, error) {
+func (a *Admitter) Report(ctx context.Context, c space.Charge) (Decision, Enforcement, error) {
 	if !a.enabled {
-		return a.disabled(clientRate), Disabled, nil
+		return a.disabled(c.Rate), Disabled, nil
 	}
-	d, err := a.Peek(ctx, client, clientRate)
+	c.Cost = max(c.Cost, 1)
+	d, err := a.peek(ctx, c)
 	switch {
 	case a.shadow:
 		return d, Shadow, err
@@ -455,19 +520,6 @@ func (a *Admitter) Report(ctx context.Context, client space.ClientKey, clientRat
 		return d, FailOpen, err
 	}
 	return d, Enforced, nil
-}
-
-func (a *Admitter) keys(client space.ClientKey, clientRate *space.Rate) ([]string, bucketArgs, error) {
-	if clientRate == nil {
-		return []string{a.clusterKey}, "", nil
-	}
-	if client == "" {
-		return nil, "", errors.New("a client rate needs a client key")
-	}
-	if err := clientRate.Validate(); err != nil {
-		return nil, "", fmt.Errorf("client %q rate: %w", client, err)
-	}
-	return []string{a.clusterKey, a.clientPrefix + string(client)}, argsOf(*clientRate), nil
 }
 
 // decision builds a Decision from the script's answer.
@@ -482,13 +534,15 @@ func (a *Admitter) decision(admitted bool, states []BucketState, clientRate *spa
 	if admitted {
 		return d
 	}
-	if d.Client != nil && d.Client.Remaining < 1 {
+	// A bucket is short of the cost when the script says it holds it only later
+	// (Refill > 0), whatever the cost.
+	if d.Client != nil && d.Client.Refill > 0 {
 		d.Bucket = space.BucketClientActivation
 		d.RetryAfter = d.Client.Refill
 	} else {
 		d.Bucket = space.BucketClusterActivation
 	}
-	if d.Cluster.Remaining < 1 {
+	if d.Cluster.Refill > 0 {
 		d.RetryAfter = max(d.RetryAfter, d.Cluster.Refill)
 	}
 	return d
@@ -504,102 +558,17 @@ func (a *Admitter) disabled(clientRate *space.Rate) Decision {
 }
 
 // failed applies the failure mode to a Redis error.
-func (a *Admitter) failed(client space.ClientKey, clientRate *space.Rate, err error) (Decision, error) {
-	a.metrics.errored(clientRate != nil)
-	a.errLog.log(err, "client", string(client), "fail_closed", a.failClosed && !a.shadow)
+func (a *Admitter) failed(c space.Charge, err error) (Decision, error) {
+	a.metrics.errored(c)
+	a.errLog.log(err, "client", string(c.Key), "fail_closed", a.failClosed && !a.shadow)
 	if a.failClosed && !a.shadow {
 		return Decision{}, fmt.Errorf("admit: %w", unavailable(err))
 	}
 	d := Decision{Admitted: true, FailedOpen: true, Cluster: BucketState{Rate: a.cluster}}
-	if clientRate != nil {
-		d.Client = &BucketState{Rate: *clientRate}
+	if c.Rate != nil {
+		d.Client = &BucketState{Rate: *c.Rate}
 	}
 	return d, nil
-}
-
-// Decision label values of space_sandbox_admission_rate_decisions_total.
-const (
-	decisionAdmitted       = "admitted"
-	decisionRejected       = "rejected"
-	decisionError          = "error"
-	decisionShadowRejected = "shadow_rejected"
-)
-
-// admissionMetrics are the admission series (docs/design.md, observability).
-//
-// space_sandbox_admission_rate_decisions_total{decision, bucket} counts each Admit
-// (never Peek, never a disabled Admitter) as follows:
-//
-//   - admitted: once for bucket="cluster_activation" and, when the client had a rate,
-//     once more for bucket="client_activation": one count per token taken, so the
-//     cluster_activation series is the number of activations charged.
-//   - rejected: once, for the bucket that rejected (client_activation when both were
-//     empty). Nothing was taken from either bucket.
-//   - shadow_rejected: as rejected, for a decision shadow mode then admitted.
-//   - error: as admitted (cluster, plus client when the client had a rate), for a
-//     call that failed or timed out, in either failure mode.
-//
-// So the decisions made are admitted{cluster_activation} + error{cluster_activation} +
-// rejected and shadow_rejected summed over both buckets. Client keys are never labels.
-//
-// space_sandbox_admission_script_seconds is the time of each Admit's script call as
-// the replica saw it (round trip included, failures and timeouts too).
-type admissionMetrics struct {
-	decisions *prometheus.CounterVec
-	script    prometheus.Histogram
-	local     *prometheus.CounterVec
-
-	admittedCluster, admittedClient prometheus.Counter
-	errorCluster, errorClient       prometheus.Counter
-}
-
-func newAdmissionMetrics(reg prometheus.Registerer) (*admissionMetrics, error) {
-	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "space_sandbox_admission_rate_decisions_total",
-		Help: "Activation admission decisions, by decision and bucket (see internal/admission).",
-	}, []string{"decision", "bucket"})
-	script := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "space_sandbox_admission_script_seconds",
-		Help:    "Time of the admission script call, round trip included.",
-		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 12), // 100µs to about 200ms
-	})
-	decisions = metric.Register(reg, decisions)
-	script = metric.Register(reg, script)
-	local := metric.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "space_sandbox_admission_local_refusals_total",
-		Help: "Rejections answered by the replica from what it last learnt of the bucket, without asking Redis (also counted in space_sandbox_admission_rate_decisions_total), by bucket.",
-	}, []string{"bucket"}))
-	m := &admissionMetrics{decisions: decisions, script: script, local: local}
-	m.admittedCluster = decisions.WithLabelValues(decisionAdmitted, string(space.BucketClusterActivation))
-	m.admittedClient = decisions.WithLabelValues(decisionAdmitted, string(space.BucketClientActivation))
-	m.errorCluster = decisions.WithLabelValues(decisionError, string(space.BucketClusterActivation))
-	m.errorClient = decisions.WithLabelValues(decisionError, string(space.BucketClientActivation))
-	// The rejections too, so that every series exists (at 0) from the start.
-	for _, b := range []space.Bucket{space.BucketClusterActivation, space.BucketClientActivation} {
-		for _, d := range []string{decisionRejected, decisionShadowRejected} {
-			decisions.WithLabelValues(d, string(b))
-		}
-		local.WithLabelValues(string(b))
-	}
-	return m, nil
-}
-
-func (m *admissionMetrics) admitted(client bool) {
-	m.admittedCluster.Inc()
-	if client {
-		m.admittedClient.Inc()
-	}
-}
-
-func (m *admissionMetrics) errored(client bool) {
-	m.errorCluster.Inc()
-	if client {
-		m.errorClient.Inc()
-	}
-}
-
-func (m *admissionMetrics) count(decision string, bucket space.Bucket) {
-	m.decisions.WithLabelValues(decision, string(bucket)).Inc()
 }
 
 // throttledLog logs a repeated failure at most once every 10 seconds, with the

@@ -903,7 +903,7 @@ func TestMetrics(t *testing.T) {
 		for _, f := range families {
 			for _, m := range f.GetMetric() {
 				for _, l := range m.GetLabel() {
-					if l.GetName() != "decision" && l.GetName() != "bucket" {
+					if l.GetName() != "decision" && l.GetName() != "bucket" && l.GetName() != "tier" {
 						t.Errorf("%s has a label %q", f.GetName(), l.GetName())
 					}
 				}

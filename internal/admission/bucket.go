@@ -119,33 +119,41 @@ func argsOf(r space.Rate) bucketArgs {
 	return bucketArgs(b[:])
 }
 
-// decide runs the script over one bucket (second == "") or two and returns whether
-// the decision admitted and each bucket's state.
-func (r runner) decide(ctx context.Context, cost string, keys []string, first, second bucketArgs) (bool, []BucketState, error) {
-	rates := string(first + second)
+// decide runs the script over one bucket (second == "") or two, the second with its
+// soft limit when soft is not empty, and returns whether the decision admitted, each
+// bucket's state, and whether it was a soft breach.
+func (r runner) decide(ctx context.Context, cost string, keys []string, first, second, soft bucketArgs) (admitted bool, states []BucketState, breach bool, err error) {
+	rates := string(first + second + soft)
 	v, err := r.run(ctx, func(ctx context.Context) (any, error) {
 		return bucketScript.Run(ctx, r.rdb, keys, cost, rates).Text()
 	})
 	if err != nil {
-		return false, nil, err
+		return false, nil, false, err
 	}
-	return parseReply(v.(string), len(keys))
+	return parseReply(v.(string), len(keys), soft != "")
 }
 
 // parseReply reads the script's reply, struct '<Bdd' or '<Bdddd': admitted, then per
-// bucket the tokens left and the microseconds until a whole token.
-func parseReply(reply string, buckets int) (bool, []BucketState, error) {
-	if len(reply) != 1+16*buckets {
-		return false, nil, fmt.Errorf("bucket script: unexpected reply %q", reply)
+// bucket the tokens left and the microseconds until a whole token; with a soft limit,
+// '<BddddB', the last byte the soft breach.
+func parseReply(reply string, buckets int, soft bool) (bool, []BucketState, bool, error) {
+	want := 1 + 16*buckets
+	if soft {
+		want++
 	}
-	double := func(at int) float64 {
-		return math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[at : at+8])))
+	if len(reply) != want {
+		return false, nil, false, fmt.Errorf("bucket script: unexpected reply %q", reply)
 	}
 	states := make([]BucketState, buckets)
 	for i := range states {
-		states[i] = BucketState{Remaining: double(1 + 16*i), Refill: micros(double(9 + 16*i))}
+		states[i] = BucketState{Remaining: double(reply, 1+16*i), Refill: micros(double(reply, 9+16*i))}
 	}
-	return reply[0] == 1, states, nil
+	return reply[0] == 1, states, soft && reply[want-1] == 1, nil
+}
+
+// double reads the little-endian double at offset at of a script's reply.
+func double(reply string, at int) float64 {
+	return math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[at : at+8])))
 }
 
 // micros converts the script's microseconds to a Duration, rounded up so that a

@@ -6,7 +6,8 @@
 -- ARGV[1]  the cost n: "n" >= 1 takes n tokens from every bucket when each holds n,
 --          and from none otherwise; "0" only looks (a peek takes nothing)
 -- ARGV[2]  the rates, packed as little-endian doubles: refill (tokens per microsecond)
---          and burst of KEYS[1], then of KEYS[2] when given ('<dd' or '<dddd')
+--          and burst of KEYS[1], then of KEYS[2] when given ('<dd' or '<dddd'), then
+--          of KEYS[2]'s soft limit when it has one ('<dddddd')
 --
 -- State: one 24-byte string per bucket, struct '<ddd': the tokens the bucket held at a
 -- Redis TIME, that time in microseconds, and when the key expires (microseconds). A
@@ -14,6 +15,13 @@
 -- read with an unknown expiry. Binary doubles keep every digit and cost Redis no number
 -- formatting or parsing: string.format('%.17g') and tonumber of a "tokens:time" text
 -- cost more than all the arithmetic here (see docs/benchmarks.md).
+--
+-- Soft limit: a client bucket with a soft limit is 32 bytes, '<dddd', its fourth double
+-- the soft bucket's tokens at the same time. Kept in the client's own key, so that the
+-- soft check costs no key, read or write of its own. An admitted take finding the soft
+-- bucket short of n tokens is a soft breach; the soft bucket is charged only when it
+-- holds them. A longer value is read by its first 24 bytes wherever no soft limit is
+-- asked for: a client whose soft limit is dropped keeps its hard bucket.
 --
 -- Expiry: a key written by a take expires once its bucket could have refilled from
 -- empty, burst/refill, capped at 10^12 s (what EXPIRE accepts); both expiries are
@@ -28,8 +36,9 @@
 --
 -- Reply: one string, struct '<Bdd' or '<Bdddd': admitted (1 or 0), then per bucket
 -- the tokens left after the decision and the microseconds until it holds n tokens (0
--- when it holds them now, +inf when it never will). Packed doubles again: a table of
--- integers and the rounding to fill it cost more than the packing.
+-- when it holds them now, +inf when it never will); with a soft limit, '<BddddB', the
+-- last byte 1 for a soft breach. Packed doubles again: a table of integers and the
+-- rounding to fill it cost more than the packing.
 --
 -- The two paths are written out rather than looped over tables or through closures:
 -- building those per call cost about 6% more Redis CPU.
@@ -55,7 +64,7 @@ if #KEYS == 1 then
   local t1, e1 = b1, nil
   if s1 then
     local at
-    if #s1 == 24 then
+    if #s1 >= 24 then
       t1, at, e1 = unpack('<ddd', s1)
     elseif #s1 == 16 then
       t1, at = unpack('<dd', s1)
@@ -91,13 +100,20 @@ if #KEYS == 1 then
   return pack('<Bdd', admitted, t1, w1)
 end
 
-local r1, b1, r2, b2 = unpack('<dddd', ARGV[2])
+local soft = #ARGV[2] == 48
+local r1, b1, r2, b2, r3, b3
+if soft then
+  r1, b1, r2, b2, r3, b3 = unpack('<dddddd', ARGV[2])
+else
+  r1, b1, r2, b2 = unpack('<dddd', ARGV[2])
+end
 local stored = redis.call('MGET', KEYS[1], KEYS[2])
 local s1, s2 = stored[1], stored[2]
 local t1, t2, e1, e2 = b1, b2, nil, nil
+local t3, at2 = b3, nil
 if s1 then
   local at
-  if #s1 == 24 then
+  if #s1 >= 24 then
     t1, at, e1 = unpack('<ddd', s1)
   elseif #s1 == 16 then
     t1, at = unpack('<dd', s1)
@@ -112,30 +128,54 @@ if s1 then
 end
 if s2 then
   local at
-  if #s2 == 24 then
-    t2, at, e2 = unpack('<ddd', s2)
+  if #s2 >= 24 then
+    if soft and #s2 >= 32 then
+      t2, at, e2, t3 = unpack('<dddd', s2)
+    else
+      t2, at, e2 = unpack('<ddd', s2)
+    end
   elseif #s2 == 16 then
     t2, at = unpack('<dd', s2)
     e2 = 0
   end
   if at then
-    if now > at then t2 = t2 + (now - at) * r2 end
+    if now > at then
+      t2 = t2 + (now - at) * r2
+      if soft then t3 = t3 + (now - at) * r3 end
+    end
     if t2 > b2 then t2 = b2 end
+    if soft and t3 > b3 then t3 = b3 end
   else
     t2 = b2
   end
 end
-local admitted, w1, w2 = 0, 0, 0
+local admitted, w1, w2, breach = 0, 0, 0, 0
 if t1 >= n and t2 >= n then
   admitted = 1
+  if soft then
+    if t3 >= n then
+      if take then t3 = t3 - n end
+    else
+      breach = 1
+    end
+  end
   if take then
     t1, t2 = t1 - n, t2 - n
     local x1 = ceil(b1 / r1 / 1000)
     if not (x1 < 1e15) then x1 = 1e15 elseif x1 < 1 then x1 = 1 end
     local x2 = ceil(b2 / r2 / 1000)
+    if soft then
+      -- The key outlives both refills: the soft one is the slower.
+      local x3 = ceil(b3 / r3 / 1000)
+      if not (x2 >= x3) then x2 = x3 end
+    end
     if not (x2 < 1e15) then x2 = 1e15 elseif x2 < 1 then x2 = 1 end
     redis.call('SET', KEYS[1], pack('<ddd', t1, now, now + x1 * 1000), 'PX', format('%d', x1))
-    redis.call('SET', KEYS[2], pack('<ddd', t2, now, now + x2 * 1000), 'PX', format('%d', x2))
+    if soft then
+      redis.call('SET', KEYS[2], pack('<dddd', t2, now, now + x2 * 1000, t3), 'PX', format('%d', x2))
+    else
+      redis.call('SET', KEYS[2], pack('<ddd', t2, now, now + x2 * 1000), 'PX', format('%d', x2))
+    end
   end
 else
   if e1 then
@@ -148,15 +188,27 @@ else
     end
   end
   if e2 then
-    local full = (b2 - t2) / r2
+    local refill = (b2 - t2) / r2
+    if soft then
+      local refill3 = (b3 - t3) / r3
+      if not (refill >= refill3) then refill = refill3 end
+    end
+    local full = refill
     if not (full < horizon) then full = horizon end
     if e2 < now + full then
-      local x2 = ceil((b2 - t2) / r2 / 1000)
+      local x2 = ceil(refill / 1000)
       if not (x2 < 1e15) then x2 = 1e15 elseif x2 < 1 then x2 = 1 end
-      redis.call('SET', KEYS[2], pack('<ddd', t2, now, now + x2 * 1000), 'PX', format('%d', x2))
+      if soft then
+        redis.call('SET', KEYS[2], pack('<dddd', t2, now, now + x2 * 1000, t3), 'PX', format('%d', x2))
+      else
+        redis.call('SET', KEYS[2], pack('<ddd', t2, now, now + x2 * 1000), 'PX', format('%d', x2))
+      end
     end
   end
 end
 if t1 < n then w1 = (n - t1) / r1 end
 if t2 < n then w2 = (n - t2) / r2 end
+if soft then
+  return pack('<BddddB', admitted, t1, w1, t2, w2, breach)
+end
 return pack('<Bdddd', admitted, t1, w1, t2, w2)

@@ -34,7 +34,7 @@ type Leases interface {
 // Budgets reports a caller's activation buckets as admission would find them, taking
 // nothing (*admission.Admitter).
 type Budgets interface {
-	Report(ctx context.Context, key space.ClientKey, rate *space.Rate) (admission.Decision, admission.Enforcement, error)
+	Report(ctx context.Context, c space.Charge) (admission.Decision, admission.Enforcement, error)
 }
 
 // Sandboxes is the sandbox flow (*sandbox.Service).

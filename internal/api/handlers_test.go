@@ -166,7 +166,7 @@ func (f *fakeCallers) Resolve(_ context.Context, id space.ClientID) space.Caller
 
 type fakeBudgets struct{}
 
-func (fakeBudgets) Report(context.Context, space.ClientKey, *space.Rate) (admission.Decision, admission.Enforcement, error) {
+func (fakeBudgets) Report(context.Context, space.Charge) (admission.Decision, admission.Enforcement, error) {
 	return admission.Decision{Admitted: true, Cluster: admission.BucketState{Remaining: 150}}, admission.Enforced, nil
 }
 

@@ -141,7 +141,7 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
 	}
 	// The same Admitter that enforces says how: a read of the very buckets Admit would
 	// charge, taking no token.
-	d, enforcement, err := s.budgets.Report(r.Context(), l.Key, l.ClientRate)
+	d, enforcement, err := s.budgets.Report(r.Context(), l.Charge(1))
 	body.Admission = enforcement
 	body.Cluster.Status = string(enforcement)
 	switch {

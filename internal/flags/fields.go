@@ -222,6 +222,10 @@ func parseTier(name string, v any) (Tier, error) {
 		}
 	}
 	switch {
+	case r.ReservedRPS != nil && *r.ReservedRPS <= 0:
+		// A reserve that never refills would be spent once and then only block
+		// lending: its idle interval (burst over refill) never ends.
+		return t, malformedf("reserved_rps must be a number > 0, got %g", *r.ReservedRPS)
 	case r.ReservedRPS != nil:
 		lendable := 1.0
 		if r.Lendable != nil {

@@ -102,6 +102,7 @@ func setup(t testing.TB, file string, opts ...option) *fixture {
 		Logger:       logger,
 		Registerer:   f.reg,
 		Validators:   c.validators,
+		Env:          c.env,
 		OnReload: func(r ReloadResult) {
 			select {
 			case f.reloads <- r:

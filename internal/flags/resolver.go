@@ -261,6 +261,13 @@ func (r *Resolver) fallback(p *parsedQuotas, reason, detail string) tierChoice {
 	return c
 }
 
+// Reservations returns how the tier table in force shares the cluster bucket out (the
+// last good quota flag's), nil when no tier reserves anything: for every charge to
+// follow, a warm-up's included. It evaluates nothing.
+func (r *Resolver) Reservations() *space.Reservations {
+	return r.good.Load().reservations
+}
+
 // Tiers returns the tier table in force: empty when the quota flag has none.
 func (r *Resolver) Tiers(ctx context.Context) TierTable {
 	p := r.quotas(ctx, "")

@@ -90,7 +90,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
 				s.logger.WarnContext(ctx, "consume adopted slot", "slot", slot.ID, "err", cerr)
 			}
-			return s.finish(ctx, callerCtx, a, sb, ref, true, began)
+			return s.finish(ctx, callerCtx, a, sb, ref, true, false, began)
 		}
 		s.logger.WarnContext(ctx, "warm slot adoption failed; starting cold", "sandbox", sb.ID, "slot", slot.ID, "err", err)
 		s.opts.Pool.Discard(ctx, slot)
@@ -123,7 +123,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 			Message: fmt.Sprintf("the substrate failed to %s sandbox %s; see GET /v1/sandboxes/%s", activateVerb(a.kind()), sb.ID, sb.ID)}
 	}
 	s.metrics.coldStart.WithLabelValues(a.kind()).Observe(s.opts.Now().Sub(coldBegan).Seconds())
-	return s.finish(ctx, callerCtx, a, sb, ref, false, began)
+	return s.finish(ctx, callerCtx, a, sb, ref, false, spec.SoftBreach, began)
 }
 
 // finish records a started sandbox as running and answered, provided it is still in the
@@ -137,7 +137,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 // claim it later. A caller that leaves after this check, or whose connection breaks
 // while the 201 is written, has a running sandbox it was not told of: it finds it by
 // listing its sandboxes, or avoids the question with an Idempotency-Key.
-func (s *Service) finish(ctx, callerCtx context.Context, a activation, sb *space.Sandbox, ref string, warm bool, began time.Time) (*space.Sandbox, error) {
+func (s *Service) finish(ctx, callerCtx context.Context, a activation, sb *space.Sandbox, ref string, warm, softBreach bool, began time.Time) (*space.Sandbox, error) {
 	outcome := "cold"
 	if warm {
 		outcome = "warm"
@@ -145,7 +145,8 @@ func (s *Service) finish(ctx, callerCtx context.Context, a activation, sb *space
 	if a.abandonable() && callerCtx.Err() != nil {
 		return nil, s.abandon(ctx, a, sb, ref, began)
 	}
-	out, err := setState(ctx, s.db, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, Answered: true, From: []space.SandboxState{a.transient()}})
+	out, err := setState(ctx, s.db, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, Answered: true,
+		SoftBreach: &softBreach, From: []space.SandboxState{a.transient()}})
 	var moved *movedError
 	if !errors.As(err, &moved) {
 		if err == nil {

@@ -17,7 +17,7 @@ import (
 )
 
 const sandboxColumns = `id::text, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata,
-	coalesce(substrate_ref, ''), coalesce(snapshot_ref, ''), coalesce(last_error, ''), answered, created_at, updated_at`
+	coalesce(substrate_ref, ''), coalesce(snapshot_ref, ''), coalesce(last_error, ''), answered, soft_breach_at, created_at, updated_at`
 
 // scanSandbox scans the sandboxColumns of row, then into extra the columns a query
 // selects after them.
@@ -25,10 +25,11 @@ func scanSandbox(row pgx.Row, extra ...any) (*space.Sandbox, error) {
 	var sb space.Sandbox
 	var meta []byte
 	err := row.Scan(append([]any{&sb.ID, &sb.Client, &sb.BudgetKey, &sb.State, &sb.Template, &sb.TemplateVersion, &sb.CPUMillis, &sb.MemoryMiB, &sb.DiskGiB,
-		&sb.Warm, &meta, &sb.SubstrateRef, &sb.SnapshotRef, &sb.LastError, &sb.Answered, &sb.CreatedAt, &sb.UpdatedAt}, extra...)...)
+		&sb.Warm, &meta, &sb.SubstrateRef, &sb.SnapshotRef, &sb.LastError, &sb.Answered, &sb.SoftBreachAt, &sb.CreatedAt, &sb.UpdatedAt}, extra...)...)
 	if err != nil {
 		return nil, err
 	}
+	sb.SoftBreach = sb.SoftBreachAt != nil
 	if len(meta) > 2 {
 		if err := json.Unmarshal(meta, &sb.Metadata); err != nil {
 			return nil, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
@@ -167,6 +168,9 @@ type stateChange struct {
 	// Answered records that the caller is being told of the sandbox (it never goes
 	// back to false).
 	Answered bool
+	// SoftBreach, when set, records whether the activation was a soft breach (now) or
+	// not (cleared).
+	SoftBreach *bool
 	From     []space.SandboxState
 	// Seen, when set, applies the change only if the sandbox was not changed since it
 	// was read with this updated_at (the reconciler's optimistic guard).
@@ -207,10 +211,11 @@ func setState(ctx context.Context, q store.Querier, id string, c stateChange) (*
 			warm = coalesce($6, warm),
 			last_error = CASE WHEN $7::text IS NULL THEN last_error ELSE nullif($7, '') END,
 			answered = answered OR $10,
+			soft_breach_at = CASE WHEN $11::bool IS NULL THEN soft_breach_at WHEN $11 THEN now() ELSE NULL END,
 			updated_at = now()
 		WHERE id = $1 AND ($8::text[] IS NULL OR state = ANY($8)) AND ($9::timestamptz IS NULL OR updated_at = $9)
 		RETURNING `+sandboxColumns,
-		id, string(c.State), c.SubstrateRef, c.ClearRef, c.SnapshotRef, c.Warm, c.LastError, from, seen, c.Answered))
+		id, string(c.State), c.SubstrateRef, c.ClearRef, c.SnapshotRef, c.Warm, c.LastError, from, seen, c.Answered, c.SoftBreach))
 	if errors.Is(err, pgx.ErrNoRows) {
 		cur, gerr := getSandbox(ctx, q, id, "", false)
 		if gerr != nil {

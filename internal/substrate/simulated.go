@@ -31,6 +31,9 @@ type Call struct {
 	SandboxID string
 	Client    space.ClientID
 	Shape     space.Shape
+	// SoftBreach is the start's Spec.SoftBreach, which the simulated substrate records
+	// on what it starts.
+	SoftBreach bool
 }
 
 // SimulatedOptions tune the simulated substrate.
@@ -246,9 +249,9 @@ func SlotRef(id string) string { return "slot-" + id }
 
 // StartCold implements Substrate.
 func (s *Simulated) StartCold(ctx context.Context, spec Spec) (string, error) {
-	c := Call{Op: OpStartCold, SandboxID: spec.SandboxID, Client: spec.Client, Shape: spec.Shape}
+	c := Call{Op: OpStartCold, SandboxID: spec.SandboxID, Client: spec.Client, Shape: spec.Shape, SoftBreach: spec.SoftBreach}
 	return s.start(ctx, c, simResource{
-		Resource: Resource{Ref: SandboxRef(spec.SandboxID), SandboxID: spec.SandboxID},
+		Resource: Resource{Ref: SandboxRef(spec.SandboxID), SandboxID: spec.SandboxID, SoftBreach: spec.SoftBreach},
 		Client:   spec.Client, Shape: spec.Shape,
 	})
 }
@@ -324,10 +327,10 @@ func (s *Simulated) Restore(ctx context.Context, snapshotRef, slotRef string, sp
 	if !found {
 		return "", fmt.Errorf("simulated restore %s: %w", snapshotRef, ErrNotFound)
 	}
-	c := Call{Op: OpRestore, Ref: snapshotRef, SandboxID: spec.SandboxID, Client: spec.Client, Shape: spec.Shape}
+	c := Call{Op: OpRestore, Ref: snapshotRef, SandboxID: spec.SandboxID, Client: spec.Client, Shape: spec.Shape, SoftBreach: spec.SoftBreach}
 	if slotRef == "" {
 		return s.start(ctx, c, simResource{
-			Resource: Resource{Ref: SandboxRef(spec.SandboxID), SandboxID: spec.SandboxID},
+			Resource: Resource{Ref: SandboxRef(spec.SandboxID), SandboxID: spec.SandboxID, SoftBreach: spec.SoftBreach},
 			Client:   spec.Client, Shape: spec.Shape,
 		})
 	}

@@ -97,6 +97,9 @@ type Resource struct {
 	// starting, or failed, or stopping: half made.
 	Ready   bool      `json:"ready"`
 	Created time.Time `json:"created"`
+	// SoftBreach is true for a sandbox started over its client's soft limit (see
+	// Spec.SoftBreach), as the substrate recorded it.
+	SoftBreach bool `json:"soft_breach,omitempty"`
 }
 
 // Finding is what a substrate holds for one sandbox id (Substrate.Find).

@@ -1,0 +1,166 @@
+package admission
+
+import (
+	"context"
+	_ "embed"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space"
+)
+
+//go:embed reserve.lua
+var reserveSource string
+
+// reserveScript decides a charge while tiers reserve shares of the cluster bucket
+// (reserve.lua): the client bucket with its soft limit, and a cluster token from the
+// tier's reserve, the shared remainder, or an idle tier's lendable reserve.
+var reserveScript = redis.NewScript(reserveSource)
+
+// TierKey is tier's reserve key under prefix:
+// "{<prefix>:cluster_admission:sandbox_activation}:tier:<tier>", in the cluster key's
+// slot like the client keys.
+func TierKey(prefix, tier string) string {
+	return "{" + ClusterKey(prefix) + "}:tier:" + tier
+}
+
+// reservePlan is what the script needs of one tier table, built once per table: the
+// keys and packed arguments of each tier's charge, so that a charge builds no key and
+// packs no argument but its client's.
+type reservePlan struct {
+	res    *space.Reservations
+	shared bucketArgs
+	tiers  map[string]*tierPlan
+	// none is the plan of a charge on no reserve: a tier without one, an untiered
+	// client, a warm-up.
+	none *tierPlan
+}
+
+// tierPlan is one tier's side of a charge.
+type tierPlan struct {
+	// keys are the reserve keys after the shared and client keys: the own reserve
+	// (when own) first, then every other reserve; args their packed rates.
+	keys []string
+	args string
+	own  bool
+	// knownKey and drawable are the refusal cache's entry for the tier's cluster side:
+	// an upper bound of the rate and burst of everything the tier could draw on.
+	knownKey string
+	drawable space.Rate
+}
+
+// plan returns the plan of res, building it when res is not the last table seen.
+func (a *Admitter) plan(res *space.Reservations) *reservePlan {
+	if p := a.plans.Load(); p != nil && p.res == res {
+		return p
+	}
+	p := &reservePlan{res: res, shared: argsOf(res.Shared), tiers: map[string]*tierPlan{}}
+	build := func(tier string) *tierPlan {
+		t := &tierPlan{knownKey: a.clusterKey + "|tier:" + tier, drawable: res.Shared}
+		var args []byte
+		for _, r := range res.Reserves {
+			if r.Tier == tier {
+				t.own = true
+				t.keys = append([]string{a.tierPrefix + r.Tier}, t.keys...)
+				args = append([]byte(argsOf(r.Rate)), args...)
+				t.drawable.RefillRPS += r.Rate.RefillRPS
+				t.drawable.Burst += r.Rate.Burst
+			}
+		}
+		for _, r := range res.Reserves {
+			if r.Tier == tier {
+				continue
+			}
+			t.keys = append(t.keys, a.tierPrefix+r.Tier)
+			args = append(args, argsOf(r.Rate)...)
+			args = binary.LittleEndian.AppendUint64(args, math.Float64bits(r.Lendable))
+			if r.Lendable > 0 {
+				t.drawable.RefillRPS += r.Rate.RefillRPS
+				t.drawable.Burst += r.Rate.Burst
+			}
+		}
+		t.args = string(args)
+		return t
+	}
+	for _, r := range res.Reserves {
+		p.tiers[r.Tier] = build(r.Tier)
+	}
+	p.none = build("")
+	a.plans.Store(p)
+	return p
+}
+
+// of returns tier's plan.
+func (p *reservePlan) of(tier string) *tierPlan {
+	if t, ok := p.tiers[tier]; ok {
+		return t
+	}
+	return p.none
+}
+
+// Where a reserved-tier admission's cluster token came from (Decision.Source).
+var sources = [...]string{"", "shared", "reserve", "borrowed"}
+
+// reserved is the decision of reserve.lua for charge c under res.
+func (a *Admitter) reserved(ctx context.Context, c space.Charge, res *space.Reservations, cost string, sent time.Time) (Decision, error) {
+	p := a.plan(res)
+	t := p.of(c.Tier)
+	keys := make([]string, 0, 2+len(t.keys))
+	keys = append(keys, a.clusterKey)
+	layout := []byte("---")
+	args := make([]byte, 0, 48+len(t.args))
+	args = append(args, p.shared...)
+	if c.Rate != nil {
+		keys = append(keys, a.clientPrefix+string(c.Key))
+		layout[0] = 'c'
+		args = append(args, argsOf(*c.Rate)...)
+		if c.Soft != nil {
+			layout[1] = 's'
+			args = append(args, argsOf(*c.Soft)...)
+		}
+	}
+	if t.own {
+		layout[2] = 'o'
+	}
+	keys = append(keys, t.keys...)
+	args = append(args, t.args...)
+	v, err := a.run.run(ctx, func(ctx context.Context) (any, error) {
+		return reserveScript.Run(ctx, a.run.rdb, keys, cost, string(args), string(layout)).Text()
+	})
+	if err != nil {
+		return Decision{}, err
+	}
+	reply := v.(string)
+	if len(reply) != 3+32 {
+		return Decision{}, fmt.Errorf("reserve script: unexpected reply %q", reply)
+	}
+	d := Decision{
+		Admitted:   reply[0] == 1,
+		SoftBreach: reply[1] == 1,
+		Cluster:    BucketState{Rate: a.cluster, Remaining: double(reply, 19), Refill: micros(double(reply, 27))},
+	}
+	if reply[2] < byte(len(sources)) {
+		d.Source = sources[reply[2]]
+	}
+	if c.Rate != nil {
+		d.Client = &BucketState{Rate: *c.Rate, Remaining: double(reply, 3), Refill: micros(double(reply, 11))}
+		a.remember(keys[1], *d.Client, sent)
+	}
+	a.remember(t.knownKey, BucketState{Rate: t.drawable, Remaining: d.Cluster.Remaining}, sent)
+	if !d.Admitted {
+		d.Source = ""
+		if d.Client != nil && d.Client.Refill > 0 {
+			d.Bucket, d.RetryAfter = space.BucketClientActivation, d.Client.Refill
+		} else {
+			d.Bucket = space.BucketClusterActivation
+		}
+		if d.Cluster.Refill > 0 {
+			d.RetryAfter = max(d.RetryAfter, d.Cluster.Refill)
+		}
+	}
+	return d, nil
+}

@@ -1,0 +1,246 @@
+-- One atomic decision over the activation buckets when tiers reserve shares of the
+-- cluster bucket (docs/design.md, "Reserved capacity"): the client bucket (with its
+-- soft limit) and one cluster token from, in this order, the tier's own reserve, the
+-- shared remainder, or another tier's reserve that is idle and lends. All of it, or
+-- nothing. Every key is in the cluster key's Redis Cluster slot.
+--
+-- KEYS[1]   the shared remainder: the cluster key, at the cluster rate minus the reserves
+-- KEYS[2]   the client bucket, when ARGV[3] says so
+-- KEYS[..]  the tier's own reserve, when ARGV[3] says so
+-- KEYS[..]  every other tier's reserve, to borrow from
+-- ARGV[1]   the cost n ("0" only looks, taking nothing)
+-- ARGV[2]   packed little-endian doubles: refill (tokens per microsecond) and burst of
+--           the shared remainder; of the client bucket; of its soft limit; of the own
+--           reserve (each when present); then refill, burst and lendable fraction of
+--           each other reserve
+-- ARGV[3]   three bytes: 'c' or '-' (a client bucket), 's' or '-' (a soft limit),
+--           'o' or '-' (an own reserve)
+--
+-- State: the shared remainder and a client bucket as bucket.lua writes them ('<ddd',
+-- or '<dddd' with the soft tokens). A reserve is '<dddd': tokens, the Redis time they
+-- were counted at, the key's expiry, and when its tier last asked for a cluster
+-- token. A tier that asked within its reserve's refill interval (burst/refill) is
+-- active and lends nothing: a tier that starts bursting again has its reserve to
+-- itself at once, and its reserved rate back as the reserve refills. Borrowing takes
+-- only what the lendable fraction leaves above (1 - lendable) * burst.
+--
+-- Reply: '<BBBdddd': admitted, soft breach, where the cluster token came from (0 none,
+-- 1 shared, 2 own reserve, 3 borrowed), the client tokens left and the microseconds
+-- until it holds n, then an upper bound of the cluster tokens this tier could draw on
+-- (own + shared + what others could ever lend, idle or not) and the microseconds until
+-- the earliest of them holds n. The bound lets a replica refuse from memory without
+-- ever refusing a tier whose reserve holds tokens.
+
+local time = redis.call('TIME')
+local now = time[1] * 1000000 + time[2]
+local n = ARGV[1]
+if n == '1' then n = 1 elseif n == '0' then n = 0 else n = tonumber(n) end
+local take = n > 0
+if not take then n = 1 end
+local sunpack, spack, format, ceil = struct.unpack, struct.pack, string.format, math.ceil
+local layout = ARGV[3]
+local hasClient = string.sub(layout, 1, 1) == 'c'
+local hasSoft = string.sub(layout, 2, 2) == 's'
+local hasOwn = string.sub(layout, 3, 3) == 'o'
+local args = ARGV[2]
+local pos = 1
+local stored = redis.call('MGET', unpack(KEYS))
+
+-- state returns the tokens of bucket i at rate r and burst b now, its stored expiry
+-- (nil for a missing key: a full bucket), the fourth double (0 when absent, -huge for
+-- a missing key: a reserve never asked for) and the time it was counted at.
+local function state(i, r, b)
+  local s = stored[i]
+  if not s then return b, nil, -math.huge, now end
+  local t, at, e, x = nil, nil, nil, 0
+  if #s >= 32 then
+    t, at, e, x = sunpack('<dddd', s)
+  elseif #s >= 24 then
+    t, at, e = sunpack('<ddd', s)
+  elseif #s == 16 then
+    t, at = sunpack('<dd', s)
+    e = 0
+  else
+    return b, nil, -math.huge, now
+  end
+  if now > at then t = t + (now - at) * r end
+  if t > b then t = b end
+  return t, e, x, at
+end
+
+-- ttl is how long, in ms, a key refilling over us microseconds lives: at least 1 ms,
+-- at most 10^12 s (what PX accepts, whatever the rate).
+local function ttl(us)
+  local x = ceil(us / 1000)
+  if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
+  return x
+end
+
+local rs, bs
+rs, bs, pos = sunpack('<dd', args, pos)
+local ts, es = state(1, rs, bs)
+local i = 1
+
+local ci, tc, ec, rc, bc, rsoft, bsoft, tsoft = nil, nil, nil, nil, nil, nil, nil, nil
+if hasClient then
+  i = i + 1
+  ci = i
+  rc, bc, pos = sunpack('<dd', args, pos)
+  local x, at
+  tc, ec, x, at = state(ci, rc, bc)
+  if hasSoft then
+    rsoft, bsoft, pos = sunpack('<dd', args, pos)
+    tsoft = bsoft
+    if stored[ci] and #stored[ci] >= 32 then
+      tsoft = x
+      if now > at then tsoft = tsoft + (now - at) * rsoft end
+      if tsoft > bsoft then tsoft = bsoft end
+    end
+  end
+end
+
+local oi, to, ro, bo, lo = nil, 0, 0, 0, 0
+if hasOwn then
+  i = i + 1
+  oi = i
+  ro, bo, pos = sunpack('<dd', args, pos)
+  local _
+  to, _, lo = state(oi, ro, bo)
+end
+
+-- The other reserves: tokens, rate, burst, lendable, last asked, and whether lending.
+local others = {}
+for j = i + 1, #KEYS do
+  local r, b, l
+  r, b, l, pos = sunpack('<ddd', args, pos)
+  local t, _, last = state(j, r, b)
+  others[#others + 1] = {j, t, r, b, l, last}
+end
+
+local clientOK = (not hasClient) or tc >= n
+local from, source = nil, 0
+if hasOwn and to >= n then
+  from, source = oi, 2
+elseif ts >= n then
+  from, source = 1, 1
+else
+  local best = -1
+  for k = 1, #others do
+    local o = others[k]
+    local floor = (1 - o[5]) * o[4]
+    local spare = o[2] - floor - n
+    if o[5] > 0 and spare >= 0 and spare > best and now - o[6] >= o[4] / o[3] then
+      best, from = spare, k
+    end
+  end
+  if from then source = 3 end
+end
+
+local admitted, breach = 0, 0
+if clientOK and from then
+  admitted = 1
+  if hasSoft then
+    if tsoft >= n then
+      if take then tsoft = tsoft - n end
+    else
+      breach = 1
+    end
+  end
+end
+
+if take and admitted == 1 then
+  if hasClient then
+    tc = tc - n
+    local x = ttl(bc / rc)
+    if hasSoft then
+      local xs = ttl(bsoft / rsoft)
+      if x < xs then x = xs end
+      redis.call('SET', KEYS[ci], spack('<dddd', tc, now, now + x * 1000, tsoft), 'PX', format('%d', x))
+    else
+      redis.call('SET', KEYS[ci], spack('<ddd', tc, now, now + x * 1000), 'PX', format('%d', x))
+    end
+  end
+  if source == 1 then
+    ts = ts - n
+    local x = ttl(bs / rs)
+    redis.call('SET', KEYS[1], spack('<ddd', ts, now, now + x * 1000), 'PX', format('%d', x))
+  elseif source == 2 then
+    to = to - n
+    local x = ttl(bo / ro)
+    redis.call('SET', KEYS[oi], spack('<dddd', to, now, now + x * 1000, now), 'PX', format('%d', x))
+    lo = now
+  else
+    local o = others[from]
+    o[2] = o[2] - n
+    local x = ttl(o[4] / o[3])
+    redis.call('SET', KEYS[o[1]], spack('<dddd', o[2], now, now + x * 1000, o[6]), 'PX', format('%d', x))
+  end
+end
+
+-- A tier that asked for a cluster token (its client had one) is active: its reserve
+-- records the time, so that nobody borrows from it for a refill interval. Recorded
+-- when the token did not come from the reserve itself (that write records it), and at
+-- most sixteen times per interval.
+if take and hasOwn and clientOK and source ~= 2 and now - lo > bo / ro / 16 then
+  local x = ttl(bo / ro)
+  redis.call('SET', KEYS[oi], spack('<dddd', to, now, now + x * 1000, now), 'PX', format('%d', x))
+end
+
+-- A refusal checks that the client bucket and the shared remainder live until they
+-- are full at the rates in force, as bucket.lua does, so that a rate lowered while a
+-- bucket is empty never brings it back as a full burst.
+if take and admitted == 0 then
+  if hasClient and ec then
+    local refill = (bc - tc) / rc
+    if hasSoft then
+      local r3 = (bsoft - tsoft) / rsoft
+      if not (refill >= r3) then refill = r3 end
+    end
+    local full = refill
+    if not (full < 1e17) then full = 1e17 end
+    if ec < now + full then
+      local x = ttl(refill)
+      if hasSoft then
+        redis.call('SET', KEYS[ci], spack('<dddd', tc, now, now + x * 1000, tsoft), 'PX', format('%d', x))
+      else
+        redis.call('SET', KEYS[ci], spack('<ddd', tc, now, now + x * 1000), 'PX', format('%d', x))
+      end
+    end
+  end
+  if es then
+    local refill = (bs - ts) / rs
+    local full = refill
+    if not (full < 1e17) then full = 1e17 end
+    if es < now + full then
+      local x = ttl(refill)
+      redis.call('SET', KEYS[1], spack('<ddd', ts, now, now + x * 1000), 'PX', format('%d', x))
+    end
+  end
+end
+
+local wc = 0
+if hasClient and tc < n then wc = (n - tc) / rc end
+-- What this tier could draw on, and the earliest it could get n of it.
+local avail, wait = ts, 0
+if ts < n then wait = (n - ts) / rs end
+if hasOwn then
+  avail = avail + to
+  local w = 0
+  if to < n then w = (n - to) / ro end
+  if w < wait then wait = w end
+end
+for k = 1, #others do
+  local o = others[k]
+  if o[5] > 0 then
+    local floor = (1 - o[5]) * o[4]
+    local spare = o[2] - floor
+    if spare > 0 then avail = avail + spare end
+    local w = 0
+    if spare < n then w = (n - spare) / o[3] end
+    local idle = o[6] + o[4] / o[3] - now
+    if idle > w then w = idle end
+    if w < wait then wait = w end
+  end
+end
+if from then wait = 0 end
+return spack('<BBBdddd', admitted, breach, source, tc or 0, wc, avail, wait)
