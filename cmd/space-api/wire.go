@@ -243,7 +243,7 @@ func (m *Main) checkTemplates(ts substrate.Templates) error {
 func (m *Main) substrate() (substrate.Substrate, error) {
 	switch m.Config.Sandbox.Substrate {
 	case "kubernetes":
-		return kubernetes.NewFromEnv(m.Getenv, nil, m.Logger)
+		return kubernetes.NewFromEnv(m.Getenv, m.Logger)
 	default: // "simulated"; config.Load accepts nothing else
 		c := m.Config.Sandbox
 		d := c.SimulatedColdStart

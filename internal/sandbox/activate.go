@@ -330,6 +330,7 @@ func (s *Service) restore(ctx context.Context, caller space.Caller, id string) (
 			return setState(ctx, s.opts.DB, sb.ID, stateChange{State: space.StatePaused, LastError: &msg, From: restoring})
 		},
 		transient: space.StateRestoring,
+		cold:      !substrate.RestoresWarm(s.opts.Substrate),
 	})
 }
 
@@ -351,6 +352,9 @@ type activation struct {
 	// later write is guarded on it, so that an activation that finds its sandbox moved
 	// on (deleted meanwhile, or settled by the reconciler) writes nothing over it.
 	transient space.SandboxState
+	// cold skips the warm pool: the substrate cannot use a slot for this kind
+	// (substrate.WarmRestorer), so claiming one would only burn it.
+	cold bool
 }
 
 // activate runs steps 4 to 8 of the create path (docs/design.md), in that order:
@@ -384,6 +388,9 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 		}
 		if err := setTemplateVersion(ctx, tx, sb, tmpl.Version); err != nil {
 			return err
+		}
+		if a.cold {
+			return nil
 		}
 		slot, err = s.opts.Pool.Claim(ctx, tx, sb.Shape, tmpl.Version, sb.ID)
 		return err
@@ -425,6 +432,17 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 
 	coldBegan := s.opts.Now()
 	ref, err := a.start(ctx, sb, spec, nil)
+	if err != nil && space.ErrorCode(err) == space.EUNPROCESSABLE {
+		// The substrate refused what it was asked to run (the API server's validation
+		// of a template's pod): no retry can serve it, so it is the caller's 422 and
+		// the reservation is taken back, as for any other 422. The substrate has
+		// already removed what it made.
+		if uerr := a.undo(ctx, sb, err); uerr != nil {
+			s.logger.ErrorContext(ctx, "undo refused activation", "sandbox", sb.ID, "err", uerr)
+		}
+		s.metrics.refused(a.kind, err, s.opts.Now().Sub(began))
+		return nil, err
+	}
 	if err != nil {
 		s.metrics.activation(a.kind, "failed", s.opts.Now().Sub(began))
 		s.logger.WarnContext(ctx, "cold start failed", "kind", a.kind, "sandbox", sb.ID, "err", err)

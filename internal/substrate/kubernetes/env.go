@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
+	"k8s.io/client-go/dynamic"
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -38,12 +40,26 @@ type Env struct {
 	// Kubeconfig is KUBECONFIG: one or more kubeconfig files (a path list). Unset: the
 	// in-cluster service account, else ~/.kube/config.
 	Kubeconfig string
+	// StorageClass is the StorageClass of every sandbox's volume claim
+	// (SPACE_KUBERNETES_STORAGE_CLASS). Unset: the claim names none, and the cluster's
+	// default StorageClass provisions it.
+	StorageClass string
+	// SnapshotClass is the CSI VolumeSnapshotClass a pause snapshots the claim with
+	// (SPACE_KUBERNETES_VOLUME_SNAPSHOT_CLASS). Unset: a pause keeps the claim only,
+	// and the substrate never touches snapshot.storage.k8s.io.
+	SnapshotClass string
+	// MountPath is where the claim is mounted in the sandbox's first container
+	// (SPACE_KUBERNETES_VOLUME_MOUNT_PATH, default DefaultMountPath).
+	MountPath string
 }
 
 // Defaults of the SPACE_KUBERNETES_* variables.
 const (
 	DefaultClientQPS   = 50
 	DefaultClientBurst = 100
+	// DefaultMountPath is where a sandbox's volume is mounted: what a pause keeps is
+	// what the sandbox wrote under it.
+	DefaultMountPath = "/workspace"
 )
 
 // dnsLabel is the syntax of a namespace name (RFC 1123 label).
@@ -55,7 +71,7 @@ const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/n
 // ReadEnv reads and validates the SPACE_KUBERNETES_* variables and KUBECONFIG through
 // getenv. Errors are *config.VarError, worded like every other configuration error.
 func ReadEnv(getenv func(string) string) (Env, error) {
-	e := Env{ReadyTimeout: DefaultReadyTimeout, QPS: DefaultClientQPS, Burst: DefaultClientBurst}
+	e := Env{ReadyTimeout: DefaultReadyTimeout, QPS: DefaultClientQPS, Burst: DefaultClientBurst, MountPath: DefaultMountPath}
 	get := func(name string) string { return strings.TrimSpace(getenv(name)) }
 
 	e.Namespace = get("SPACE_KUBERNETES_NAMESPACE")
@@ -83,8 +99,35 @@ func ReadEnv(getenv func(string) string) (Env, error) {
 		}
 		e.Burst = n
 	}
+	e.StorageClass = get("SPACE_KUBERNETES_STORAGE_CLASS")
+	if e.StorageClass != "" && !dnsSubdomain(e.StorageClass) {
+		return Env{}, &config.VarError{Var: "SPACE_KUBERNETES_STORAGE_CLASS", Value: e.StorageClass, Accepts: "a StorageClass name (lowercase letters, digits, '-' and '.')"}
+	}
+	e.SnapshotClass = get("SPACE_KUBERNETES_VOLUME_SNAPSHOT_CLASS")
+	if e.SnapshotClass != "" && !dnsSubdomain(e.SnapshotClass) {
+		return Env{}, &config.VarError{Var: "SPACE_KUBERNETES_VOLUME_SNAPSHOT_CLASS", Value: e.SnapshotClass, Accepts: "a VolumeSnapshotClass name (lowercase letters, digits, '-' and '.')"}
+	}
+	if v := get("SPACE_KUBERNETES_VOLUME_MOUNT_PATH"); v != "" {
+		if !path.IsAbs(v) || path.Clean(v) != v || v == "/" || strings.Contains(v, ":") {
+			return Env{}, &config.VarError{Var: "SPACE_KUBERNETES_VOLUME_MOUNT_PATH", Value: v, Accepts: "an absolute directory path other than /, such as /workspace"}
+		}
+		e.MountPath = v
+	}
 	e.Kubeconfig = get("KUBECONFIG")
 	return e, nil
+}
+
+// dnsSubdomain is the syntax of most object names (RFC 1123 subdomain).
+func dnsSubdomain(s string) bool {
+	if len(s) > 253 {
+		return false
+	}
+	for _, part := range strings.Split(s, ".") {
+		if len(part) > 63 || !dnsLabel.MatchString(part) {
+			return false
+		}
+	}
+	return true
 }
 
 // RESTConfig returns the API server's client configuration and the default namespace
@@ -143,13 +186,19 @@ func (e Env) Options() (Options, error) {
 	if err != nil {
 		return Options{}, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return Options{Clientset: cs, Namespace: namespace, ReadyTimeout: e.ReadyTimeout}, nil
+	opts := Options{Clientset: cs, Namespace: namespace, ReadyTimeout: e.ReadyTimeout,
+		StorageClass: e.StorageClass, SnapshotClass: e.SnapshotClass, MountPath: e.MountPath}
+	if e.SnapshotClass != "" {
+		if opts.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
+			return Options{}, fmt.Errorf("kubernetes dynamic client: %w", err)
+		}
+	}
+	return opts, nil
 }
 
 // NewFromEnv is what cmd/space-api calls for SPACE_SUBSTRATE=kubernetes: ReadEnv, a
-// clientset from the in-cluster service account or KUBECONFIG, then New. snap may be
-// nil (no pause or restore).
-func NewFromEnv(getenv func(string) string, snap Snapshotter, logger *slog.Logger) (*Substrate, error) {
+// clientset from the in-cluster service account or KUBECONFIG, then New.
+func NewFromEnv(getenv func(string) string, logger *slog.Logger) (*Substrate, error) {
 	e, err := ReadEnv(getenv)
 	if err != nil {
 		return nil, err
@@ -158,7 +207,6 @@ func NewFromEnv(getenv func(string) string, snap Snapshotter, logger *slog.Logge
 	if err != nil {
 		return nil, err
 	}
-	opts.Snapshotter = snap
 	opts.Logger = logger
 	return New(opts)
 }

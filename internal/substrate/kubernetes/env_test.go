@@ -21,8 +21,29 @@ func TestReadEnvHasDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.ReadyTimeout != 2*time.Minute || e.QPS != 50 || e.Burst != 100 || e.Namespace != "" {
+	if e.ReadyTimeout != 2*time.Minute || e.QPS != 50 || e.Burst != 100 || e.Namespace != "" ||
+		e.StorageClass != "" || e.SnapshotClass != "" || e.MountPath != "/workspace" {
 		t.Errorf("defaults = %+v", e)
+	}
+}
+
+func TestReadEnvTakesTheVolumeVariables(t *testing.T) {
+	t.Parallel()
+	e, err := ReadEnv(envOf(map[string]string{
+		"SPACE_KUBERNETES_STORAGE_CLASS":         "fast-ssd",
+		"SPACE_KUBERNETES_VOLUME_SNAPSHOT_CLASS": "csi.hostpath.snapclass",
+		"SPACE_KUBERNETES_VOLUME_MOUNT_PATH":     "/home/user",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.StorageClass != "fast-ssd" || e.SnapshotClass != "csi.hostpath.snapclass" || e.MountPath != "/home/user" {
+		t.Errorf("read %+v", e)
+	}
+	for _, bad := range []string{"/", "/a/../b", "/a/", "/a:b"} {
+		if _, err := ReadEnv(envOf(map[string]string{"SPACE_KUBERNETES_VOLUME_MOUNT_PATH": bad})); err == nil {
+			t.Errorf("mount path %q accepted", bad)
+		}
 	}
 }
 
@@ -33,6 +54,10 @@ func TestReadEnvNamesTheBadVariable(t *testing.T) {
 		"SPACE_KUBERNETES_READY_TIMEOUT": "soon",
 		"SPACE_KUBERNETES_CLIENT_QPS":    "0",
 		"SPACE_KUBERNETES_CLIENT_BURST":  "1.5",
+		"SPACE_KUBERNETES_STORAGE_CLASS": "Fast SSD",
+		// A class name is a DNS subdomain: dots are fine, a label over 63 is not.
+		"SPACE_KUBERNETES_VOLUME_SNAPSHOT_CLASS": "csi." + strings.Repeat("x", 64),
+		"SPACE_KUBERNETES_VOLUME_MOUNT_PATH":     "workspace",
 	} {
 		_, err := ReadEnv(envOf(map[string]string{name: value}))
 		var ve *config.VarError
@@ -57,7 +82,7 @@ current-context: x
 		t.Fatal(err)
 	}
 
-	s, err := NewFromEnv(envOf(map[string]string{"KUBECONFIG": path, "SPACE_KUBERNETES_READY_TIMEOUT": "90s"}), nil, nil)
+	s, err := NewFromEnv(envOf(map[string]string{"KUBECONFIG": path, "SPACE_KUBERNETES_READY_TIMEOUT": "90s"}), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +90,7 @@ current-context: x
 		t.Errorf("namespace %q, ready timeout %s: want the context's namespace and 90s", s.namespace, s.readyTimeout)
 	}
 
-	s, err = NewFromEnv(envOf(map[string]string{"KUBECONFIG": path, "SPACE_KUBERNETES_NAMESPACE": "sandboxes"}), nil, nil)
+	s, err = NewFromEnv(envOf(map[string]string{"KUBECONFIG": path, "SPACE_KUBERNETES_NAMESPACE": "sandboxes"}), nil)
 	if err != nil || s.namespace != "sandboxes" {
 		t.Errorf("SPACE_KUBERNETES_NAMESPACE did not win over the context: %v %v", s, err)
 	}
@@ -73,7 +98,7 @@ current-context: x
 
 func TestNewFromEnvFailsClearlyWithoutAnyConfig(t *testing.T) {
 	t.Parallel()
-	_, err := NewFromEnv(envOf(map[string]string{"KUBECONFIG": filepath.Join(t.TempDir(), "missing")}), nil, nil)
+	_, err := NewFromEnv(envOf(map[string]string{"KUBECONFIG": filepath.Join(t.TempDir(), "missing")}), nil)
 	if err == nil || !strings.Contains(err.Error(), "kubeconfig") {
 		t.Fatalf("err = %v, want it to say no kubeconfig was usable", err)
 	}
