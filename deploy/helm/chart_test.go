@@ -479,7 +479,8 @@ func volumeOf(t *testing.T, d *appsv1.Deployment, c corev1.Container, dir string
 }
 
 // kubernetesVariables are the substrate's own variables (internal/substrate/kubernetes).
-var kubernetesVariables = []string{"SPACE_KUBERNETES_NAMESPACE", "SPACE_KUBERNETES_READY_TIMEOUT", "SPACE_KUBERNETES_CLIENT_QPS", "SPACE_KUBERNETES_CLIENT_BURST"}
+var kubernetesVariables = []string{"SPACE_KUBERNETES_NAMESPACE", "SPACE_KUBERNETES_READY_TIMEOUT", "SPACE_KUBERNETES_CLIENT_QPS", "SPACE_KUBERNETES_CLIENT_BURST",
+	"SPACE_KUBERNETES_VOLUME_MOUNT_PATH", "SPACE_KUBERNETES_STORAGE_CLASS", "SPACE_KUBERNETES_VOLUME_SNAPSHOT_CLASS"}
 
 // redisVariables are the Redis auth, TLS and mode variables space-api reads (issue 19);
 // named here too so the chart renders them whether or not internal/config has them yet.
@@ -670,7 +671,8 @@ func TestFullRenderSetsEveryOptionalPart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the rendered SPACE_KUBERNETES_* env does not load: %v", err)
 	}
-	if kenv.Namespace != "sandboxes" || kenv.ReadyTimeout.Seconds() != 90 || kenv.QPS != 100 || kenv.Burst != 200 {
+	if kenv.Namespace != "sandboxes" || kenv.ReadyTimeout.Seconds() != 90 || kenv.QPS != 100 || kenv.Burst != 200 ||
+		kenv.MountPath != "/home/user" || kenv.StorageClass != "fast.ssd" || kenv.SnapshotClass != "csi-snapshots" {
 		t.Errorf("kubernetes env = %+v", kenv)
 	}
 	if sa := d.Spec.Template.Spec.AutomountServiceAccountToken; sa == nil || !*sa {
@@ -908,14 +910,15 @@ func TestRBACIsRenderedOnlyForTheKubernetesSubstrate(t *testing.T) {
 	if role.Namespace != namespace {
 		t.Errorf("role namespace = %s, want the release's when kubernetes.namespace is empty", role.Namespace)
 	}
-	if len(role.Rules) != 1 {
-		t.Fatalf("rules = %+v", role.Rules)
+	// Without a snapshot class, no verb on volume snapshots (what each verb is for is
+	// checked against an API server: TestChartOnAnAPIServer).
+	for _, r := range role.Rules {
+		if !slices.Equal(r.APIGroups, []string{""}) || len(r.Resources) != 1 || (r.Resources[0] != "pods" && r.Resources[0] != "persistentvolumeclaims") {
+			t.Errorf("rule = %+v, want core pods and persistentvolumeclaims only", r)
+		}
 	}
-	r := role.Rules[0]
-	wantVerbs := []string{"create", "delete", "get", "list", "patch", "update", "watch"}
-	verbs := slices.Sorted(slices.Values(r.Verbs))
-	if !slices.Equal(r.APIGroups, []string{""}) || !slices.Equal(r.Resources, []string{"pods"}) || !slices.Equal(verbs, wantVerbs) {
-		t.Errorf("rule = %+v, want %v on core pods only", r, wantVerbs)
+	if len(role.Rules) != 2 {
+		t.Errorf("rules = %+v, want one for pods and one for claims", role.Rules)
 	}
 	rb := get[*rbacv1.RoleBinding](t, ms, "RoleBinding", "")
 	sa := get[*corev1.ServiceAccount](t, ms, "ServiceAccount", "")
