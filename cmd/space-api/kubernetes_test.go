@@ -1,60 +1,334 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/substrate/kubernetes"
 	"github.com/space-sandbox/space/internal/testenv"
+	"github.com/space-sandbox/space/internal/testenv/kubeenv"
 )
 
-func TestKubernetesSubstrateWiring(t *testing.T) {
+// kubeTemplates are the test templates plus one whose pod spec decodes but that the API
+// server's validation refuses (a container name that is no DNS label).
+const kubeTemplates = `{"templates": {
+	"python-3.12": {"image": "python:3.12-slim", "max_disk_gib": 50},
+	"node-22": {"image": "node:22-slim"},
+	"refused": {"image": "busybox:1", "pod": {"containers": [{"name": "Not_A_Label"}]}}
+}}`
+
+var volumeSnapshots = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
+
+// kubeCluster is a namespace of the test API server with its kubelet, and the
+// variables that point space-api at it.
+type kubeCluster struct {
+	srv *kubeenv.Server
+	ns  string
+	env map[string]string
+	// gate, when set, holds every new Pod Pending until open says otherwise.
+	mu   sync.Mutex
+	open func(*corev1.Pod) bool
+	k    *kubeenv.Kubelet
+}
+
+func newKubeCluster(t *testing.T, gated bool) *kubeCluster {
+	t.Helper()
+	srv := kubeenv.Start(t)
+	c := &kubeCluster{srv: srv, ns: srv.Namespace(t)}
+	opts := kubeenv.KubeletOptions{}
+	if gated {
+		c.open = func(*corev1.Pod) bool { return false }
+		opts.PodStatus = func(p *corev1.Pod, ip string) *corev1.PodStatus {
+			c.mu.Lock()
+			open := c.open(p)
+			c.mu.Unlock()
+			if !open {
+				return nil
+			}
+			st := kubeenv.ReadyStatus(p, ip)
+			return &st
+		}
+	}
+	c.k = srv.StartKubelet(t, c.ns, opts)
+	c.env = map[string]string{
+		"KUBECONFIG":                             srv.Kubeconfig,
+		"SPACE_SUBSTRATE":                        "kubernetes",
+		"SPACE_KUBERNETES_NAMESPACE":             c.ns,
+		"SPACE_KUBERNETES_VOLUME_SNAPSHOT_CLASS": kubeenv.SnapshotClass,
+		"SPACE_KUBERNETES_READY_TIMEOUT":         "30s",
+	}
+	return c
+}
+
+// letThrough makes the kubelet start the Pods open accepts from now on.
+func (c *kubeCluster) letThrough(open func(*corev1.Pod) bool) {
+	c.mu.Lock()
+	c.open = open
+	c.mu.Unlock()
+	c.k.Poke()
+}
+
+// substrate is the kubernetes substrate over the cluster, as the test's own view.
+func (c *kubeCluster) substrate(t *testing.T) *kubernetes.Substrate {
+	t.Helper()
+	sub, err := kubernetes.NewFromEnv(func(k string) string { return c.env[k] }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+func (c *kubeCluster) pods(t *testing.T, selector string) []corev1.Pod {
+	t.Helper()
+	list, err := c.srv.Clientset.CoreV1().Pods(c.ns).List(testenv.Context(t), metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+// held counts what the namespace holds for sandbox id: Pods, claims, snapshots.
+func (c *kubeCluster) held(t *testing.T, id string) (pods, claims, snapshots int) {
+	t.Helper()
+	ctx := testenv.Context(t)
+	sel := metav1.ListOptions{LabelSelector: "space.dev/sandbox-id=" + id}
+	p, err := c.srv.Clientset.CoreV1().Pods(c.ns).List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := c.srv.Clientset.CoreV1().PersistentVolumeClaims(c.ns).List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.srv.Dynamic.Resource(volumeSnapshots).Namespace(c.ns).List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(p.Items), len(cl.Items), len(s.Items)
+}
+
+// startKubeServer runs space-api in-process with SPACE_SUBSTRATE=kubernetes on c.
+func startKubeServer(t *testing.T, c *kubeCluster, o e2eOptions) *server {
+	t.Helper()
+	cfg := testConfig(t)
+	cfg.Sandbox.Substrate = kubernetes.Name
+	cfg.Sandbox.TemplatesFile = testenv.WriteFile(t, "templates.json", kubeTemplates)
+	cfg.Admission.Cluster = space.Rate{RefillRPS: 1e-6, Burst: 1000}
+	if o.quota != "" {
+		cfg.Flags.File = testenv.WriteFile(t, "flags.json", quotaFlags(o.quota, o.poolShapes))
+		cfg.Flags.PollInterval = 10 * time.Millisecond
+	}
+	if o.config != nil {
+		o.config(&cfg)
+	}
+	m := NewMain(cfg, NewLogger(io.Discard, "error"))
+	m.RedisPrefix = testenv.Prefix(t)
+	m.Getenv = func(k string) string { return c.env[k] }
+	if err := m.Run(testenv.Context(t)); err != nil {
+		m.Close()
+		t.Fatalf("run: %v", err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return &server{t: t, m: m}
+}
+
+func TestKubernetesSubstrate(t *testing.T) {
 	t.Parallel()
 
-	t.Run("SPACE_SUBSTRATE=kubernetes serves with the cluster of KUBECONFIG and reports it in readyz", func(t *testing.T) {
+	t.Run("space-api on an API server creates, hits the pool, pauses, restores, wakes and deletes", func(t *testing.T) {
 		t.Parallel()
-		// There is no cluster here: an API server stand-in that answers the readiness
-		// probe's pod list, which is all a start needs.
-		var lists atomic.Int64
-		apiServer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method == "GET" && r.URL.Path == "/api/v1/namespaces/sandboxes/pods" {
-				lists.Add(1)
-				w.Header().Set("Content-Type", "application/json")
-				fmt.Fprint(w, `{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[]}`)
-				return
-			}
-			http.NotFound(w, r)
-		}))
-		t.Cleanup(apiServer.Close)
-		kubeconfig := testenv.WriteFile(t, "kubeconfig", fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: %q}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`, apiServer.URL))
-		cfg := testConfig(t)
-		cfg.Sandbox.Substrate = "kubernetes"
-		env := map[string]string{"KUBECONFIG": kubeconfig, "SPACE_KUBERNETES_NAMESPACE": "sandboxes"}
-		m := NewMain(cfg, NewLogger(io.Discard, "error"))
-		m.RedisPrefix = testenv.Prefix(t)
-		m.Getenv = func(k string) string { return env[k] }
-		if err := m.Run(testenv.Context(t)); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
+		c := newKubeCluster(t, false)
+		pool := `[{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10,"target":1}]`
+		s := startKubeServer(t, c, e2eOptions{quota: acmeQuota, poolShapes: pool})
+		ctx := testenv.Context(t)
 		var ready api.Readiness
-		if code := getJSON(t, m.InternalURL()+"/readyz", &ready); code != 200 {
+		if code := getJSON(t, s.m.InternalURL()+"/readyz", &ready); code != 200 || !strings.Contains(ready.Checks["substrate"].Detail, c.ns) {
 			t.Fatalf("readyz = %d %+v", code, ready)
 		}
-		if c := ready.Checks["substrate"]; c.Status != "ok" || !strings.Contains(c.Detail, "sandboxes") || lists.Load() == 0 {
-			t.Fatalf("substrate check = %+v after %d pod lists", c, lists.Load())
+		slotReady := func() bool {
+			var n int
+			if err := s.m.DB.QueryRow(ctx, "SELECT count(*) FROM pool_slots WHERE state = 'ready'").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n == 1 && len(c.pods(t, "space.dev/pool=true")) == 1
 		}
+		testenv.Eventually(t, time.Minute, "the warm pool to fill", slotReady)
+
+		// A warm hit: the slot's Pod and claim become the sandbox's.
+		warm := s.create("acme", pythonBody)
+		if !warm.Warm || warm.State != space.StateRunning {
+			t.Fatalf("first create %+v, want a warm hit", warm)
+		}
+		if p, cl, _ := c.held(t, warm.ID); p != 1 || cl != 1 {
+			t.Fatalf("the warm sandbox holds %d pods and %d claims, want its adopted slot's one each", p, cl)
+		}
+
+		// A cold start: 201 once its Pod is ready.
+		testenv.Eventually(t, time.Minute, "the pool to refill", slotReady)
+		slot := c.pods(t, "space.dev/pool=true")[0].Name
+		cold := s.create("acme", `{"template":"node-22","cpu_millis":500,"memory_mib":512,"disk_gib":3}`)
+		if cold.Warm {
+			t.Fatalf("a shape with no pool was warm: %+v", cold)
+		}
+		pods := c.pods(t, "space.dev/sandbox-id="+cold.ID)
+		if len(pods) != 1 || !isReady(&pods[0]) || pods[0].Spec.Containers[0].Image != "node:22-slim" {
+			t.Fatalf("the cold sandbox's pods %+v, want one ready node:22-slim", pods)
+		}
+		claim := claimOf(&pods[0])
+
+		// Pause: the Pod goes, the claim stays, a snapshot is taken.
+		var sb space.Sandbox
+		if r := s.do("POST", "/v1/sandboxes/"+cold.ID+"/pause", "acme", ""); r.StatusCode != 200 {
+			t.Fatalf("pause = %d %s", r.StatusCode, r.body)
+		} else {
+			r.json(t, &sb)
+		}
+		if p, cl, sn := c.held(t, cold.ID); sb.State != space.StatePaused || p != 0 || cl != 1 || sn != 1 {
+			t.Fatalf("after the pause: %s with %d pods, %d claims, %d snapshots; want paused, 0, 1, 1", sb.State, p, cl, sn)
+		}
+
+		// Restore: a new Pod on the kept claim, started cold (a warm slot cannot mount
+		// the sandbox's volume), leaving the ready slot in the pool.
+		if r := s.do("POST", "/v1/sandboxes/"+cold.ID+"/restore", "acme", ""); r.StatusCode != 200 {
+			t.Fatalf("restore = %d %s", r.StatusCode, r.body)
+		}
+		pods = c.pods(t, "space.dev/sandbox-id="+cold.ID)
+		if len(pods) != 1 || claimOf(&pods[0]) != claim || !isReady(&pods[0]) {
+			t.Fatalf("restored pods %+v, want one ready pod on the kept claim %s", pods, claim)
+		}
+		if slots := c.pods(t, "space.dev/pool=true"); len(slots) != 1 || slots[0].Name != slot {
+			t.Fatalf("the restore took the warm slot %s: pool pods now %v", slot, podNames(slots))
+		}
+
+		// Pause again, and wake through the internal listener: the same claim again.
+		if r := s.do("POST", "/v1/sandboxes/"+cold.ID+"/pause", "acme", ""); r.StatusCode != 200 {
+			t.Fatalf("second pause = %d %s", r.StatusCode, r.body)
+		}
+		if r := s.internal("POST", "/internal/v1/sandboxes/"+cold.ID+"/wake", ""); r.StatusCode != 200 {
+			t.Fatalf("wake = %d %s", r.StatusCode, r.body)
+		} else {
+			r.json(t, &sb)
+		}
+		pods = c.pods(t, "space.dev/sandbox-id="+cold.ID)
+		if sb.State != space.StateRunning || len(pods) != 1 || claimOf(&pods[0]) != claim {
+			t.Fatalf("woken %s with pods %v, want running on %s", sb.State, podNames(pods), claim)
+		}
+		if _, _, sn := c.held(t, cold.ID); sn != 1 {
+			t.Fatalf("%d snapshots after two pauses, want the newest only", sn)
+		}
+
+		// Delete: the Pod, the claim and the snapshot go.
+		for _, id := range []string{cold.ID, warm.ID} {
+			if r := s.do("DELETE", "/v1/sandboxes/"+id, "acme", ""); r.StatusCode != http.StatusNoContent {
+				t.Fatalf("delete = %d %s", r.StatusCode, r.body)
+			}
+			testenv.Eventually(t, 30*time.Second, "everything of sandbox "+id+" to be removed", func() bool {
+				p, cl, sn := c.held(t, id)
+				return p+cl+sn == 0
+			})
+		}
+	})
+
+	t.Run("a template the API server refuses is a 422 naming the template, and leaves nothing", func(t *testing.T) {
+		t.Parallel()
+		c := newKubeCluster(t, false)
+		s := startKubeServer(t, c, e2eOptions{quota: acmeQuota})
+		r := s.do("POST", "/v1/sandboxes", "acme", `{"template":"refused","cpu_millis":500,"memory_mib":512,"disk_gib":1}`)
+		if r.StatusCode != http.StatusUnprocessableEntity {
+			t.Fatalf("create = %d %s, want 422", r.StatusCode, r.body)
+		}
+		if p := r.problem(t); p.Field != "template" || !strings.Contains(p.Detail, "spec.containers[0].name") {
+			t.Fatalf("problem %+v, want the template field and the server's reason", p)
+		}
+		if n := s.sandboxCount(); n != 0 {
+			t.Errorf("%d sandboxes recorded for a refused create", n)
+		}
+		if pods := c.pods(t, ""); len(pods) != 0 {
+			t.Errorf("pods left: %v", podNames(pods))
+		}
+	})
+
+	t.Run("a replica killed mid-start leaves pods the survivor settles: ready ones running, the rest stopped", func(t *testing.T) {
+		t.Parallel()
+		c := newKubeCluster(t, true)
+		sub := c.substrate(t)
+		env := replicaEnv(t, quotaFlags(acmeQuota, ""), map[string]string{
+			"SPACE_RECONCILE_INTERVAL": "200ms",
+			"SPACE_RECONCILE_GRACE":    "500ms",
+		})
+		delete(env, "SPACE_SIMULATED_STATE_DIR")
+		env["SPACE_TEMPLATES_FILE"] = testenv.WriteFile(t, "templates.json", kubeTemplates)
+		for k, v := range c.env {
+			env[k] = v
+		}
+		// The substrate's bound: the ready timeout plus its fixed slack.
+		env["SPACE_KUBERNETES_READY_TIMEOUT"] = "2s"
+		a := startReplica(t, "a", env)
+		f := &fleet{t: t, db: testenv.Pool(t, env["SPACE_DATABASE_URL"])}
+		srv := &server{t: t}
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() { srv.requestNoFail(a.public, "POST", "/v1/sandboxes", "acme", pythonBody) })
+		}
+		testenv.Eventually(t, time.Minute, "four cold starts with their pods made", func() bool {
+			return f.count("SELECT count(*) FROM sandboxes WHERE state = 'starting'") == 4 && len(c.pods(t, "")) == 4
+		})
+		a.kill()
+		wg.Wait()
+		// Two of the dead replica's pods come up after all; two never do.
+		var ids []string
+		for _, p := range c.pods(t, "") {
+			ids = append(ids, p.Annotations["space.dev/sandbox-id"])
+		}
+		up := map[string]bool{ids[0]: true, ids[1]: true}
+		c.letThrough(func(p *corev1.Pod) bool { return up[p.Annotations["space.dev/sandbox-id"]] })
+		startReplica(t, "b", env)
+
+		testenv.Eventually(t, 2*time.Minute, "the reconciler to settle every sandbox", func() bool {
+			return f.count("SELECT count(*) FROM sandboxes WHERE state = 'starting'") == 0
+		})
+		for _, id := range ids {
+			var state, ref string
+			if err := f.db.QueryRow(testenv.Context(t), "SELECT state, coalesce(substrate_ref, '') FROM sandboxes WHERE id = $1", id).Scan(&state, &ref); err != nil {
+				t.Fatal(err)
+			}
+			found, err := sub.Find(testenv.Context(t), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ready, ok := found.Ready()
+			switch {
+			case up[id] && (state != "running" || !ok || ready.Ref != ref || len(found.Resources) != 1):
+				t.Errorf("sandbox %s whose pod came up: %s on %q, found %+v; want running on that pod", id, state, ref, found)
+			case !up[id] && (state != "failed" || len(found.Resources) != 0):
+				t.Errorf("sandbox %s whose pod never came up: %s, found %+v; want failed with its pod stopped", id, state, found.Resources)
+			}
+		}
+		// The failed sandboxes' claims are the sweep's: two sweeps that find them
+		// unowned.
+		testenv.Eventually(t, time.Minute, "the sweep to remove the failed sandboxes' claims", func() bool {
+			for id := range up {
+				if _, cl, _ := c.held(t, id); cl != 1 {
+					return false
+				}
+			}
+			for _, id := range ids {
+				if _, cl, _ := c.held(t, id); !up[id] && cl != 0 {
+					return false
+				}
+			}
+			return true
+		})
 	})
 
 	t.Run("a bad kubernetes variable stops the start naming it", func(t *testing.T) {
@@ -73,4 +347,30 @@ current-context: x
 			t.Fatalf("Run = %v, want an error naming SPACE_KUBERNETES_NAMESPACE", err)
 		}
 	})
+}
+
+func isReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil
+		}
+	}
+	return false
+}
+
+func claimOf(p *corev1.Pod) string {
+	for _, v := range p.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			return v.PersistentVolumeClaim.ClaimName
+		}
+	}
+	return ""
+}
+
+func podNames(pods []corev1.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, p.Name)
+	}
+	return out
 }
