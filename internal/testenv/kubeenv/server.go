@@ -1,5 +1,5 @@
 // Package kubeenv hands tests a real Kubernetes API server: a kube-apiserver and its
-// etcd, built from their Go modules (binaries.go) and started once per test process on
+// etcd, built from their Go modules (internal/testenv/kubebin) and started once per test process on
 // loopback, with a certificate authority of their own. Nothing accepts an
 // unauthenticated connection: etcd wants the API server's client certificate, the API
 // server wants a client certificate signed by the same CA or a service account token
@@ -43,6 +43,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/space-sandbox/space/internal/testenv"
+	"github.com/space-sandbox/space/internal/testenv/kubebin"
 )
 
 const (
@@ -99,12 +100,12 @@ var (
 func Start(t testing.TB) *Server {
 	t.Helper()
 	startOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), buildTimeout+startTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), kubebin.BuildTimeout+startTimeout)
 		defer cancel()
 		started, startErr = start(ctx)
 	})
 	if startErr != nil {
-		t.Fatalf("kube-apiserver for the tests: %v\n(the binaries are built with\n\t%s)", startErr, BuildCommand)
+		t.Fatalf("kube-apiserver for the tests: %v\n(the binaries are built with\n\t%s)", startErr, kubebin.BuildCommand)
 	}
 	return started
 }
@@ -113,7 +114,7 @@ func Start(t testing.TB) *Server {
 func (s *Server) RESTConfig() *rest.Config { return rest.CopyConfig(s.config) }
 
 func start(ctx context.Context) (*Server, error) {
-	bins, err := FindOrBuild(ctx, func(format string, args ...any) {
+	bins, err := kubebin.FindOrBuild(ctx, func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "kubeenv: "+format+"\n", args...)
 	})
 	if err != nil {
@@ -145,7 +146,7 @@ func start(ctx context.Context) (*Server, error) {
 	return s, nil
 }
 
-func startServers(ctx context.Context, bins Binaries, dir string) (*Server, error) {
+func startServers(ctx context.Context, bins kubebin.Binaries, dir string) (*Server, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}

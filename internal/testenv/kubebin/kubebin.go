@@ -1,4 +1,10 @@
-package kubeenv
+// Package kubebin builds the etcd and kube-apiserver the tests run (internal/testenv/kubeenv)
+// from their Go modules, each pinned by a module of its own under tools/ (tools/etcd,
+// tools/kube-apiserver), and caches them per machine: the first build of kube-apiserver
+// costs minutes of CPU, every later run finds the binary. It imports nothing but the
+// standard library, so that `make test` can start the build at once, before anything
+// else compiles.
+package kubebin
 
 import (
 	"bufio"
@@ -17,17 +23,13 @@ import (
 	"time"
 )
 
-// The two servers are built from their Go modules, each pinned by a module of its own
-// under tools/ (tools/etcd, tools/kube-apiserver), and cached per machine: the first
-// build of kube-apiserver costs minutes of CPU, every later run finds the binary.
-
 // BuildCommand is what a developer runs to build (or find) the binaries by hand; it
 // prints their paths.
-const BuildCommand = "go run ./internal/testenv/kubeenv/cmd/kube-binaries"
+const BuildCommand = "go run ./internal/testenv/kubebin/cmd/kube-binaries"
 
-// buildTimeout bounds one build. A cold kube-apiserver is about 6 CPU-minutes; on 2
+// BuildTimeout bounds one build. A cold kube-apiserver is about 6 CPU-minutes; on 2
 // cores shared with a test suite it can take four times that.
-const buildTimeout = 45 * time.Minute
+const BuildTimeout = 45 * time.Minute
 
 // tool is one binary built from a module under tools/.
 type tool struct {
@@ -134,7 +136,7 @@ func findOrBuild(ctx context.Context, root, cache string, tl tool, log func(stri
 }
 
 func build(ctx context.Context, modDir, dir, path string, tl tool, version string) error {
-	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
+	ctx, cancel := context.WithTimeout(ctx, BuildTimeout)
 	defer cancel()
 	ldflags := tl.ldflags
 	if strings.Contains(ldflags, "%") {

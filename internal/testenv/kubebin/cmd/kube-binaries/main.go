@@ -9,11 +9,11 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/space-sandbox/space/internal/testenv/kubeenv"
+	"github.com/space-sandbox/space/internal/testenv/kubebin"
 )
 
 func main() {
-	bins, err := kubeenv.FindOrBuild(context.Background(), func(format string, args ...any) {
+	bins, err := kubebin.FindOrBuild(context.Background(), func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, format+"\n", args...)
 	})
 	if err != nil {
