@@ -14,6 +14,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/substrate/kubernetes"
 	"github.com/space-sandbox/space/internal/testenv"
 	"github.com/space-sandbox/space/internal/testenv/kubeenv"
@@ -149,7 +150,11 @@ func TestKubernetesSubstrate(t *testing.T) {
 		t.Parallel()
 		c := newKubeCluster(t, false)
 		pool := `[{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10,"target":1}]`
-		s := startKubeServer(t, c, e2eOptions{quota: acmeQuota, poolShapes: pool})
+		// Sweeps may take anything older than a moment for an orphan; this test runs
+		// them itself (below), so the background rounds are far apart.
+		s := startKubeServer(t, c, e2eOptions{quota: acmeQuota, poolShapes: pool, config: func(cfg *config.Config) {
+			cfg.Reconcile = config.Reconcile{Interval: time.Hour, Grace: 100 * time.Millisecond}
+		}})
 		ctx := testenv.Context(t)
 		var ready api.Readiness
 		if code := getJSON(t, s.m.InternalURL()+"/readyz", &ready); code != 200 || !strings.Contains(ready.Checks["substrate"].Detail, c.ns) {
@@ -196,6 +201,23 @@ func TestKubernetesSubstrate(t *testing.T) {
 		if p, cl, sn := c.held(t, cold.ID); sb.State != space.StatePaused || p != 0 || cl != 1 || sn != 1 {
 			t.Fatalf("after the pause: %s with %d pods, %d claims, %d snapshots; want paused, 0, 1, 1", sb.State, p, cl, sn)
 		}
+		// The reconciler's sweep takes what no row accounts for after two sightings: a
+		// paused sandbox's claim and snapshot are its row's, whatever its ref says.
+		for sweeps := 0; sweeps < 2; {
+			res, err := s.m.Reconciler.Round(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Orphans != 0 {
+				t.Fatalf("a sweep stopped %d resources of a fleet with no orphan", res.Orphans)
+			}
+			if res.Leader && res.Swept {
+				sweeps++
+			}
+		}
+		if p, cl, sn := c.held(t, cold.ID); p != 0 || cl != 1 || sn != 1 {
+			t.Fatalf("after two sweeps the paused sandbox holds %d pods, %d claims, %d snapshots; want 0, 1, 1", p, cl, sn)
+		}
 
 		// Restore: a new Pod on the kept claim, started cold (a warm slot cannot mount
 		// the sandbox's volume), leaving the ready slot in the pool.
@@ -236,6 +258,76 @@ func TestKubernetesSubstrate(t *testing.T) {
 				p, cl, sn := c.held(t, id)
 				return p+cl+sn == 0
 			})
+		}
+	})
+
+	t.Run("a pause and a restore cut by a crash are settled from what the cluster holds", func(t *testing.T) {
+		t.Parallel()
+		c := newKubeCluster(t, true)
+		// The node starts every Pod but the one a crashed restore left half made.
+		c.letThrough(func(p *corev1.Pod) bool { return p.Name != "sbx-half-made" })
+		s := startKubeServer(t, c, e2eOptions{quota: acmeQuota, config: func(cfg *config.Config) {
+			cfg.Reconcile = config.Reconcile{Interval: time.Hour, Grace: 100 * time.Millisecond}
+		}})
+		ctx := testenv.Context(t)
+		sub := c.substrate(t)
+		// crashed leaves sandbox id in state as a replica that died mid-way would, long
+		// enough ago for the reconciler, and runs rounds until one settled it.
+		crashed := func(id string, state space.SandboxState) space.Sandbox {
+			t.Helper()
+			if _, err := s.m.DB.Exec(ctx, "UPDATE sandboxes SET state = $2, updated_at = now() - interval '1 hour' WHERE id = $1", id, state); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				res, err := s.m.Reconciler.Round(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Leader {
+					break
+				}
+			}
+			var sb space.Sandbox
+			s.do("GET", "/v1/sandboxes/"+id, "acme", "").json(t, &sb)
+			return sb
+		}
+		sb := s.create("acme", pythonBody)
+		pods := c.pods(t, "space.dev/sandbox-id="+sb.ID)
+		claim := claimOf(&pods[0])
+
+		// A pause whose replica died once the Pod was deleted: the claim is found, so the
+		// sandbox is paused on it.
+		if err := sub.Stop(ctx, pods[0].Name); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 30*time.Second, "the pod to go", func() bool { return len(c.pods(t, "space.dev/sandbox-id="+sb.ID)) == 0 })
+		if got := crashed(sb.ID, space.StatePausing); got.State != space.StatePaused || !strings.Contains(got.LastError, "snapshot was found") {
+			t.Fatalf("a pause cut after its pod went settled as %s (%s), want paused", got.State, got.LastError)
+		}
+
+		// A restore whose replica died with its Pod made but not ready: paused again,
+		// the half-made Pod stopped, the claim kept.
+		half := pods[0].DeepCopy()
+		half.ObjectMeta = metav1.ObjectMeta{Name: "sbx-half-made", Labels: pods[0].Labels, Annotations: pods[0].Annotations}
+		half.Status = corev1.PodStatus{}
+		half.Spec.NodeName = ""
+		if _, err := c.srv.Clientset.CoreV1().Pods(c.ns).Create(ctx, half, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := crashed(sb.ID, space.StateRestoring); got.State != space.StatePaused || !strings.Contains(got.LastError, "paused again") {
+			t.Fatalf("a restore cut before its pod was ready settled as %s (%s), want paused again", got.State, got.LastError)
+		}
+		testenv.Eventually(t, 30*time.Second, "the half-made pod to be stopped", func() bool { return len(c.pods(t, "space.dev/sandbox-id="+sb.ID)) == 0 })
+		if _, cl, _ := c.held(t, sb.ID); cl != 1 {
+			t.Fatalf("%d claims after the settlements, want the sandbox's one kept", cl)
+		}
+
+		// And it restores, onto that claim.
+		if r := s.do("POST", "/v1/sandboxes/"+sb.ID+"/restore", "acme", ""); r.StatusCode != 200 {
+			t.Fatalf("restore = %d %s", r.StatusCode, r.body)
+		}
+		if pods := c.pods(t, "space.dev/sandbox-id="+sb.ID); len(pods) != 1 || claimOf(&pods[0]) != claim || !isReady(&pods[0]) {
+			t.Fatalf("restored pods %v, want one ready on %s", podNames(pods), claim)
 		}
 	})
 
