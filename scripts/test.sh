@@ -41,8 +41,10 @@ echo "== lint"
 scripts/lint.sh
 
 echo "== go test -race"
+# 30m a package: the packages that need the kube binaries wait for their first build
+# (15 minutes of a loaded 2-core machine) before their tests start.
 # shellcheck disable=SC2086
-go test -race -count=1 -timeout 20m ${TESTFLAGS:-} ./...
+go test -race -count=1 -timeout 30m ${TESTFLAGS:-} ./...
 if [ -n "$kube_pid" ]; then
   # The suite passed, so the servers were there; this says what the build printed.
   wait "$kube_pid" || echo "the background build of the kube binaries failed (the tests built them):" >&2
