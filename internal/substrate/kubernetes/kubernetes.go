@@ -420,7 +420,8 @@ func (s *Substrate) adopt(ctx context.Context, slotRef string, spec substrate.Sp
 		sandboxID := labelValue(spec.SandboxID)
 		switch owner, adopted := pod.Labels[labelSandboxID]; {
 		case adopted && owner == sandboxID:
-			return pod, s.ownClaim(ctx, podClaim(pod), pod)
+			s.ownClaimOrLog(ctx, pod)
+			return pod, nil
 		case adopted || pod.Labels[labelPool] != "true":
 			return nil, substrate.ErrSlotTaken
 		}
@@ -448,13 +449,18 @@ func (s *Substrate) adopt(ctx context.Context, slotRef string, spec substrate.Sp
 		case err != nil:
 			return nil, fmt.Errorf("relabel pod: %w", err)
 		}
-		// The Pod is the sandbox's now. Its claim follows; should that fail, Find and
-		// List still reach the claim through the Pod that mounts it, and a pause
-		// relabels it before the Pod goes.
-		if err := s.ownClaim(ctx, podClaim(updated), updated); err != nil {
-			s.log.WarnContext(ctx, "relabel an adopted slot's claim; it is found through its pod", "pod", updated.Name, "err", err)
-		}
+		s.ownClaimOrLog(ctx, updated)
 		return updated, nil
+	}
+}
+
+// ownClaimOrLog relabels the claim of pod, adopted, as the sandbox's. The Pod is the
+// sandbox's already; should the claim's relabelling fail, Find and List still reach
+// the claim through the Pod that mounts it, and a pause relabels it before the Pod
+// goes, so the adoption stands.
+func (s *Substrate) ownClaimOrLog(ctx context.Context, pod *corev1.Pod) {
+	if err := s.ownClaim(ctx, podClaim(pod), pod); err != nil {
+		s.log.WarnContext(ctx, "relabel an adopted slot's claim; it is found through its pod", "pod", pod.Name, "err", err)
 	}
 }
 
