@@ -16,6 +16,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The etcd and kube-apiserver of the Kubernetes tests (internal/testenv/kubeenv) are
+# built from their Go modules once per machine, cached under
+# ${XDG_CACHE_HOME:-$HOME/.cache}/space/kube: minutes of CPU the first time, nothing
+# after. The build starts first, in the background, so that it overlaps the services'
+# start, the lint and the compilation of the suite; a test that needs the servers
+# waits for it (a file lock), and builds them itself should it have failed. With
+# TESTFLAGS the tests build them on demand instead, when one of those selected needs
+# them.
+kube_pid=""
+if [ -z "${TESTFLAGS:-}" ]; then
+  kube_log=$(mktemp)
+  go run ./internal/testenv/kubebin/cmd/kube-binaries >"$kube_log" 2>&1 &
+  kube_pid=$!
+fi
+
 if [ -z "${SPACE_TEST_DATABASE_URL:-}" ] || [ -z "${SPACE_TEST_REDIS_ADDR:-}" ] || [ -z "${SPACE_TEST_REDIS_CLUSTER_ADDRS:-}" ]; then
   scripts/services.sh up
   eval "$(scripts/services.sh env)"
@@ -26,8 +41,17 @@ echo "== lint"
 scripts/lint.sh
 
 echo "== go test -race"
+# 30m a package: the packages that need the kube binaries wait for their first build
+# (15 minutes of a loaded 2-core machine) before their tests start.
 # shellcheck disable=SC2086
-go test -race -count=1 -timeout 20m ${TESTFLAGS:-} ./...
+go test -race -count=1 -timeout 30m ${TESTFLAGS:-} ./...
+if [ -n "$kube_pid" ]; then
+  # The suite passed, so the servers were there; this says what the build printed.
+  wait "$kube_pid" || echo "the background build of the kube binaries failed (the tests built them):" >&2
+  echo "-- kube binaries"
+  cat "$kube_log"
+  rm -f "$kube_log"
+fi
 
 if [ -z "${TESTFLAGS:-}" ]; then
   echo "== image (tools/image: builds the image into a temporary directory and checks it)"

@@ -264,7 +264,8 @@ func (m *Main) substrate() (substrate.Substrate, error) {
 	case kubernetes.Name:
 		k := m.Config.Kubernetes
 		sub, err := kubernetes.Connect(kubernetes.Cluster{Kubeconfig: k.Kubeconfig, Namespace: k.Namespace, QPS: k.QPS, Burst: k.Burst},
-			kubernetes.Options{ReadyTimeout: k.ReadyTimeout, Logger: m.Logger})
+			kubernetes.Options{ReadyTimeout: k.ReadyTimeout, StorageClass: k.StorageClass, SnapshotClass: k.SnapshotClass,
+				MountPath: k.MountPath, SoftBreachPriorityClass: k.SoftBreachPriorityClass, Logger: m.Logger})
 		if errors.Is(err, kubernetes.ErrNoNamespace) {
 			return nil, &config.VarError{Var: config.EnvKubernetesNamespace, Accepts: "the namespace that holds sandbox Pods: neither the service account nor the kubeconfig context names one"}
 		}

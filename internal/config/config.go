@@ -223,6 +223,19 @@ type Kubernetes struct {
 	// Kubeconfig is KUBECONFIG: one or more kubeconfig files (a path list). Empty: the
 	// in-cluster service account, else ~/.kube/config.
 	Kubeconfig string
+	// StorageClass of every sandbox's volume claim; empty: the claim names none, and
+	// the cluster's default StorageClass provisions it.
+	StorageClass string
+	// SnapshotClass is the CSI VolumeSnapshotClass a pause snapshots the claim with;
+	// empty: a pause keeps the claim only.
+	SnapshotClass string
+	// MountPath is where the claim is mounted in the sandbox's first container: what a
+	// pause keeps is what the sandbox wrote under it.
+	MountPath string
+	// SoftBreachPriorityClass, when set, is the PriorityClass of the Pods of sandboxes
+	// admitted over their client's soft limit, so that the scheduler preempts them
+	// first under pressure.
+	SoftBreachPriorityClass string
 }
 
 // Default returns the configuration with every declared default applied and nothing

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"path"
 	"regexp"
 	"strconv"
 	"strings"
@@ -192,6 +193,25 @@ var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 func namespace(s string) error {
 	if len(s) > 63 || !dnsLabel.MatchString(s) {
 		return errors.New("a namespace name (lowercase letters, digits and '-')")
+	}
+	return nil
+}
+
+// dnsSubdomain is the syntax of most Kubernetes object names (RFC 1123 subdomain).
+var dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// objectName is the name of a Kubernetes object: a StorageClass, a PriorityClass.
+func objectName(s string) error {
+	if len(s) > 253 || !dnsSubdomain.MatchString(s) {
+		return errors.New("an object name (lowercase letters, digits, '-' and '.')")
+	}
+	return nil
+}
+
+// mountPath is an absolute directory in a container, other than the root.
+func mountPath(s string) error {
+	if !path.IsAbs(s) || path.Clean(s) != s || s == "/" || strings.Contains(s, ":") {
+		return errors.New("an absolute directory path other than /, such as /workspace")
 	}
 	return nil
 }

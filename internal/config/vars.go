@@ -208,6 +208,14 @@ func declare(c *Config) []Var {
 			Help: "The API client's burst of requests."},
 		Var{Name: "KUBECONFIG", Unset: "the in-cluster service account, else `~/.kube/config`", parse: into(&k.Kubeconfig, text),
 			Help: "Kubeconfig files (a path list), for runs outside a cluster."},
+		Var{Name: "SPACE_KUBERNETES_STORAGE_CLASS", Unset: "the cluster's default StorageClass", parse: into(&k.StorageClass, checked(objectName)),
+			Help: "The StorageClass of each sandbox's volume claim, which keeps its filesystem across a pause."},
+		Var{Name: "SPACE_KUBERNETES_VOLUME_SNAPSHOT_CLASS", Unset: "no snapshots: a pause keeps the claim alone", parse: into(&k.SnapshotClass, checked(objectName)),
+			Help: "The CSI VolumeSnapshotClass a pause snapshots the sandbox's claim with."},
+		Var{Name: "SPACE_KUBERNETES_VOLUME_MOUNT_PATH", Default: "/workspace", parse: into(&k.MountPath, checked(mountPath)),
+			Help: "Where the claim is mounted in the sandbox's first container: what a pause keeps is what the sandbox wrote there."},
+		Var{Name: "SPACE_KUBERNETES_SOFT_BREACH_PRIORITY_CLASS", Unset: "the template's own", parse: into(&k.SoftBreachPriorityClass, checked(objectName)),
+			Help: "The PriorityClass of the Pods of sandboxes admitted over their client's soft limit, so that the scheduler preempts them first."},
 	)...)
 	return vars
 }

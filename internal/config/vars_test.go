@@ -37,7 +37,7 @@ func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 		},
 		Dispatcher: Dispatcher{Workers: 10, AdmissionDeadline: 10 * time.Minute, MaxSnooze: time.Minute, MaxAttempts: 5},
 		Reconcile:  Reconcile{Interval: 10 * time.Second, Grace: 30 * time.Second},
-		Kubernetes: Kubernetes{ReadyTimeout: 2 * time.Minute, QPS: 50, Burst: 100},
+		Kubernetes: Kubernetes{ReadyTimeout: 2 * time.Minute, QPS: 50, Burst: 100, MountPath: "/workspace"},
 	}
 	if got := Default(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", got, want)
@@ -186,16 +186,21 @@ func TestLoadKubernetes(t *testing.T) {
 	t.Run("the variables are read", func(t *testing.T) {
 		t.Parallel()
 		c, err := Load(env(map[string]string{
-			EnvKubernetesNamespace:           "sandboxes",
-			"SPACE_KUBERNETES_READY_TIMEOUT": "90s",
-			"SPACE_KUBERNETES_CLIENT_QPS":    "12.5",
-			"SPACE_KUBERNETES_CLIENT_BURST":  "30",
-			"KUBECONFIG":                     " /a/config:/b/config ",
+			EnvKubernetesNamespace:                        "sandboxes",
+			"SPACE_KUBERNETES_READY_TIMEOUT":              "90s",
+			"SPACE_KUBERNETES_CLIENT_QPS":                 "12.5",
+			"SPACE_KUBERNETES_CLIENT_BURST":               "30",
+			"KUBECONFIG":                                  " /a/config:/b/config ",
+			"SPACE_KUBERNETES_STORAGE_CLASS":              "fast.ssd",
+			"SPACE_KUBERNETES_VOLUME_SNAPSHOT_CLASS":      "csi",
+			"SPACE_KUBERNETES_VOLUME_MOUNT_PATH":          "/home/user",
+			"SPACE_KUBERNETES_SOFT_BREACH_PRIORITY_CLASS": "degradable",
 		}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := Kubernetes{Namespace: "sandboxes", ReadyTimeout: 90 * time.Second, QPS: 12.5, Burst: 30, Kubeconfig: "/a/config:/b/config"}
+		want := Kubernetes{Namespace: "sandboxes", ReadyTimeout: 90 * time.Second, QPS: 12.5, Burst: 30, Kubeconfig: "/a/config:/b/config",
+			StorageClass: "fast.ssd", SnapshotClass: "csi", MountPath: "/home/user", SoftBreachPriorityClass: "degradable"}
 		if c.Kubernetes != want {
 			t.Errorf("kubernetes = %+v, want %+v", c.Kubernetes, want)
 		}

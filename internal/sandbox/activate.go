@@ -27,6 +27,9 @@ type activation interface {
 	// gone by the time it is ready, it is stopped and failed rather than left running
 	// at its cost, holding a live place nobody will free.
 	abandonable() bool
+	// warm is false when the substrate cannot start this kind in a warm slot
+	// (substrate.WarmRestorer): no slot is claimed, since one would only be burnt.
+	warm() bool
 	// reserve creates the sandbox's row or moves it into its transient state, inside
 	// the transaction that checked the live cap, and returns it with the template it
 	// runs; its error aborts the activation with nothing reserved.
@@ -68,6 +71,9 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 		if sb, tmpl, err = a.reserve(ctx, tx); err != nil {
 			return err
 		}
+		if !a.warm() {
+			return nil
+		}
 		slot, err = s.opts.Pool.Claim(ctx, tx, sb.Shape, tmpl.Version, sb.ID)
 		return err
 	})
@@ -108,6 +114,17 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 
 	coldBegan := s.opts.Now()
 	ref, err := a.start(ctx, spec, "")
+	if space.ErrorCode(err) == space.EUNPROCESSABLE {
+		// The substrate refused what it was asked to run (the API server's validation
+		// of a template's pod): no retry can serve it, so it is the caller's 422 and
+		// the reservation is taken back, as for any other 422. The substrate has
+		// already removed what it made; the tokens stay spent.
+		if uerr := a.undo(ctx, sb); uerr != nil {
+			s.logger.ErrorContext(ctx, "undo refused activation", "sandbox", sb.ID, "err", uerr)
+		}
+		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
+		return nil, err
+	}
 	if err != nil {
 		s.metrics.activation(a.kind(), "failed", s.opts.Now().Sub(began))
 		s.logger.WarnContext(ctx, "cold start failed", "kind", a.kind(), "sandbox", sb.ID, "err", err)
@@ -246,6 +263,7 @@ type restoration struct {
 func (r *restoration) kind() string                  { return "restore" }
 func (r *restoration) transient() space.SandboxState { return space.StateRestoring }
 func (r *restoration) abandonable() bool             { return false }
+func (r *restoration) warm() bool                    { return substrate.RestoresWarm(r.s.opts.Substrate) }
 
 // reserve moves the paused sandbox to restoring under the restoring caller's budget
 // key, and resolves its shape: a template removed or capped since it was paused is a

@@ -322,6 +322,7 @@ type creation struct {
 func (c *creation) kind() string                  { return "create" }
 func (c *creation) transient() space.SandboxState { return space.StateStarting }
 func (c *creation) abandonable() bool             { return c.unclaimable }
+func (c *creation) warm() bool                    { return true }
 
 func (c *creation) reserve(ctx context.Context, tx pgx.Tx) (*space.Sandbox, substrate.Template, error) {
 	if c.retry {

@@ -409,6 +409,12 @@ func (r *Reconciler) sweep(ctx context.Context, res *ReconcileResult) error {
 	for _, rs := range old {
 		kind, owned := "slot", false
 		switch {
+		case rs.SandboxID != "" && rs.Storage:
+			// A sandbox's volume or snapshot is its state, paused or not: it goes
+			// only with a sandbox that ended.
+			kind = "sandbox"
+			row, ok := owners[rs.SandboxID]
+			owned = ok && row.state != space.StateTerminated && row.state != space.StateFailed
 		case rs.SandboxID != "":
 			kind = "sandbox"
 			row, ok := owners[rs.SandboxID]

@@ -77,14 +77,19 @@ func (s *Service) Delete(ctx context.Context, client space.ClientID, id string) 
 	if sb.SubstrateRef != "" {
 		refs[sb.SubstrateRef] = true
 	}
+	// What the substrate holds for the sandbox: what a transition was making, and
+	// what keeps its state (a volume, its snapshots), which goes with it.
+	found, err := s.opts.Substrate.Find(ctx, id)
+	if err != nil {
+		s.logger.WarnContext(ctx, "find what the substrate holds for a deleted sandbox; the reconciler's sweep stops it", "sandbox", id, "err", err)
+	}
 	if teardown {
-		found, err := s.opts.Substrate.Find(ctx, id)
-		if err != nil {
-			s.logger.WarnContext(ctx, "find what runs for a sandbox deleted mid-transition; the reconciler's sweep stops it", "sandbox", id, "err", err)
-		}
 		for _, r := range found.Resources {
 			refs[r.Ref] = true
 		}
+	}
+	for _, r := range found.Storage {
+		refs[r.Ref] = true
 	}
 	for ref := range refs {
 		if err := s.opts.Substrate.Stop(ctx, ref); err != nil {

@@ -171,7 +171,7 @@ type stateChange struct {
 	// SoftBreach, when set, records whether the activation was a soft breach (now) or
 	// not (cleared).
 	SoftBreach *bool
-	From     []space.SandboxState
+	From       []space.SandboxState
 	// Seen, when set, applies the change only if the sandbox was not changed since it
 	// was read with this updated_at (the reconciler's optimistic guard).
 	Seen time.Time

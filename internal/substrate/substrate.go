@@ -100,13 +100,22 @@ type Resource struct {
 	// SoftBreach is true for a sandbox started over its client's soft limit (see
 	// Spec.SoftBreach), as the substrate recorded it.
 	SoftBreach bool `json:"soft_breach,omitempty"`
+	// Storage is true for what keeps a sandbox's state while it is paused (the
+	// kubernetes substrate's volume claims and volume snapshots): it belongs to its
+	// sandbox in every state but terminated and failed, not only to the one reference
+	// a row records, and it is never a second start to stop.
+	Storage bool `json:"storage,omitempty"`
 }
 
 // Finding is what a substrate holds for one sandbox id (Substrate.Find).
 type Finding struct {
+	// Resources are what runs (or was half made) for the sandbox.
 	Resources []Resource
-	// Snapshot is the sandbox's newest snapshot, when the substrate can tell; empty
-	// otherwise (the Kubernetes substrate delegates snapshots and cannot).
+	// Storage is what keeps the sandbox's state (Resource.Storage): a settlement
+	// leaves it alone, a delete stops it with the rest.
+	Storage []Resource
+	// Snapshot is the sandbox's newest snapshot (what Restore takes), when the
+	// substrate can tell; empty otherwise.
 	Snapshot string
 }
 
@@ -118,6 +127,21 @@ func (f Finding) Ready() (Resource, bool) {
 		}
 	}
 	return Resource{}, false
+}
+
+// WarmRestorer is implemented by a substrate that can say it cannot restore into a warm
+// slot: the kubernetes substrate keeps a sandbox's filesystem on a volume claim, and a
+// running Pod cannot mount another volume. The flow then claims no slot for a restore
+// (the restore is cold, and charged as one) rather than burn one per restore.
+type WarmRestorer interface {
+	RestoresWarm() bool
+}
+
+// RestoresWarm reports whether sub's Restore can use a warm slot: true unless sub says
+// otherwise.
+func RestoresWarm(sub Substrate) bool {
+	w, ok := sub.(WarmRestorer)
+	return !ok || w.RestoresWarm()
 }
 
 var (

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"k8s.io/client-go/dynamic"
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -80,9 +81,9 @@ func (c Cluster) RESTConfig() (*rest.Config, string, error) {
 	return cfg, namespace, nil
 }
 
-// Options builds a clientset for c and returns the Options New needs with its
-// Clientset and Namespace set; the caller adds the ReadyTimeout, a Snapshotter and a
-// Logger. The error wraps ErrNoNamespace when no namespace is found.
+// Options builds the clients for c and returns the Options New needs with its
+// Clientset, Dynamic and Namespace set; the caller adds the rest. The error wraps
+// ErrNoNamespace when no namespace is found.
 func (c Cluster) Options() (Options, error) {
 	cfg, namespace, err := c.RESTConfig()
 	if err != nil {
@@ -98,17 +99,21 @@ func (c Cluster) Options() (Options, error) {
 	if err != nil {
 		return Options{}, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return Options{Clientset: cs, Namespace: namespace}, nil
+	// VolumeSnapshots have no typed client here; the dynamic one reads and writes them.
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return Options{}, fmt.Errorf("kubernetes dynamic client: %w", err)
+	}
+	return Options{Clientset: cs, Dynamic: dyn, Namespace: namespace}, nil
 }
 
-// Connect is what cmd/space-api calls for SPACE_SUBSTRATE=kubernetes: a clientset for
-// c, then New with opts' ReadyTimeout, Snapshotter and Logger. opts.Snapshotter may be
-// nil (no pause or restore).
+// Connect is what cmd/space-api calls for SPACE_SUBSTRATE=kubernetes: the clients for
+// c, then New with the rest of opts.
 func Connect(c Cluster, opts Options) (*Substrate, error) {
 	o, err := c.Options()
 	if err != nil {
 		return nil, err
 	}
-	opts.Clientset, opts.Namespace = o.Clientset, o.Namespace
+	opts.Clientset, opts.Dynamic, opts.Namespace = o.Clientset, o.Dynamic, o.Namespace
 	return New(opts)
 }

@@ -31,7 +31,7 @@ func TestConnectBuildsAClientFromKubeconfig(t *testing.T) {
 	t.Parallel()
 	path := writeKubeconfig(t, "from-context")
 
-	s, err := Connect(Cluster{Kubeconfig: path, QPS: 50, Burst: 100}, Options{ReadyTimeout: 90 * time.Second})
+	s, err := Connect(Cluster{Kubeconfig: path, QPS: 50, Burst: 100}, Options{ReadyTimeout: 90 * time.Second, MountPath: testMountPath})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestConnectBuildsAClientFromKubeconfig(t *testing.T) {
 		t.Errorf("namespace %q, ready timeout %s: want the context's namespace and 90s", s.namespace, s.readyTimeout)
 	}
 
-	s, err = Connect(Cluster{Kubeconfig: path, Namespace: "sandboxes", QPS: 50, Burst: 100}, Options{ReadyTimeout: time.Minute})
+	s, err = Connect(Cluster{Kubeconfig: path, Namespace: "sandboxes", QPS: 50, Burst: 100}, Options{ReadyTimeout: time.Minute, MountPath: testMountPath})
 	if err != nil || s.namespace != "sandboxes" {
 		t.Errorf("the cluster's Namespace did not win over the context: %v %v", s, err)
 	}
@@ -66,7 +66,7 @@ func TestRESTConfigTakesTheClusterRateLimit(t *testing.T) {
 
 func TestConnectFailsClearlyWithoutAnyConfig(t *testing.T) {
 	t.Parallel()
-	_, err := Connect(Cluster{Kubeconfig: filepath.Join(t.TempDir(), "missing"), QPS: 50, Burst: 100}, Options{ReadyTimeout: time.Minute})
+	_, err := Connect(Cluster{Kubeconfig: filepath.Join(t.TempDir(), "missing"), QPS: 50, Burst: 100}, Options{ReadyTimeout: time.Minute, MountPath: testMountPath})
 	if err == nil || !strings.Contains(err.Error(), "kubeconfig") {
 		t.Fatalf("err = %v, want it to say no kubeconfig was usable", err)
 	}

@@ -37,6 +37,9 @@ const (
 	labelCPU       = "space.dev/cpu-millis"
 	labelMemory    = "space.dev/memory-mib"
 	labelDisk      = "space.dev/disk-gib"
+	// labelSoftBreach is "true" on the Pod of a sandbox admitted over its client's soft
+	// limit: what to degrade first (kubectl get pods -l space.dev/soft-breach=true).
+	labelSoftBreach = "space.dev/soft-breach"
 
 	annotationSandboxID = "space.dev/sandbox-id"
 	annotationClient    = "space.dev/client"
@@ -45,56 +48,72 @@ const (
 
 	// defaultContainer names the container of a template without a pod spec.
 	defaultContainer = "sandbox"
+	// volumeName is the Pod volume of the sandbox's claim. A template's pod spec may
+	// not use it.
+	volumeName = "space-data"
 )
 
-// sandboxPod is the Pod of a cold-started sandbox.
-func sandboxPod(namespace string, spec substrate.Spec) (*corev1.Pod, error) {
-	pod, err := basePod(namespace, "sbx", spec.SandboxID, spec.Shape, spec.Template)
+// sandboxPod is the Pod of a cold-started or restored sandbox, on claim.
+//
+// A sandbox admitted over its client's soft limit (spec.SoftBreach) is labelled
+// space.dev/soft-breach=true, and started with softBreachPriority as its
+// PriorityClass when that is set, so that the scheduler preempts it first under
+// pressure.
+func sandboxPod(namespace string, spec substrate.Spec, claim, mountPath, softBreachPriority string) (*corev1.Pod, error) {
+	pod, err := basePod(namespace, "sbx", spec.SandboxID, spec.Shape, spec.Template, claim, mountPath)
 	if err != nil {
 		return nil, err
 	}
 	relabelForSandbox(pod, spec)
+	if spec.SoftBreach {
+		pod.Labels[labelSoftBreach] = "true"
+		if softBreachPriority != "" {
+			// The class's value is the scheduler's to apply; a Pod naming a class
+			// must not also carry the numeric priority of the template's.
+			pod.Spec.PriorityClassName, pod.Spec.Priority = softBreachPriority, nil
+		}
+	}
 	return pod, nil
 }
 
-// slotPod is the Pod of an ownerless warm slot.
-func slotPod(namespace, slotID string, shape space.Shape, tmpl substrate.Template) (*corev1.Pod, error) {
-	pod, err := basePod(namespace, "slot", slotID, shape, tmpl)
+// slotPod is the Pod of an ownerless warm slot, on claim.
+func slotPod(namespace, slotID string, shape space.Shape, tmpl substrate.Template, claim, mountPath string) (*corev1.Pod, error) {
+	pod, err := basePod(namespace, "slot", slotID, shape, tmpl, claim, mountPath)
 	if err != nil {
 		return nil, err
 	}
-	pod.Labels[labelPool] = "true"
-	pod.Labels[labelSlotID] = labelValue(slotID)
-	pod.Annotations[annotationSlotID] = slotID
+	markSlot(&pod.ObjectMeta, slotID)
 	return pod, nil
+}
+
+// markSlot labels an object (a Pod or its claim) as an ownerless pool slot.
+func markSlot(m *metav1.ObjectMeta, slotID string) {
+	m.Labels[labelPool] = "true"
+	m.Labels[labelSlotID] = labelValue(slotID)
+	m.Annotations[annotationSlotID] = slotID
 }
 
 // relabelForSandbox makes pod the sandbox of spec: no longer a pool member, owned by
 // spec's client.
 func relabelForSandbox(pod *corev1.Pod, spec substrate.Spec) {
-	if pod.Labels == nil {
-		pod.Labels = map[string]string{}
-	}
-	if pod.Annotations == nil {
-		pod.Annotations = map[string]string{}
-	}
-	delete(pod.Labels, labelPool)
-	pod.Labels[labelSandboxID] = labelValue(spec.SandboxID)
-	pod.Labels[labelClient] = labelValue(string(spec.Client))
-	pod.Annotations[annotationSandboxID] = spec.SandboxID
-	pod.Annotations[annotationClient] = string(spec.Client)
+	labelForSandbox(&pod.ObjectMeta, spec.SandboxID, string(spec.Client))
 }
 
 // basePod builds a Pod from the template's PodSpec (or one container of its image),
 // sized by shape: the first container gets the shape's CPU and memory as requests and
 // limits (equal, so a single-container sandbox is Guaranteed QoS and is not the first
-// evicted) and its disk as ephemeral-storage.
-func basePod(namespace, kind, id string, shape space.Shape, tmpl substrate.Template) (*corev1.Pod, error) {
+// evicted) and its disk as ephemeral-storage (what it writes outside the volume), and
+// mounts claim at mountPath.
+func basePod(namespace, kind, id string, shape space.Shape, tmpl substrate.Template, claim, mountPath string) (*corev1.Pod, error) {
 	ps, err := podSpec(tmpl)
 	if err != nil {
 		return nil, err
 	}
+	ps.Volumes = append(ps.Volumes, corev1.Volume{Name: volumeName, VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
+	}})
 	c := &ps.Containers[0]
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: volumeName, MountPath: mountPath})
 	if c.Resources.Requests == nil {
 		c.Resources.Requests = corev1.ResourceList{}
 	}
@@ -134,6 +153,11 @@ func podSpec(tmpl substrate.Template) (*corev1.PodSpec, error) {
 	}
 	if len(ps.Containers) == 0 {
 		ps.Containers = []corev1.Container{{Name: defaultContainer}}
+	}
+	for _, v := range ps.Volumes {
+		if v.Name == volumeName {
+			return nil, fmt.Errorf("template %q: pod spec: the volume name %q is the sandbox's own volume; name it otherwise", tmpl.Name, volumeName)
+		}
 	}
 	c := &ps.Containers[0]
 	if c.Name == "" {
@@ -239,10 +263,27 @@ func labelValue(s string) string {
 	return safe + "-" + h
 }
 
-// podName is kind-<id>-<5 random>: readable in kubectl, a DNS label (so the hostname is
-// the whole name), and never the name of a predecessor still terminating (a restore
-// right after a pause).
-func podName(kind, id string) string {
+// podName is kind-<base>-<5 random> (nameBase).
+func podName(kind, id string) string { return kind + "-" + nameBase(id) + "-" + randomSuffix() }
+
+// podClaim is the claim of pod's sandbox volume, or "" for a Pod without one.
+func podClaim(pod *corev1.Pod) string {
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == volumeName && v.PersistentVolumeClaim != nil {
+			return v.PersistentVolumeClaim.ClaimName
+		}
+	}
+	return ""
+}
+
+// nameBase is id made part of a DNS label, at most 50 characters: lowercased, other
+// characters replaced by '-', and, when that lost anything, 8 hex digits of the id's
+// SHA-256 so that distinct ids stay distinct. A Pod is named kind-<base>-<5 random>
+// (readable in kubectl, a DNS label so the hostname is the whole name, and never the
+// name of a predecessor still terminating: a restore right after a pause); a claim is
+// data-<kind>-<base>, the same on every attempt, so that a second attempt finds the
+// first one's.
+func nameBase(id string) string {
 	var b strings.Builder
 	for i := 0; i < len(id); i++ {
 		c := id[i]
@@ -259,8 +300,7 @@ func podName(kind, id string) string {
 		sum := sha256.Sum256([]byte(id))
 		base = strings.Trim(truncate(base, 36), "-") + "-" + hex.EncodeToString(sum[:4])
 	}
-	base = strings.Trim(truncate(base, 50), "-")
-	return kind + "-" + base + "-" + randomSuffix()
+	return strings.Trim(truncate(base, 50), "-")
 }
 
 func truncate(s string, n int) string {
@@ -275,8 +315,8 @@ func isAlnum(c byte) bool {
 }
 
 // randomSuffix is 5 characters from the alphabet Kubernetes uses for generated names
-// (no vowels, so no words). The fake clientset does not implement generateName, and
-// the name must be known before the Pod is created anyway.
+// (no vowels, so no words). The name must be known before the Pod is created: the
+// watch and the cleanup of a failed create name it.
 func randomSuffix() string {
 	const alphabet = "bcdfghjklmnpqrstvwxz2456789"
 	var b [5]byte

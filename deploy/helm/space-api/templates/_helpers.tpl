@@ -264,6 +264,20 @@ chartEnv, what the values render, then extraEnv.
   value: {{ include "space-api.number" .Values.kubernetes.clientQps | quote }}
 - name: SPACE_KUBERNETES_CLIENT_BURST
   value: {{ int64 .Values.kubernetes.clientBurst | toString | quote }}
+- name: SPACE_KUBERNETES_VOLUME_MOUNT_PATH
+  value: {{ .Values.kubernetes.volumeMountPath | quote }}
+{{- with .Values.kubernetes.storageClass }}
+- name: SPACE_KUBERNETES_STORAGE_CLASS
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.kubernetes.volumeSnapshotClass }}
+- name: SPACE_KUBERNETES_VOLUME_SNAPSHOT_CLASS
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.kubernetes.softBreachPriorityClass }}
+- name: SPACE_KUBERNETES_SOFT_BREACH_PRIORITY_CLASS
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 - name: SPACE_MAX_CPU_MILLIS
   value: {{ int64 .Values.limits.maxCpuMillis | toString | quote }}

@@ -1,0 +1,24 @@
+// Command kube-binaries builds the etcd and kube-apiserver the tests run, from their
+// modules under tools/, into the machine's cache (or finds them there), and prints
+// their paths. `make test` runs it first, in the background, so that the build
+// overlaps the rest of the suite; a test that needs the servers waits for it.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/space-sandbox/space/internal/testenv/kubebin"
+)
+
+func main() {
+	bins, err := kubebin.FindOrBuild(context.Background(), func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, format+"\n", args...)
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Printf("etcd %s\t%s\nkube-apiserver %s\t%s\n", bins.EtcdVersion, bins.Etcd, bins.APIServerVersion, bins.APIServer)
+}
