@@ -152,6 +152,11 @@ type Charge struct {
 	Reservations *Reservations
 	// Cost is the tokens taken from every bucket charged, at least 1.
 	Cost int
+	// Floor, for a warm-up, is the tokens the take must leave in the cluster bucket (the
+	// shared remainder, when tiers reserve shares of it): a warm-up takes only what
+	// users are not about to ask for, and never from a reserve. 0 for an activation a
+	// client asked for.
+	Floor int64
 }
 
 // Charge is the charge of one activation of cost by the caller.

@@ -353,7 +353,11 @@ func (a *Admitter) decide(ctx context.Context, c space.Charge, mode string) (Dec
 // its soft limit when c has them.
 func (a *Admitter) plain(ctx context.Context, c space.Charge, cost string, sent time.Time) (Decision, error) {
 	keys := []string{a.clusterKey}
+	clusterArgs := a.clusterArgs
 	var clientArgs, softArgs bucketArgs
+	if c.Floor > 0 && c.Rate == nil {
+		clusterArgs = withFloor(clusterArgs, c.Floor)
+	}
 	if c.Rate != nil {
 		keys = append(keys, a.clientPrefix+string(c.Key))
 		clientArgs = argsOf(*c.Rate)
@@ -361,7 +365,7 @@ func (a *Admitter) plain(ctx context.Context, c space.Charge, cost string, sent 
 			softArgs = argsOf(*c.Soft)
 		}
 	}
-	admitted, states, breach, err := a.run.decide(ctx, cost, keys, a.clusterArgs, clientArgs, softArgs)
+	admitted, states, breach, err := a.run.decide(ctx, cost, keys, clusterArgs, clientArgs, softArgs)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -412,7 +416,7 @@ func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 			clusterKey, clusterRate = t.knownKey, t.drawable
 		}
 	}
-	if cluster := a.knownShort(clusterKey, clusterRate, cost, now, space.BucketClusterActivation, key); cluster != nil {
+	if cluster := a.knownShort(clusterKey, clusterRate, cost+int(c.Floor), now, space.BucketClusterActivation, key); cluster != nil {
 		if le == nil {
 			le = cluster
 		} else {

@@ -119,6 +119,14 @@ func argsOf(r space.Rate) bucketArgs {
 	return bucketArgs(b[:])
 }
 
+// withFloor is args with the floor a take must leave in the bucket (bucket.lua's
+// '<ddd' of a single bucket).
+func withFloor(args bucketArgs, floor int64) bucketArgs {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], math.Float64bits(float64(floor)))
+	return args + bucketArgs(b[:])
+}
+
 // decide runs the script over one bucket (second == "") or two, the second with its
 // soft limit when soft is not empty, and returns whether the decision admitted, each
 // bucket's state, and whether it was a soft breach.

@@ -7,7 +7,9 @@
 --          and from none otherwise; "0" only looks (a peek takes nothing)
 -- ARGV[2]  the rates, packed as little-endian doubles: refill (tokens per microsecond)
 --          and burst of KEYS[1], then of KEYS[2] when given ('<dd' or '<dddd'), then
---          of KEYS[2]'s soft limit when it has one ('<dddddd')
+--          of KEYS[2]'s soft limit when it has one ('<dddddd'); with KEYS[1] alone, a
+--          third double may follow ('<ddd'): a floor the take must leave in the bucket,
+--          so that a warm-up never takes the tokens users are about to ask for
 --
 -- State: one 24-byte string per bucket, struct '<ddd': the tokens the bucket held at a
 -- Redis TIME, that time in microseconds, and when the key expires (microseconds). A
@@ -59,7 +61,12 @@ local pack, unpack = struct.pack, struct.unpack
 local horizon = 1e17
 
 if #KEYS == 1 then
-  local r1, b1 = unpack('<dd', ARGV[2])
+  local r1, b1, floor = nil, nil, 0
+  if #ARGV[2] == 24 then
+    r1, b1, floor = unpack('<ddd', ARGV[2])
+  else
+    r1, b1 = unpack('<dd', ARGV[2])
+  end
   local s1 = redis.call('GET', KEYS[1])
   local t1, e1 = b1, nil
   if s1 then
@@ -78,7 +85,7 @@ if #KEYS == 1 then
     end
   end
   local admitted, w1 = 0, 0
-  if t1 >= n then
+  if t1 - floor >= n then
     admitted = 1
     if take then
       t1 = t1 - n
@@ -96,7 +103,7 @@ if #KEYS == 1 then
       redis.call('SET', KEYS[1], pack('<ddd', t1, now, now + x1 * 1000), 'PX', format('%d', x1))
     end
   end
-  if t1 < n then w1 = (n - t1) / r1 end
+  if t1 - floor < n then w1 = (n + floor - t1) / r1 end
   return pack('<Bdd', admitted, t1, w1)
 end
 

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -128,8 +129,12 @@ func (a *Admitter) reserved(ctx context.Context, c space.Charge, res *space.Rese
 	}
 	keys = append(keys, t.keys...)
 	args = append(args, t.args...)
+	argv := []any{cost, string(args), string(layout)}
+	if c.Floor > 0 && c.Rate == nil {
+		argv = append(argv, strconv.FormatInt(c.Floor, 10))
+	}
 	v, err := a.run.run(ctx, func(ctx context.Context) (any, error) {
-		return reserveScript.Run(ctx, a.run.rdb, keys, cost, string(args), string(layout)).Text()
+		return reserveScript.Run(ctx, a.run.rdb, keys, argv...).Text()
 	})
 	if err != nil {
 		return Decision{}, err

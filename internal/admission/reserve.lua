@@ -15,6 +15,8 @@
 --           each other reserve
 -- ARGV[3]   three bytes: 'c' or '-' (a client bucket), 's' or '-' (a soft limit),
 --           'o' or '-' (an own reserve)
+-- ARGV[4]   optional: a floor the take must leave in the shared remainder, for a
+--           warm-up, which then neither borrows nor takes from any reserve
 --
 -- State: the shared remainder and a client bucket as bucket.lua writes them ('<ddd',
 -- or '<dddd' with the soft tokens). A reserve is '<dddd': tokens, the Redis time they
@@ -44,6 +46,8 @@ local hasSoft = string.sub(layout, 2, 2) == 's'
 local hasOwn = string.sub(layout, 3, 3) == 'o'
 local args = ARGV[2]
 local pos = 1
+local floor = 0
+if ARGV[4] then floor = tonumber(ARGV[4]) end
 local stored = redis.call('MGET', unpack(KEYS))
 
 -- state returns the tokens of bucket i at rate r and burst b now, its stored expiry
@@ -121,14 +125,14 @@ local clientOK = (not hasClient) or tc >= n
 local from, source = nil, 0
 if hasOwn and to >= n then
   from, source = oi, 2
-elseif ts >= n then
+elseif ts - floor >= n then
   from, source = 1, 1
-else
+elseif floor == 0 then
   local best = -1
   for k = 1, #others do
     local o = others[k]
-    local floor = (1 - o[5]) * o[4]
-    local spare = o[2] - floor - n
+    local keep = (1 - o[5]) * o[4]
+    local spare = o[2] - keep - n
     if o[5] > 0 and spare >= 0 and spare > best and now - o[6] >= o[4] / o[3] then
       best, from = spare, k
     end
@@ -221,8 +225,8 @@ end
 local wc = 0
 if hasClient and tc < n then wc = (n - tc) / rc end
 -- What this tier could draw on, and the earliest it could get n of it.
-local avail, wait = ts, 0
-if ts < n then wait = (n - ts) / rs end
+local avail, wait = ts - floor, 0
+if ts - floor < n then wait = (n + floor - ts) / rs end
 if hasOwn then
   avail = avail + to
   local w = 0
@@ -231,9 +235,9 @@ if hasOwn then
 end
 for k = 1, #others do
   local o = others[k]
-  if o[5] > 0 then
-    local floor = (1 - o[5]) * o[4]
-    local spare = o[2] - floor
+  if o[5] > 0 and floor == 0 then
+    local keep = (1 - o[5]) * o[4]
+    local spare = o[2] - keep
     if spare > 0 then avail = avail + spare end
     local w = 0
     if spare < n then w = (n - spare) / o[3] end

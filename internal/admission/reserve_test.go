@@ -284,3 +284,51 @@ func TestSoftLimit(t *testing.T) {
 		}
 	})
 }
+
+func TestWarmUpFloor(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name       string
+		res        *space.Reservations
+		warm, user int
+	}{
+		{"one cluster bucket", nil, 6, 4},
+		// The shared remainder is 6: warm-ups leave 4 of it, and never touch pro's 4.
+		{"reserved tiers", proReserve(1), 2, 8},
+	} {
+		t.Run("a warm-up leaves the floor to the users, and users may take it ("+tc.name+")", func(t *testing.T) {
+			t.Parallel()
+			topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
+				b := reservedSetup(t, rdb, "", tc.res)
+				warm := 0
+				for range 20 {
+					if _, err := b.adm.Charge(b.ctx, space.Charge{Cost: 1, Floor: 4}); err != nil {
+						if space.ErrorCode(err) != space.ELIMITED {
+							t.Fatal(err)
+						}
+						break
+					}
+					warm++
+				}
+				if warm != tc.warm {
+					t.Fatalf("warm-ups took %d tokens, want %d: all but the floor of the shared bucket", warm, tc.warm)
+				}
+				user := 0
+				for range 20 {
+					tier := "free"
+					if user >= 4 {
+						tier = "pro" // the rest of the cluster is pro's reserve
+					}
+					if d := b.chargeAs("acme", tier); !d.Admitted {
+						break
+					}
+					user++
+				}
+				if user != tc.user {
+					t.Fatalf("users then got %d, want %d: the floor and every reserve", user, tc.user)
+				}
+			})
+		})
+	}
+}
