@@ -504,7 +504,7 @@ func (b bundle) restricted(t *testing.T, rules []rbacv1.PolicyRule) *Substrate {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := New(Options{Clientset: cs, Namespace: b.ns, ReadyTimeout: 30 * time.Second})
+	sub, err := New(Options{Clientset: cs, Namespace: b.ns, ReadyTimeout: 30 * time.Second, MountPath: testMountPath})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -584,7 +584,7 @@ func TestWarmPool(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		other, err := New(Options{Clientset: b.cs, Namespace: b.ns})
+		other, err := New(Options{Clientset: b.cs, Namespace: b.ns, ReadyTimeout: 30 * time.Second, MountPath: testMountPath})
 		if err != nil {
 			t.Fatal(err)
 		}
