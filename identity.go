@@ -100,7 +100,7 @@ const (
 
 // Sources says where each of a caller's limits came from.
 type Sources struct {
-	ClientRate, Concurrency, LiveSandboxes, MaxActivationCost, SoftRate RateSource
+	ClientRate, Concurrency, LiveSandboxes, MaxActivationCost, SoftRate, QueueWeight RateSource
 }
 
 // Reserve is a tier's reserved share of the cluster activation bucket: its own bucket
@@ -178,6 +178,10 @@ type Caller struct {
 	// MaxActivationCost is the largest activation cost Key may ask for (a template
 	// costing more is refused, 422); 0 is no cap.
 	MaxActivationCost int
+	// QueueWeight is the caller's share of the queue, against other owners', when its
+	// queued operations wait (internal/dispatcher's lanes): its tier's queue_weight, 1
+	// by default.
+	QueueWeight int
 	// SoftRate is Key's soft limit: an activation admitted while the client is over it
 	// is a soft breach, signalled to the substrate; nil is none.
 	SoftRate *Rate

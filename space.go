@@ -97,11 +97,11 @@ type Sandbox struct {
 	// SoftBreach is true when the sandbox's last activation was admitted while its
 	// client was over its soft limit, at SoftBreachAt: the substrate was told, so that
 	// it degrades this sandbox first under pressure. Absent otherwise.
-	SoftBreach   bool       `json:"soft_breach,omitempty"`
-	SoftBreachAt *time.Time `json:"soft_breach_at,omitempty"`
-	Metadata  map[string]string `json:"metadata,omitempty"`
-	CreatedAt time.Time         `json:"created_at"`
-	UpdatedAt time.Time         `json:"updated_at"`
+	SoftBreach   bool              `json:"soft_breach,omitempty"`
+	SoftBreachAt *time.Time        `json:"soft_breach_at,omitempty"`
+	Metadata     map[string]string `json:"metadata,omitempty"`
+	CreatedAt    time.Time         `json:"created_at"`
+	UpdatedAt    time.Time         `json:"updated_at"`
 
 	// BudgetKey is the budget key its last activation was charged and capped under:
 	// the live-sandbox cap counts the sandbox against it while it is live. Not shown.

@@ -20,6 +20,8 @@ var goBenchmarks = []struct{ Pkg, Pattern string }{
 	{"./internal/admission", "^(BenchmarkAdmit|BenchmarkConcurrencyAcquire)$"},
 	{"./internal/sandbox", "^BenchmarkCreate$"},
 	{"./cmd/space-api", "^BenchmarkCreate$"},
+	// Not a hot path: the queue's fairness scenario, one run of seconds (see its doc).
+	{"./internal/dispatcher", "^BenchmarkFairQueue$"},
 }
 
 // GoBenchLine is one benchmark's figures over its -count runs.

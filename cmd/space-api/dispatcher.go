@@ -43,6 +43,7 @@ func (m *Main) dispatcher(ctx context.Context) (*dispatcher.Dispatcher, error) {
 		AdmissionDeadline: cfg.AdmissionDeadline,
 		MaxSnooze:         cfg.MaxSnooze,
 		MaxAttempts:       cfg.MaxAttempts,
+		OwnerLanes:        cfg.OwnerLanes,
 		IdempotencyTTL:    m.Config.IdempotencyKeyTTL,
 		// A run is the flow's substrate calls (bounded by the substrate's own timeout)
 		// and the writes around them: River never cuts it short, and rescues a dead

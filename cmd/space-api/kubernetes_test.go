@@ -392,8 +392,12 @@ func TestKubernetesSubstrate(t *testing.T) {
 		f := &fleet{t: t, db: testenv.Pool(t, env["SPACE_DATABASE_URL"])}
 		srv := &server{t: t}
 		var wg sync.WaitGroup
-		for range 4 {
-			wg.Go(func() { srv.requestNoFail(a.public, "POST", "/v1/sandboxes", "acme", pythonBody) })
+		// Keyed, so that a retry under the key can still learn them: an unkeyed
+		// create nobody was answered is ended rather than left running.
+		for i := range 4 {
+			wg.Go(func() {
+				srv.requestNoFail(a.public, "POST", "/v1/sandboxes", "acme", pythonBody, "Idempotency-Key", fmt.Sprintf("cut-%d", i))
+			})
 		}
 		testenv.Eventually(t, time.Minute, "four cold starts with their pods made", func() bool {
 			return f.count("SELECT count(*) FROM sandboxes WHERE state = 'starting'") == 4 && len(c.pods(t, "")) == 4

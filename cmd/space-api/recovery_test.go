@@ -495,11 +495,15 @@ func TestBucketExpiryAndRetryAfter(t *testing.T) {
 	})
 }
 
-// requestNoFail sends a request and returns its status, 0 when it could not be sent.
-func (s *server) requestNoFail(base, method, path, client, body string) int {
+// requestNoFail sends a request (with header pairs) and returns its status, 0 when
+// it could not be sent.
+func (s *server) requestNoFail(base, method, path, client, body string, header ...string) int {
 	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
 	if err != nil {
 		return 0
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")

@@ -127,7 +127,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		// Purging expired idempotency keys is housekeeping rather than settling (an
 		// expired key names nothing whether or not it is deleted), but it wants the
 		// same one-replica-at-a-time round.
-		Also:       []func(context.Context) (int, error){operations.SettleLost, m.purgeIdempotencyKeys},
+		Also:       []func(context.Context) (int, error){operations.SettleLost, operations.Tidy, m.purgeIdempotencyKeys},
 		Registerer: m.Registry,
 		Logger:     m.Logger.With("component", "reconciler"),
 	})

@@ -1,5 +1,5 @@
 -- One atomic decision over the activation buckets when tiers reserve shares of the
--- cluster bucket (docs/design.md, "Reserved capacity"): the client bucket (with its
+-- cluster bucket (docs/tiers.md, "Reserved capacity"): the client bucket (with its
 -- soft limit) and one cluster token from, in this order, the tier's own reserve, the
 -- shared remainder, or another tier's reserve that is idle and lends. All of it, or
 -- nothing. Every key is in the cluster key's Redis Cluster slot.

@@ -34,6 +34,9 @@ type LimitsBody struct {
 	// SoftLimit is the caller's soft limit: an activation admitted over it is marked
 	// and signalled to the substrate, never refused; null: none.
 	SoftLimit *RateBody `json:"soft_limit"`
+	// QueueWeight is the caller's share of the dispatcher's queue against other
+	// owners' (lanes per owner times it): 1 unless its tier or entry says more.
+	QueueWeight int `json:"queue_weight"`
 	// Tier is the tier the budget key is on, absent when no tier table is loaded;
 	// TierSource says how it was resolved, and FallbackReason why the floor tier
 	// applies when it does.
@@ -84,11 +87,12 @@ type SourcesBody struct {
 	LiveSandboxes     space.RateSource `json:"live_sandboxes"`
 	MaxActivationCost space.RateSource `json:"max_activation_cost"`
 	SoftLimit         space.RateSource `json:"soft_limit"`
+	QueueWeight       space.RateSource `json:"queue_weight"`
 }
 
 func sourcesBody(s space.Sources) SourcesBody {
 	return SourcesBody{ClientActivation: s.ClientRate, Concurrency: s.Concurrency, LiveSandboxes: s.LiveSandboxes,
-		MaxActivationCost: s.MaxActivationCost, SoftLimit: s.SoftRate}
+		MaxActivationCost: s.MaxActivationCost, SoftLimit: s.SoftRate, QueueWeight: s.QueueWeight}
 }
 
 // BucketBody is one token bucket as enforced.
@@ -132,6 +136,7 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
 		ActivationCosts:   s.sandboxes.Costs(),
 		MaxActivationCost: capOrNull(l.MaxActivationCost),
 		SoftLimit:         rateBody(l.SoftRate),
+		QueueWeight:       max(l.QueueWeight, 1),
 		Tier:              l.Tier,
 		TierSource:        l.TierSource,
 		FallbackReason:    l.FallbackReason,
@@ -195,6 +200,7 @@ type TierBody struct {
 	LiveSandboxes     *int         `json:"live_sandboxes"`
 	MaxActivationCost *int         `json:"max_activation_cost"`
 	SoftLimit         *RateBody    `json:"soft_limit"`
+	QueueWeight       int          `json:"queue_weight"`
 	Reserve           *ReserveBody `json:"reserve"`
 	Sources           SourcesBody  `json:"sources"`
 }
@@ -213,6 +219,7 @@ func (s *Server) getTiers(w http.ResponseWriter, r *http.Request) {
 			LiveSandboxes:     capOrNull(t.LiveSandboxes),
 			MaxActivationCost: capOrNull(t.MaxActivationCost),
 			SoftLimit:         rateBody(t.SoftRate),
+			QueueWeight:       max(t.QueueWeight, 1),
 			Reserve:           reserveBody(table.Reservations, t.Tier),
 			Sources:           sourcesBody(t.Sources),
 		})

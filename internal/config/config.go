@@ -189,13 +189,17 @@ type Dispatcher struct {
 	// AdmissionDeadline is how long an operation may wait for admission before it fails
 	// as admission_timeout.
 	AdmissionDeadline time.Duration
-	// MaxSnooze caps how long one admission snooze of a queued operation lasts:
-	// snoozes grow while a client stays over its rate, and the cap bounds how late a
-	// refilled bucket (or a raised rate) is noticed.
+	// MaxSnooze caps how long one admission snooze of a queued operation lasts: a
+	// snooze lasts until the bucket refills, and the cap bounds how late a raised rate
+	// is noticed.
 	MaxSnooze time.Duration
 	// MaxAttempts is how many real attempts a queued operation gets before it fails;
 	// admission snoozes are not attempts.
 	MaxAttempts int
+	// OwnerLanes is how many of one owner's queued operations may be runnable at once,
+	// per unit of its queue weight: the rest wait parked, so that the queue holds a
+	// bounded share of any owner's backlog and serves the owners in turn.
+	OwnerLanes int
 	// UI mounts River UI at /riverui/ on the internal listener: the queue's jobs, their
 	// errors and attempts, in a browser. Off by default because it can also cancel,
 	// retry and delete jobs, and the internal listener has no authentication.

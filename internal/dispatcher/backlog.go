@@ -13,12 +13,12 @@ import (
 
 var (
 	depthDesc = prometheus.NewDesc("space_dispatcher_queue_depth",
-		"Operations not yet final, by kind and state (queued: waiting for a worker, snoozed by a limit or backing off after a failed attempt; running), "+
-			"read from Postgres at scrape time (the same on every replica: aggregate with max).",
-		[]string{"kind", "state"}, nil)
+		"Operations not yet final, by kind, state (queued: waiting for a worker, parked behind their owner's lanes, snoozed by a limit or backing off after a failed attempt; running), "+
+			"and the budget key and tier they were accepted under; read from Postgres at scrape time (the same on every replica: aggregate with max).",
+		[]string{"kind", "state", "budget_key", "tier"}, nil)
 	oldestDesc = prometheus.NewDesc("space_dispatcher_oldest_queued_seconds",
-		"Age of the oldest queued operation since it was accepted, by kind; 0 when none is queued. Read at scrape time (aggregate with max).",
-		[]string{"kind"}, nil)
+		"Age of the oldest queued operation since it was accepted, by kind, budget key and tier; 0 when none is queued. Read at scrape time (aggregate with max).",
+		[]string{"kind", "budget_key", "tier"}, nil)
 )
 
 // backlog reads the queue's depth and its oldest waiting operation at scrape time, so
@@ -37,40 +37,59 @@ func (b *backlog) Describe(ch chan<- *prometheus.Desc) {
 func (b *backlog) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	depth, oldest, err := b.read(ctx)
+	groups, err := b.read(ctx)
 	if err != nil {
 		// The rest of /metrics is still served (the handler continues on error) and
 		// the failure is counted in promhttp_metric_handler_errors_total.
 		ch <- prometheus.NewInvalidMetric(depthDesc, err)
 		return
 	}
+	// Every kind and state of the untiered unknown key is reported, at 0 when there is
+	// none, so that an alert over them never reads nothing; the others as they occur.
 	for _, k := range space.OperationKinds {
-		for _, s := range []space.OperationState{space.OperationQueued, space.OperationRunning} {
-			ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, depth[string(k)+"/"+string(s)], string(k), string(s))
+		g := group{string(k), string(space.Unknown), ""}
+		if _, ok := groups[g]; !ok {
+			groups[g] = &counts{}
 		}
-		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, oldest[string(k)], string(k))
+	}
+	for g, c := range groups {
+		ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, c.queued, g.kind, string(space.OperationQueued), g.key, g.tier)
+		ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, c.running, g.kind, string(space.OperationRunning), g.key, g.tier)
+		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, c.oldest, g.kind, g.key, g.tier)
 	}
 }
 
-func (b *backlog) read(ctx context.Context) (depth, oldest map[string]float64, err error) {
-	rows, err := b.db.Query(ctx, `SELECT kind, state, count(*)::float8,
+// group is one set of labels of the queue's series.
+type group struct{ kind, key, tier string }
+
+type counts struct{ queued, running, oldest float64 }
+
+func (b *backlog) read(ctx context.Context) (map[group]*counts, error) {
+	rows, err := b.db.Query(ctx, `SELECT kind, state, budget_key, tier, count(*)::float8,
 			coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-		FROM operations WHERE state IN ('queued', 'running') GROUP BY kind, state`)
+		FROM operations WHERE state IN ('queued', 'running') GROUP BY kind, state, budget_key, tier`)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read the queue: %w", err)
+		return nil, fmt.Errorf("read the queue: %w", err)
 	}
 	defer rows.Close()
-	depth, oldest = map[string]float64{}, map[string]float64{}
+	out := map[group]*counts{}
 	for rows.Next() {
-		var kind, state string
+		var g group
+		var state string
 		var n, age float64
-		if err := rows.Scan(&kind, &state, &n, &age); err != nil {
-			return nil, nil, fmt.Errorf("read the queue: %w", err)
+		if err := rows.Scan(&g.kind, &state, &g.key, &g.tier, &n, &age); err != nil {
+			return nil, fmt.Errorf("read the queue: %w", err)
 		}
-		depth[kind+"/"+state] = n
+		c, ok := out[g]
+		if !ok {
+			c = &counts{}
+			out[g] = c
+		}
 		if state == string(space.OperationQueued) {
-			oldest[kind] = age
+			c.queued, c.oldest = n, age
+		} else {
+			c.running = n
 		}
 	}
-	return depth, oldest, rows.Err()
+	return out, rows.Err()
 }

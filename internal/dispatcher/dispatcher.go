@@ -34,19 +34,21 @@ import (
 	"github.com/space-sandbox/space/internal/store"
 )
 
-// Defaults of the Options that are tuning, not operator settings.
+// Tuning that is not an operator setting.
 const (
-	// snoozeGrowth is the factor each further snooze of one operation grows by.
-	snoozeGrowth = 1.5
 	// settleWait is how long a run that found its sandbox still settling (an earlier
 	// attempt died with its replica) waits before looking again: about one round of
 	// the reconciler.
 	settleWait = 10 * time.Second
+	// fetchPoll is how often an idle worker pool asks for available jobs: how late,
+	// at most, a snoozed operation runs after its bucket refilled.
+	fetchPoll = 200 * time.Millisecond
 )
 
-// Queue is the River queue of every operation. One queue is enough for fairness: a
-// worker turned away by a client's bucket snoozes the job and takes the next one at
-// once, so the queue never waits on any one client's bucket.
+// Queue is the River queue of every operation. One queue is enough: the owners' lanes
+// (lanes.go) keep it fair between owners, and a worker turned away by a bucket snoozes
+// the job and takes the next one at once, so the queue never waits on any one
+// client's bucket.
 const Queue = "space_operations"
 
 // Callers resolves the client an operation runs as into its budget key and limits,
@@ -71,10 +73,12 @@ type Options struct {
 	// away by a limit before it fails as admission_timeout (required;
 	// SPACE_DISPATCHER_ADMISSION_DEADLINE, 10m by default).
 	AdmissionDeadline time.Duration
-	// MaxSnooze caps one snooze (required; SPACE_DISPATCHER_MAX_SNOOZE, 1m by default);
-	// SnoozeGrowth is the factor each further snooze grows by (default 1.5; at least 1).
-	MaxSnooze    time.Duration
-	SnoozeGrowth float64
+	// MaxSnooze caps one snooze (required; SPACE_DISPATCHER_MAX_SNOOZE, 1m by default).
+	MaxSnooze time.Duration
+	// OwnerLanes is how many of one owner's operations may be runnable at once per unit
+	// of its queue weight (required; SPACE_DISPATCHER_OWNER_LANES, 4 by default): see
+	// lanes.go.
+	OwnerLanes int
 	// MaxAttempts is how many real attempts an operation gets before it fails
 	// (required; SPACE_DISPATCHER_MAX_ATTEMPTS, 5 by default). With River's backoff
 	// (attempt^4 seconds) five attempts span about six minutes. Snoozes are not
@@ -144,9 +148,8 @@ func New(opts Options) (*Dispatcher, error) {
 		return nil, fmt.Errorf("dispatcher: JobTimeout must be positive, got %s", opts.JobTimeout)
 	case opts.IdempotencyTTL <= 0:
 		return nil, fmt.Errorf("dispatcher: IdempotencyTTL must be positive, got %s", opts.IdempotencyTTL)
-	}
-	if opts.SnoozeGrowth < 1 {
-		opts.SnoozeGrowth = snoozeGrowth
+	case opts.OwnerLanes < 1:
+		return nil, fmt.Errorf("dispatcher: OwnerLanes must be >= 1, got %d", opts.OwnerLanes)
 	}
 	if opts.RescueAfter <= opts.JobTimeout {
 		opts.RescueAfter = opts.JobTimeout + time.Minute
@@ -182,6 +185,9 @@ func New(opts Options) (*Dispatcher, error) {
 		JobTimeout:           opts.JobTimeout,
 		RescueStuckJobsAfter: opts.RescueAfter,
 		Workers:              workers,
+		// A snoozed lane wakes when its bucket refills: the fetch that runs it comes
+		// within fetchPoll after (River's default polls every second).
+		FetchPollInterval: fetchPoll,
 	}
 	if opts.Backoff != nil {
 		cfg.RetryPolicy = backoffPolicy(opts.Backoff)
@@ -279,12 +285,14 @@ func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation
 		return nil, false, errors.New("enqueue: an operation needs the client it is for")
 	}
 	var err error
+	var owner space.Caller
 	target := ""
 	switch req.Kind {
 	case space.OperationCreate:
 		if req.Create == nil {
 			return nil, false, errors.New("enqueue: a create needs its plan")
 		}
+		owner = req.Create.Caller
 		op.SandboxID = uuid.NewString()
 		if op.Request, err = req.Create.Request.Encode(); err != nil {
 			return nil, false, err
@@ -301,19 +309,34 @@ func (d *Dispatcher) Enqueue(ctx context.Context, req Request) (*space.Operation
 				return nil, false, err
 			}
 		}
+		owner = d.opts.Callers.Resolve(ctx, op.Client)
 	default:
 		return nil, false, space.FieldError(space.EINVALID, "kind", "must be create, restore or wake, got %q", req.Kind)
 	}
 	op.RequestHash = idempotency.Hash(string(op.Kind), target, op.Request)
+	op.BudgetKey, op.Tier = owner.Key, owner.Tier
+	lanes := d.lanes(owner)
 
 	rec := &idempotency.Record{Client: op.Client, Key: op.IdempotencyKey,
 		RequestHash: op.RequestHash, OperationID: op.ID, SandboxID: op.SandboxID}
 	first, err := idempotency.Run(ctx, d.db, rec, d.opts.IdempotencyTTL, func() error { return d.precheck(ctx, op) },
 		func(ctx context.Context, tx pgx.Tx) error {
+			if err := lockOwner(ctx, tx, op.Client); err != nil {
+				return err
+			}
+			busy, err := inLane(ctx, tx, op.Client)
+			if err != nil {
+				return err
+			}
+			op.Parked = busy >= lanes
 			if err := insertOperation(ctx, tx, op, d.opts.AdmissionDeadline); err != nil {
 				return err
 			}
-			res, err := d.client.InsertTx(ctx, tx, argsFor(op.Kind, op.ID), &river.InsertOpts{Queue: Queue})
+			insert := &river.InsertOpts{Queue: Queue}
+			if op.Parked {
+				insert.ScheduledAt = time.Now().Add(parkedFor)
+			}
+			res, err := d.client.InsertTx(ctx, tx, argsFor(op.Kind, op.ID), insert)
 			if err != nil {
 				return fmt.Errorf("insert job of operation %s: %w", op.ID, err)
 			}

@@ -3,7 +3,6 @@ package dispatcher_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -555,7 +554,7 @@ func TestEnqueue(t *testing.T) {
 func TestQueueSignals(t *testing.T) {
 	t.Parallel()
 
-	t.Run("the queue's depth and its oldest waiting operation are read from Postgres at each scrape", func(t *testing.T) {
+	t.Run("the queue's depth and its oldest waiting operation are read from Postgres at each scrape, by budget key and tier", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, setupOptions{workers: -1})
 		want := func(body string) {
@@ -565,30 +564,34 @@ func TestQueueSignals(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		const header = `# HELP space_dispatcher_oldest_queued_seconds Age of the oldest queued operation since it was accepted, by kind; 0 when none is queued. Read at scrape time (aggregate with max).
+		const header = `# HELP space_dispatcher_oldest_queued_seconds Age of the oldest queued operation since it was accepted, by kind, budget key and tier; 0 when none is queued. Read at scrape time (aggregate with max).
 # TYPE space_dispatcher_oldest_queued_seconds gauge
 `
-		depthHeader := `# HELP space_dispatcher_queue_depth Operations not yet final, by kind and state (queued: waiting for a worker, snoozed by a limit or backing off after a failed attempt; running), read from Postgres at scrape time (the same on every replica: aggregate with max).
+		const depthHeader = `# HELP space_dispatcher_queue_depth Operations not yet final, by kind, state (queued: waiting for a worker, parked behind their owner's lanes, snoozed by a limit or backing off after a failed attempt; running), and the budget key and tier they were accepted under; read from Postgres at scrape time (the same on every replica: aggregate with max).
 # TYPE space_dispatcher_queue_depth gauge
 `
-		zeroDepth := func(createQueued, createRunning int) string {
-			return depthHeader + fmt.Sprintf(`space_dispatcher_queue_depth{kind="create",state="queued"} %d
-space_dispatcher_queue_depth{kind="create",state="running"} %d
-space_dispatcher_queue_depth{kind="restore",state="queued"} 0
-space_dispatcher_queue_depth{kind="restore",state="running"} 0
-space_dispatcher_queue_depth{kind="wake",state="queued"} 0
-space_dispatcher_queue_depth{kind="wake",state="running"} 0
-`, createQueued, createRunning)
-		}
-		// Nothing queued: every kind and state is there, at 0.
-		want(header + `space_dispatcher_oldest_queued_seconds{kind="create"} 0
-space_dispatcher_oldest_queued_seconds{kind="restore"} 0
-space_dispatcher_oldest_queued_seconds{kind="wake"} 0
-` + zeroDepth(0, 0))
+		const unknownOldest = `space_dispatcher_oldest_queued_seconds{budget_key="unknown",kind="create",tier=""} 0
+space_dispatcher_oldest_queued_seconds{budget_key="unknown",kind="restore",tier=""} 0
+space_dispatcher_oldest_queued_seconds{budget_key="unknown",kind="wake",tier=""} 0
+`
+		const unknownDepth = `space_dispatcher_queue_depth{budget_key="unknown",kind="create",state="queued",tier=""} 0
+space_dispatcher_queue_depth{budget_key="unknown",kind="create",state="running",tier=""} 0
+space_dispatcher_queue_depth{budget_key="unknown",kind="restore",state="queued",tier=""} 0
+space_dispatcher_queue_depth{budget_key="unknown",kind="restore",state="running",tier=""} 0
+space_dispatcher_queue_depth{budget_key="unknown",kind="wake",state="queued",tier=""} 0
+space_dispatcher_queue_depth{budget_key="unknown",kind="wake",state="running",tier=""} 0
+`
+		// Nothing queued: every kind and state of the unknown key is there, at 0.
+		want(header + unknownOldest + depthHeader + unknownDepth)
 
+		b.limits.mu.Lock()
+		b.limits.m["acme"] = space.Caller{ID: "acme", Key: "acme", Tier: "pro"}
+		b.limits.m["someone-new"] = space.Caller{ID: "someone-new", Key: space.Unknown}
+		b.limits.mu.Unlock()
 		old := b.create("acme", "")
 		b.create("acme", "")
 		running := b.create("acme", "")
+		b.create("someone-new", "") // off the allowlist: the unknown key's
 		for sql, id := range map[string]string{
 			"UPDATE operations SET created_at = now() - interval '1 hour' WHERE id = $1": old.ID,
 			"UPDATE operations SET state = 'running' WHERE id = $1":                      running.ID,
@@ -601,18 +604,23 @@ space_dispatcher_oldest_queued_seconds{kind="wake"} 0
 		if err != nil {
 			t.Fatal(err)
 		}
+		ages := map[string]float64{}
 		for _, f := range families {
 			if f.GetName() != "space_dispatcher_oldest_queued_seconds" {
 				continue
 			}
 			for _, m := range f.GetMetric() {
-				age := m.GetGauge().GetValue()
-				if m.GetLabel()[0].GetValue() == "create" && (age < 3600 || age > 3700) {
-					t.Fatalf("the oldest queued create is %vs old, want about an hour", age)
-				}
+				l := m.GetLabel() // budget_key, kind, tier
+				ages[l[0].GetValue()+"/"+l[1].GetValue()+"/"+l[2].GetValue()] = m.GetGauge().GetValue()
 			}
 		}
-		if err := testutil.GatherAndCompare(b.reg, strings.NewReader(zeroDepth(2, 1)), "space_dispatcher_queue_depth"); err != nil {
+		if age := ages["acme/create/pro"]; age < 3600 || age > 3700 {
+			t.Fatalf("acme's oldest queued create is %vs old, want about an hour (all: %v)", age, ages)
+		}
+		if err := testutil.GatherAndCompare(b.reg, strings.NewReader(depthHeader+`space_dispatcher_queue_depth{budget_key="acme",kind="create",state="queued",tier="pro"} 2
+space_dispatcher_queue_depth{budget_key="acme",kind="create",state="running",tier="pro"} 1
+`+strings.Replace(unknownDepth, `{budget_key="unknown",kind="create",state="queued",tier=""} 0`, `{budget_key="unknown",kind="create",state="queued",tier=""} 1`, 1)),
+			"space_dispatcher_queue_depth"); err != nil {
 			t.Fatal(err)
 		}
 	})

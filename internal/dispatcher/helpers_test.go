@@ -54,7 +54,7 @@ func (l *limits) set(id space.ClientID, rate *space.Rate, live int) {
 // bundle is one test's world: its own database, its own Redis keys, a real sandbox
 // flow on the simulated substrate, and a dispatcher with real River workers.
 type bundle struct {
-	t        *testing.T
+	t        testing.TB
 	ctx      context.Context
 	db       *pgxpool.Pool
 	redis    redis.UniversalClient
@@ -79,9 +79,10 @@ type setupOptions struct {
 	jobTimeout  time.Duration
 	rescueAfter time.Duration
 	settleWait  time.Duration
+	ownerLanes  int // default the operator default (config.Default)
 }
 
-func setup(t *testing.T, o setupOptions) *bundle {
+func setup(t testing.TB, o setupOptions) *bundle {
 	t.Helper()
 	b := &bundle{t: t, ctx: testenv.Context(t), db: testenv.DB(t), redis: testenv.Redis(t),
 		limits: &limits{m: map[space.ClientID]space.Caller{}}}
@@ -139,6 +140,7 @@ func (b *bundle) dispatcher(o setupOptions) *dispatcher.Dispatcher {
 		AdmissionDeadline: cmp.Or(o.deadline, defaults.Dispatcher.AdmissionDeadline),
 		MaxSnooze:         cmp.Or(o.maxSnooze, defaults.Dispatcher.MaxSnooze),
 		MaxAttempts:       cmp.Or(o.maxAttempts, defaults.Dispatcher.MaxAttempts),
+		OwnerLanes:        cmp.Or(o.ownerLanes, defaults.Dispatcher.OwnerLanes),
 		IdempotencyTTL:    defaults.IdempotencyKeyTTL,
 		JobTimeout:        cmp.Or(o.jobTimeout, 10*time.Minute), // above any run of these tests
 		RescueAfter:       o.rescueAfter,

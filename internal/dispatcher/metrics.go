@@ -19,6 +19,7 @@ type metrics struct {
 	lost     *prometheus.CounterVec   // {kind}
 	retries  *prometheus.CounterVec   // {kind, code}
 	queue    *prometheus.HistogramVec // {kind}
+	unparked prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, db *pgxpool.Pool) (*metrics, error) {
@@ -47,6 +48,10 @@ func newMetrics(reg prometheus.Registerer, db *pgxpool.Pool) (*metrics, error) {
 			Name: "space_dispatcher_attempt_errors_total",
 			Help: "Attempts that failed and spent a retry (or ended the operation), by kind and error code.",
 		}, []string{"kind", "code"}),
+		unparked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "space_dispatcher_unparked_total",
+			Help: "Operations moved from waiting parked into one of their owner's lanes of the queue, where they may run.",
+		}),
 		queue: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "space_dispatcher_queue_seconds",
 			Help:    "Time from an operation's acceptance to the start of its first run, by kind.",
@@ -75,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, db *pgxpool.Pool) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.enqueued, m.finished, m.snoozes, m.settles, m.lost, m.retries, m.queue, &backlog{db: db}} {
+	for _, c := range []prometheus.Collector{m.enqueued, m.finished, m.snoozes, m.settles, m.lost, m.retries, m.queue, m.unparked, &backlog{db: db}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register dispatcher metrics (one Dispatcher per registry): %w", err)
 		}

@@ -28,6 +28,7 @@ func TestNewRefusesAMissingOperatorSettingNamingIt(t *testing.T) {
 			AdmissionDeadline: defaults.Dispatcher.AdmissionDeadline,
 			MaxSnooze:         defaults.Dispatcher.MaxSnooze,
 			MaxAttempts:       defaults.Dispatcher.MaxAttempts,
+			OwnerLanes:        defaults.Dispatcher.OwnerLanes,
 			JobTimeout:        time.Minute,
 			IdempotencyTTL:    defaults.IdempotencyKeyTTL,
 		}
@@ -36,6 +37,7 @@ func TestNewRefusesAMissingOperatorSettingNamingIt(t *testing.T) {
 		"AdmissionDeadline": func(o *dispatcher.Options) { o.AdmissionDeadline = 0 },
 		"MaxSnooze":         func(o *dispatcher.Options) { o.MaxSnooze = 0 },
 		"MaxAttempts":       func(o *dispatcher.Options) { o.MaxAttempts = 0 },
+		"OwnerLanes":        func(o *dispatcher.Options) { o.OwnerLanes = 0 },
 		"JobTimeout":        func(o *dispatcher.Options) { o.JobTimeout = -time.Second },
 		"IdempotencyTTL":    func(o *dispatcher.Options) { o.IdempotencyTTL = 0 },
 	} {

@@ -1,35 +1,43 @@
 package dispatcher
 
 import (
-	"math"
 	"time"
-
-	"github.com/space-sandbox/space/internal/admission"
 )
 
 // snoozeDelay is how long an operation turned away by a limit waits before its next
-// try, for its n-th snooze (n = 0 for the first) when the rejecting bucket refills
-// after refill (a LimitError's un-jittered RetryAfter):
+// try, when the rejecting bucket refills after refill (a LimitError's un-jittered
+// RetryAfter: the time until it holds the operation's cost) and waiting of its owner's
+// lanes (this one included) wait on a limit:
 //
-//   - the refill time grown by growth^n, so that an operation that keeps meeting an
-//     empty bucket (its client keeps flooding) tries less and less often;
-//   - capped at maxDelay, so that a long refill or a long losing streak still looks
-//     again regularly (a flag change raising the client's rate is noticed within
-//     maxDelay);
-//   - jittered upward like a 429's Retry-After (admission.RetryAfter: whole seconds, at
-//     least one), so that operations turned away together do not all return together;
-//     where that jitter would pass maxDelay, it is jittered downward from maxDelay
-//     instead (by up to a quarter), so that a backlog parked at the cap spreads out too.
+//   - at least the refill time, not a backoff grown over repeated refusals: a snooze
+//     that ends when a token is there costs one fetch and gets the token;
+//   - spread evenly over waiting refill times, so that an owner asks about once per
+//     refill however many lanes it has (its other operations wait parked, see
+//     lanes.go): an owner's lanes do not outnumber another owner's one operation at
+//     a shared bucket, and a snoozed backlog costs the queue about one job update per
+//     refill rather than one per lane;
+//   - jittered upward by a quarter of the refill (at least jitterFloor), so that
+//     lanes turned away together do not all wake in the same instant;
+//   - capped at maxDelay, so that a bucket that refills slowly (or never) is still
+//     looked at regularly, and a flag raising the client's rate is noticed within
+//     maxDelay.
 //
 // rnd returns a float in [0, 1).
-func snoozeDelay(refill time.Duration, n int, growth float64, maxDelay time.Duration, rnd func() float64) time.Duration {
-	grown := refill.Seconds() * math.Pow(growth, float64(n))
-	if math.IsNaN(grown) || grown > maxDelay.Seconds() {
-		grown = maxDelay.Seconds()
+func snoozeDelay(refill time.Duration, waiting int, maxDelay time.Duration, rnd func() float64) time.Duration {
+	if refill < 0 {
+		refill = 0
 	}
-	d := admission.RetryAfter(time.Duration(grown*float64(time.Second)), rnd)
-	if d > maxDelay {
-		d = maxDelay - time.Duration(rnd()*float64(maxDelay/4))
+	atCap := maxDelay - time.Duration(rnd()*float64(maxDelay/4))
+	if refill >= maxDelay {
+		return atCap
 	}
-	return d
+	spread := float64(max(refill/4, jitterFloor)) + 2*float64(max(waiting-1, 0))*float64(refill)
+	if d := float64(refill) + rnd()*spread; d < float64(maxDelay) {
+		return time.Duration(d)
+	}
+	return atCap
 }
+
+// jitterFloor is the least spread of a snooze: a bucket that is short by a hair is
+// still not retried by every lane at once.
+const jitterFloor = 50 * time.Millisecond

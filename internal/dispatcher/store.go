@@ -23,6 +23,12 @@ type row struct {
 	IdempotencyKey string
 	RequestHash    string
 	Request        []byte
+	// Parked is true while the operation waits outside its owner's lanes (see lanes).
+	Parked bool
+	// BudgetKey and Tier are what the operation was accepted under, for the queue's
+	// series.
+	BudgetKey space.ClientKey
+	Tier      string
 }
 
 func scanOperation(r pgx.Row, extra ...any) (*row, error) {
@@ -43,10 +49,12 @@ func insertOperation(ctx context.Context, q store.Querier, op *row, deadline tim
 	if op.IdempotencyKey != "" {
 		key = &op.IdempotencyKey
 	}
-	err := q.QueryRow(ctx, `INSERT INTO operations (id, kind, client, sandbox_id, idempotency_key, request_hash, request, admission_deadline)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))
+	err := q.QueryRow(ctx, `INSERT INTO operations (id, kind, client, sandbox_id, idempotency_key, request_hash, request, admission_deadline,
+			parked, budget_key, tier)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8), $9, $10, $11)
 		RETURNING admission_deadline, created_at, updated_at`,
 		op.ID, string(op.Kind), string(op.Client), op.SandboxID, key, op.RequestHash, op.Request, deadline.Seconds(),
+		op.Parked, string(op.BudgetKey), op.Tier,
 	).Scan(&op.AdmissionDeadline, &op.CreatedAt, &op.UpdatedAt)
 	if err != nil {
 		return fmt.Errorf("insert operation: %w", err)

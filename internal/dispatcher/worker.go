@@ -106,8 +106,13 @@ func (d *Dispatcher) work(ctx context.Context, job *rivertype.JobRow, id string,
 	var le *space.LimitError
 	switch {
 	case runErr == nil:
+		// The end frees the operation's lane: the owner's next parked operation moves
+		// in, in the same transaction.
 		err := d.db.Tx(rctx, func(tx pgx.Tx) error {
 			if err := finishOperation(rctx, tx, op.ID, outcome{State: space.OperationSucceeded, Attempts: &attempts}); err != nil {
+				return err
+			}
+			if _, err := d.unpark(rctx, tx, op.Client, d.lanes(caller)); err != nil {
 				return err
 			}
 			return complete(rctx, tx)
@@ -119,7 +124,7 @@ func (d *Dispatcher) work(ctx context.Context, job *rivertype.JobRow, id string,
 		return nil
 
 	case errors.As(runErr, &le):
-		return d.snooze(rctx, op, le)
+		return d.snooze(rctx, op, le, caller)
 
 	case errors.Is(runErr, sandbox.ErrSettling):
 		// An earlier attempt's sandbox is still starting: its replica died mid cold
@@ -159,6 +164,7 @@ func (d *Dispatcher) work(ctx context.Context, job *rivertype.JobRow, id string,
 		return runErr // River retries after its backoff
 	}
 	d.metrics.finished.WithLabelValues(kind, string(space.OperationFailed)).Inc()
+	d.freeLane(rctx, op.Client)
 	if permanent(code) {
 		return river.JobCancel(runErr) // retrying cannot help
 	}
@@ -194,8 +200,9 @@ func (d *Dispatcher) run(ctx context.Context, op *row, caller space.Caller) erro
 // snooze puts an operation turned away by a limit back in the queue until the bucket
 // has refilled (see snoozeDelay), or fails it as admission_timeout once its admission
 // deadline has passed. The last snooze before the deadline is shortened to end at it,
-// so that the operation has one last try then.
-func (d *Dispatcher) snooze(ctx context.Context, op *row, le *space.LimitError) error {
+// so that the operation has one last try then. A snoozed operation keeps its lane: the
+// owner's other operations wait parked, costing nothing, until it runs again.
+func (d *Dispatcher) snooze(ctx context.Context, op *row, le *space.LimitError, caller space.Caller) error {
 	kind := string(op.Kind)
 	timeoutMsg := fmt.Sprintf("not admitted within the admission deadline of %s (%s): %s",
 		d.opts.AdmissionDeadline, op.AdmissionDeadline.UTC().Format(time.RFC3339), le.Message())
@@ -207,9 +214,18 @@ func (d *Dispatcher) snooze(ctx context.Context, op *row, le *space.LimitError) 
 		d.metrics.finished.WithLabelValues(kind, string(space.OperationFailed)).Inc()
 		d.logger.InfoContext(ctx, "operation not admitted before its deadline", "operation", op.ID, "kind", kind,
 			"client", string(op.Client), "bucket", string(le.Bucket), "snoozes", op.Snoozes)
+		d.freeLane(ctx, op.Client)
 		return river.JobCancel(&space.Error{Code: space.ELIMITED, Message: timeoutMsg, Err: le})
 	}
-	delay := snoozeDelay(le.RetryAfter, op.Snoozes, d.opts.SnoozeGrowth, d.opts.MaxSnooze, d.opts.Rand)
+	// The owner's lanes that wait take turns: the owner as a whole asks the bucket
+	// about once per refill, however many of its lanes wait (a count that fails is
+	// taken as this lane alone).
+	waiting := 1
+	if err := d.db.QueryRow(ctx, "SELECT count(*) FROM operations WHERE client = $1 AND NOT parked AND state = 'queued'",
+		string(op.Client)).Scan(&waiting); err != nil || waiting < 1 {
+		waiting = 1
+	}
+	delay := snoozeDelay(le.RetryAfter, waiting, d.opts.MaxSnooze, d.opts.Rand)
 	// Wake just past the deadline, by the database's clock that decides it.
 	if atDeadline := remaining + deadlineSlack; atDeadline < delay {
 		delay = atDeadline

@@ -15,7 +15,7 @@ import (
 const TierFlag = "space-api-client-tier"
 
 // Fields are the limits a tier sets and a client entry may override, one by one. A nil
-// field says nothing: the layer below applies (docs/design.md, "Tiers").
+// field says nothing: the layer below applies (docs/tiers.md, "The tier table").
 //
 // Every field is declared once, in fieldTable, which parses it, names it in errors
 // and layers it: a field added here but not there fails TestEveryFieldIsDeclared, and a
@@ -28,6 +28,7 @@ type Fields struct {
 	MaxActivationCost *int
 	SoftRefillRPS     *float64
 	SoftBurst         *int64
+	QueueWeight       *int
 }
 
 // Reserve fields are a tier's alone: a client cannot move its tier's share of the
@@ -47,7 +48,12 @@ const (
 	kindBurst                     // an integer >= 1
 	kindCost                      // an integer from 0 (no cap) to maxCap
 	kindFraction                  // a number from 0 to 1
+	kindWeight                    // an integer from 1 to maxWeight
 )
+
+// maxWeight bounds a queue weight: a weight is lanes in the queue, and a typo must not
+// hand one owner the whole of it.
+const maxWeight = 64
 
 // field is one declared field: its JSON name, how it is read, and where it lives.
 type field struct {
@@ -68,6 +74,7 @@ var fieldTable = []field{
 	{name: "max_activation_cost", kind: kindCost, of: func(f *Fields) any { return &f.MaxActivationCost }},
 	{name: "soft_refill_rps", kind: kindRPS, of: func(f *Fields) any { return &f.SoftRefillRPS }},
 	{name: "soft_burst", kind: kindBurst, of: func(f *Fields) any { return &f.SoftBurst }},
+	{name: "queue_weight", kind: kindWeight, of: func(f *Fields) any { return &f.QueueWeight }},
 	{name: "reserved_rps", kind: kindRPS, reserve: func(r *reserveFields) any { return &r.ReservedRPS }},
 	{name: "reserved_burst", kind: kindBurst, reserve: func(r *reserveFields) any { return &r.ReservedBurst }},
 	{name: "lendable", kind: kindFraction, reserve: func(r *reserveFields) any { return &r.Lendable }},
@@ -171,6 +178,13 @@ func (f field) read(raw any, dst any) error {
 			return malformedf("%s must be a finite number >= 0, got %s", f.name, describe(raw))
 		}
 		*dst.(**float64) = &v
+	case kindWeight:
+		n, err := asInt(raw)
+		if err != nil || n < 1 || n > maxWeight {
+			return malformedf("%s must be an integer from 1 to %d, got %s", f.name, maxWeight, describe(raw))
+		}
+		v := int(n)
+		*dst.(**int) = &v
 	case kindFraction:
 		v, err := asFloat(raw)
 		if err != nil || v < 0 || v > 1 {

@@ -320,8 +320,9 @@ func (r *Resolver) limits(p *parsedQuotas, key space.ClientKey, t tierChoice) sp
 		LiveSandboxes:    r.env.Defaults.LiveSandboxes,
 		AdmissionEnabled: r.env.AdmissionEnabled,
 		Cluster:          r.env.Cluster,
+		QueueWeight:      1,
 		Sources: space.Sources{ClientRate: SourceEnv, Concurrency: SourceEnv, LiveSandboxes: SourceEnv,
-			MaxActivationCost: SourceEnv, SoftRate: SourceEnv},
+			MaxActivationCost: SourceEnv, SoftRate: SourceEnv, QueueWeight: SourceEnv},
 	}
 	l := layered{caller: &c, rpsFrom: SourceEnv, burstFrom: SourceEnv}
 	if r.env.ClientRate != nil {
@@ -403,6 +404,9 @@ func (l *layered) apply(f Fields, source space.RateSource) {
 	}
 	if f.MaxActivationCost != nil {
 		c.MaxActivationCost, c.Sources.MaxActivationCost = *f.MaxActivationCost, source
+	}
+	if f.QueueWeight != nil {
+		c.QueueWeight, c.Sources.QueueWeight = *f.QueueWeight, source
 	}
 	if f.SoftRefillRPS != nil {
 		l.softRPS, l.softFrom = f.SoftRefillRPS, source

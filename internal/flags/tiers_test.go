@@ -178,6 +178,9 @@ func TestTiers(t *testing.T) {
 			`{"tiers": {"pro": {"lendable": 0.5}}}`:                                                    "tiers.pro: malformed flag value: lendable says",
 			`{"tiers": {"pro": {"reserved_rps": 1, "reserved_burst": 2, "lendable": 2}}}`:              "tiers.pro: malformed flag value: lendable must be a number from 0 to 1",
 			`{"tiers": {"pro": {"reserved_rps": 0, "reserved_burst": 2}}}`:                             "tiers.pro: malformed flag value: reserved_rps must be a number > 0",
+			`{"tiers": {"pro": {"queue_weight": 0}}}`:                                                  "tiers.pro: malformed flag value: queue_weight must be an integer from 1 to 64",
+			`{"tiers": {"pro": {"queue_weight": 65}}}`:                                                 "tiers.pro: malformed flag value: queue_weight must be an integer from 1 to 64",
+			`{"tiers": {"pro": {"queue_weight": 1.5}}}`:                                                "tiers.pro: malformed flag value: queue_weight must be an integer from 1 to 64",
 			`{"tiers": {"pro": {"concurency": 5}}}`:                                                    `tiers.pro: malformed flag value: unknown field "concurency"`,
 			`{"tiers": {"Pro": {}}}`:                                                                   "tiers.Pro: malformed flag value: a tier name is",
 			`{"clients": {"acme": {"reserved_rps": 5}}}`:                                               `clients.acme: malformed flag value: unknown field "reserved_rps"`,
@@ -338,12 +341,12 @@ func TestAFlagsFileWithEveryField(t *testing.T) {
 	  "tiers": {
 	    "free": {"refill_rps": 1, "burst": 5},
 	    "pro": {"refill_rps": 5, "burst": 20, "concurrency": 50, "live_sandboxes": 200, "max_activation_cost": 4,
-	            "soft_refill_rps": 3, "soft_burst": 10, "reserved_rps": 20, "reserved_burst": 40, "lendable": 0.25}
+	            "soft_refill_rps": 3, "soft_burst": 10, "queue_weight": 4, "reserved_rps": 20, "reserved_burst": 40, "lendable": 0.25}
 	  },
 	  "clients": {
 	    "acme": {"tier": "pro"},
 	    "globex": {"tier": "pro", "refill_rps": 6, "burst": 21, "concurrency": 51, "live_sandboxes": 201,
-	               "max_activation_cost": 3, "soft_refill_rps": 2, "soft_burst": 9}
+	               "max_activation_cost": 3, "soft_refill_rps": 2, "soft_burst": 9, "queue_weight": 2}
 	  }
 	}`
 	f := setup(t, quotaFile(quota), withEnv(tiersEnv()))
@@ -352,7 +355,7 @@ func TestAFlagsFileWithEveryField(t *testing.T) {
 	acme := f.resolver.Resolve(ctx, "acme")
 	res, ok := acme.Reservations.Of("pro")
 	if acme.Tier != "pro" || *acme.ClientRate != (space.Rate{RefillRPS: 5, Burst: 20}) || acme.Concurrency != 50 || acme.LiveSandboxes != 200 ||
-		acme.MaxActivationCost != 4 || acme.SoftRate == nil || *acme.SoftRate != (space.Rate{RefillRPS: 3, Burst: 10}) ||
+		acme.MaxActivationCost != 4 || acme.QueueWeight != 4 || acme.SoftRate == nil || *acme.SoftRate != (space.Rate{RefillRPS: 3, Burst: 10}) ||
 		!ok || res.Rate != (space.Rate{RefillRPS: 20, Burst: 40}) || res.Lendable != 0.25 {
 		t.Fatalf("acme, on pro = %+v (reserve %+v)", acme, res)
 	}
@@ -361,11 +364,12 @@ func TestAFlagsFileWithEveryField(t *testing.T) {
 	}
 	globex := f.resolver.Resolve(ctx, "globex")
 	if *globex.ClientRate != (space.Rate{RefillRPS: 6, Burst: 21}) || globex.Concurrency != 51 || globex.LiveSandboxes != 201 ||
-		globex.MaxActivationCost != 3 || *globex.SoftRate != (space.Rate{RefillRPS: 2, Burst: 9}) {
+		globex.MaxActivationCost != 3 || globex.QueueWeight != 2 || *globex.SoftRate != (space.Rate{RefillRPS: 2, Burst: 9}) {
 		t.Fatalf("globex, overriding every field = %+v", globex)
 	}
 	for name, got := range map[string]space.RateSource{"client_activation": globex.Sources.ClientRate, "concurrency": globex.Sources.Concurrency,
-		"live_sandboxes": globex.Sources.LiveSandboxes, "max_activation_cost": globex.Sources.MaxActivationCost, "soft_limit": globex.Sources.SoftRate} {
+		"live_sandboxes": globex.Sources.LiveSandboxes, "max_activation_cost": globex.Sources.MaxActivationCost, "soft_limit": globex.Sources.SoftRate,
+		"queue_weight": globex.Sources.QueueWeight} {
 		if got != space.SourceClient {
 			t.Errorf("globex's %s came from %s, want client", name, got)
 		}

@@ -293,6 +293,8 @@ chartEnv, what the values render, then extraEnv.
   value: {{ .Values.dispatcher.admissionDeadline | quote }}
 - name: SPACE_DISPATCHER_MAX_SNOOZE
   value: {{ .Values.dispatcher.maxSnooze | quote }}
+- name: SPACE_DISPATCHER_OWNER_LANES
+  value: {{ int64 .Values.dispatcher.ownerLanes | toString | quote }}
 - name: SPACE_DISPATCHER_MAX_ATTEMPTS
   value: {{ int64 .Values.dispatcher.maxAttempts | toString | quote }}
 {{- with .Values.dispatcher.jobTimeout }}
