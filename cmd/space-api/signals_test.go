@@ -20,12 +20,18 @@ import (
 func TestSignals(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, e2eOptions{
-		quota: `{"clients": {"acme": {"concurrency": 50, "live_sandboxes": 100}},
-			"rate": {"acme": {"refill_rps": 0.000001, "burst": 2}}}`,
+		// acme is on a tier that reserves part of the cluster bucket and has a soft
+		// limit of one activation, so that the tier series are there.
+		quota: `{"tiers": {"pro": {"concurrency": 50, "live_sandboxes": 100, "refill_rps": 0.000001, "burst": 2,
+				"soft_refill_rps": 0.0000005, "soft_burst": 1, "reserved_rps": 0.0000001, "reserved_burst": 10}},
+			"clients": {"acme": {"tier": "pro"}}}`,
 		poolShapes: `[{"template": "python-3.12", "cpu_millis": 1000, "memory_mib": 2048, "disk_gib": 10, "target": 1}]`,
 		// No worker: the queued create stays queued, and no run of it is refused (and
 		// counted) while the test reads the series.
-		config: func(c *config.Config) { c.Dispatcher.Workers = 0 },
+		config: func(c *config.Config) {
+			c.Dispatcher.Workers = 0
+			c.Flags.FallbackTier = "pro"
+		},
 	})
 	testenv.Eventually(t, 30*time.Second, "the warm pool to fill", func() bool {
 		return s.metric("space_pool_ready_slots", `shape="python-3.12/1000m/2048Mi/10Gi"`) == 1
@@ -69,6 +75,10 @@ func TestSignals(t *testing.T) {
 			`space_dependency_up{dependency="postgres"} 1`,
 			`space_dependency_up{dependency="redis"} 1`,
 			`space_flags_last_reload_successful 1`,
+			`space_tier_reserved_rps{tier="pro"} 1e-07`,
+			`space_sandbox_admission_cluster_tokens_total{source="reserve",tier="pro"} 2`,
+			`space_sandbox_soft_breaches_total{budget_key="acme",tier="pro"} 1`,
+			`space_tier_fallback_total{reason="unknown_tier"} 0`,
 		} {
 			if !regexp.MustCompile(`(?m)^` + want + `$`).MatchString(body) {
 				t.Errorf("/metrics lacks a line matching %s", want)

@@ -38,10 +38,10 @@ func TestAlertsFire(t *testing.T) {
 	// elsewhere is another release's.
 	oldest := func(key string, age float64) series {
 		return series{labels.FromStrings("__name__", "space_dispatcher_oldest_queued_seconds", "namespace", namespace,
-			"job", release+"-space-api-internal", "budget_key", key, "kind", "create", "tier", "pro"), age}
+			"job", release+"-space-api-internal", "budget_key", key, "kind", "create", "tier", "pro"), age, 0}
 	}
 	elsewhere := series{labels.FromStrings("__name__", "space_dispatcher_oldest_queued_seconds", "namespace", "elsewhere",
-		"job", "other", "budget_key", "initech", "kind", "create", "tier", ""), 90000}
+		"job", "other", "budget_key", "initech", "kind", "create", "tier", ""), 90000, 0}
 	behind := expr("SpaceQueueOneKeyFarBehind")
 
 	t.Run("one budget key far behind the others fires for that key alone", func(t *testing.T) {
@@ -49,6 +49,34 @@ func TestAlertsFire(t *testing.T) {
 		got := evaluate(t, behind, oldest("acme", 1000), oldest("globex", 20), oldest("initech", 40), elsewhere)
 		if len(got) != 1 || got[0].Metric.Get("budget_key") != "acme" || got[0].F != 1000 {
 			t.Fatalf("fired for %v, want acme's 1000s", got)
+		}
+	})
+
+	t.Run("a tier refused by the cluster bucket below its reserved rate fires; one served its reserve does not", func(t *testing.T) {
+		t.Parallel()
+		held := expr("SpaceTierHeldBelowItsReserve")
+		ours := func(name, tier string, extra ...string) labels.Labels {
+			l := append([]string{"__name__", name, "namespace", namespace, "job", release + "-space-api-internal", "tier", tier}, extra...)
+			return labels.FromStrings(l...)
+		}
+		// Counters that grow by perSecond each second, recorded each minute.
+		counter := func(l labels.Labels, perSecond float64) series {
+			return series{labels: l, value: 0, slope: perSecond * 60}
+		}
+		refused := func(tier string) series {
+			return counter(ours("space_sandbox_admission_rate_decisions_total", tier, "decision", "rejected", "bucket", "cluster_activation"), 2)
+		}
+		tokens := func(tier string, perSecond float64) series {
+			return counter(ours("space_sandbox_admission_cluster_tokens_total", tier, "source", "reserve"), perSecond)
+		}
+		reserved := func(tier string, rps float64) series {
+			return series{labels: ours("space_tier_reserved_rps", tier), value: rps}
+		}
+		got := evaluate(t, held, refused("pro"), tokens("pro", 3), reserved("pro", 10),
+			refused("enterprise"), tokens("enterprise", 40), reserved("enterprise", 40),
+			tokens("team", 1), reserved("team", 10))
+		if len(got) != 1 || got[0].Metric.Get("tier") != "pro" {
+			t.Fatalf("fired for %v, want pro alone (refused at 3/s of its 10/s)", got)
 		}
 	})
 
@@ -67,10 +95,11 @@ func TestAlertsFire(t *testing.T) {
 	}
 }
 
-// series is one recorded series, constant at value.
+// series is one recorded series: value at 0, growing by slope a minute.
 type series struct {
 	labels labels.Labels
 	value  float64
+	slope  float64
 }
 
 // evaluate runs expr at ten minutes into a recording of recorded (a sample a minute
@@ -86,7 +115,7 @@ func evaluate(t *testing.T, expr string, recorded ...series) promql.Vector {
 			}
 			var samples []chunks.Sample
 			for i := range 11 {
-				samples = append(samples, floatSample{t: int64(i) * time.Minute.Milliseconds(), f: s.value})
+				samples = append(samples, floatSample{t: int64(i) * time.Minute.Milliseconds(), f: s.value + float64(i)*s.slope})
 			}
 			out = append(out, storage.NewListSeries(s.labels, samples))
 		}

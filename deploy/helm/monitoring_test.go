@@ -128,7 +128,7 @@ func TestMonitoring(t *testing.T) {
 			}
 		}
 		for _, want := range []string{"SpaceAdmissionFailingOpen", "SpaceClusterBucketExhausted", "SpaceQueuedOperationTooOld",
-			"SpaceQueueOneKeyFarBehind", "SpacePoolBelowTarget", "SpaceConfigReloadFailed", "SpaceReplicaNotReady"} {
+			"SpaceQueueOneKeyFarBehind", "SpaceTierHeldBelowItsReserve", "SpacePoolBelowTarget", "SpaceConfigReloadFailed", "SpaceReplicaNotReady"} {
 			if !slices.Contains(alerts, want) {
 				t.Errorf("no %s alert among %v", want, alerts)
 			}

@@ -37,3 +37,24 @@ func newResolverMetrics(reg prometheus.Registerer) resolverMetrics {
 		}, []string{"client"})),
 	}
 }
+
+// reservedDesc is the reserved rate of each tier of the table in force, so that an
+// alert can compare what a tier was served with what it was promised.
+var reservedDesc = prometheus.NewDesc("space_tier_reserved_rps",
+	"The reserved share of the cluster activation rate of each tier that has one, in the tier table in force (the same on every replica with the same flags).",
+	[]string{"tier"}, nil)
+
+// reservedCollector reads the reserves of the tier table in force at scrape time.
+type reservedCollector struct{ r *Resolver }
+
+func (c reservedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- reservedDesc }
+
+func (c reservedCollector) Collect(ch chan<- prometheus.Metric) {
+	res := c.r.Reservations()
+	if res == nil {
+		return
+	}
+	for _, t := range res.Reserves {
+		ch <- prometheus.MustNewConstMetric(reservedDesc, prometheus.GaugeValue, t.Rate.RefillRPS, t.Tier)
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/logs"
+	"github.com/space-sandbox/space/internal/metric"
 )
 
 // WarnInterval is how often, at most, the Resolver logs the same warning: a malformed
@@ -150,6 +151,7 @@ func NewResolver(opts ResolverOptions) *Resolver {
 	}
 	r.warnings = logs.NewThrottle(WarnInterval, opts.Now)
 	r.good.Store(noQuotas)
+	metric.Register(opts.Registerer, reservedCollector{r})
 	return r
 }
 

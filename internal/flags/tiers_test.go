@@ -362,6 +362,9 @@ func TestAFlagsFileWithEveryField(t *testing.T) {
 	if acme.Reservations.Shared != (space.Rate{RefillRPS: 80, Burst: 160}) || f.resolver.Reservations() != acme.Reservations {
 		t.Fatalf("shared remainder %+v, resolver's reservations %p vs %p", acme.Reservations.Shared, f.resolver.Reservations(), acme.Reservations)
 	}
+	if got := f.counter("space_tier_reserved_rps", map[string]string{"tier": "pro"}); got != 20 {
+		t.Fatalf("space_tier_reserved_rps{tier=pro} = %v, want the table's 20", got)
+	}
 	globex := f.resolver.Resolve(ctx, "globex")
 	if *globex.ClientRate != (space.Rate{RefillRPS: 6, Burst: 21}) || globex.Concurrency != 51 || globex.LiveSandboxes != 201 ||
 		globex.MaxActivationCost != 3 || globex.QueueWeight != 2 || *globex.SoftRate != (space.Rate{RefillRPS: 2, Burst: 9}) {

@@ -1,0 +1,248 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/config"
+	"github.com/space-sandbox/space/internal/substrate"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// threeTiers has distinct numbers on every field, each concurrency below its burst
+// below its live cap, so that each can be measured on its own. Rates barely refill:
+// what a test takes stays taken.
+const threeTiers = `{
+	"tiers": {
+		"free":       {"refill_rps": 0.000001, "burst": 2, "concurrency": 1, "live_sandboxes": 3},
+		"pro":        {"refill_rps": 0.000001, "burst": 4, "concurrency": 2, "live_sandboxes": 6},
+		"enterprise": {"refill_rps": 0.000001, "burst": 6, "concurrency": 3, "live_sandboxes": 9}
+	},
+	"clients": {
+		"on-free":       {"tier": "free"},
+		"on-pro":        {"tier": "pro"},
+		"on-enterprise": {"tier": "enterprise"},
+		"pro-more-live": {"tier": "pro", "live_sandboxes": 8},
+		"on-gold":       {"tier": "gold"}
+	}
+}`
+
+const nodeBody = `{"template":"node-22","cpu_millis":1000,"memory_mib":1024,"disk_gib":5}`
+
+// tierNumbers are one client's enforced numbers, as reported or as measured.
+type tierNumbers struct {
+	Tier                         string
+	Burst, Concurrency, LiveCaps int
+}
+
+// limitsOf is what GET /v1/limits reports for client.
+func (s *server) limitsOf(base, client string) (tierNumbers, map[string]any) {
+	s.t.Helper()
+	var body struct {
+		Tier             string `json:"tier"`
+		TierSource       string `json:"tier_source"`
+		FallbackReason   string `json:"fallback_reason"`
+		ClientActivation struct {
+			Burst int `json:"burst"`
+		} `json:"client_activation"`
+		Concurrency   int            `json:"concurrency"`
+		LiveSandboxes int            `json:"live_sandboxes"`
+		Sources       map[string]any `json:"sources"`
+	}
+	r := s.request(base, "GET", "/v1/limits", client, "")
+	if r.StatusCode != http.StatusOK {
+		s.t.Fatalf("limits of %s = %d %s", client, r.StatusCode, r.body)
+	}
+	r.json(s.t, &body)
+	body.Sources["tier_source"], body.Sources["fallback_reason"] = body.TierSource, body.FallbackReason
+	return tierNumbers{body.Tier, body.ClientActivation.Burst, body.Concurrency, body.LiveSandboxes}, body.Sources
+}
+
+// tiersTable is what GET /v1/tiers reports, by tier.
+func (s *server) tiersTable(client string) map[string]tierNumbers {
+	s.t.Helper()
+	var body struct {
+		FallbackTier string `json:"fallback_tier"`
+		Tiers        []struct {
+			Name             string `json:"name"`
+			ClientActivation struct {
+				Burst int `json:"burst"`
+			} `json:"client_activation"`
+			Concurrency   int `json:"concurrency"`
+			LiveSandboxes int `json:"live_sandboxes"`
+		} `json:"tiers"`
+	}
+	r := s.do("GET", "/v1/tiers", client, "")
+	if r.StatusCode != http.StatusOK {
+		s.t.Fatalf("tiers = %d %s", r.StatusCode, r.body)
+	}
+	r.json(s.t, &body)
+	out := map[string]tierNumbers{}
+	for _, t := range body.Tiers {
+		out[t.Name] = tierNumbers{t.Name, t.ClientActivation.Burst, t.Concurrency, t.LiveSandboxes}
+	}
+	if body.FallbackTier != "free" {
+		s.t.Fatalf("fallback tier %q, want free", body.FallbackTier)
+	}
+	return out
+}
+
+// measure finds client's enforced numbers through the API alone: cold creates held in
+// flight until the rest are refused (concurrency), then cold creates until a 429
+// (burst), then warm ones, which cost no budget, until a 429 (the live cap).
+func (s *server) measure(client string) tierNumbers {
+	s.t.Helper()
+	const inFlight = 10
+	release := s.m.Substrate.(*substrate.Simulated).Gate(substrate.OpStartCold)
+	var held sync.WaitGroup
+	var mu sync.Mutex
+	codes := map[string]int{}
+	for range inFlight {
+		held.Go(func() {
+			r := s.do("POST", "/v1/sandboxes", client, nodeBody)
+			key := fmt.Sprint(r.StatusCode)
+			if r.StatusCode == http.StatusTooManyRequests {
+				key = string(r.problem(s.t).Bucket)
+			}
+			mu.Lock()
+			codes[key]++
+			mu.Unlock()
+		})
+	}
+	var leases int64
+	testenv.Eventually(s.t, 30*time.Second, client+"'s creates to be held or refused", func() bool {
+		n, err := s.m.Redis.ZCard(testenv.Context(s.t), s.m.RedisPrefix+":client_concurrency:"+client).Result()
+		if err != nil {
+			s.t.Fatalf("read %s's leases: %v", client, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		leases = n
+		return int(n)+codes[string(space.BucketClientConcurrency)] == inFlight
+	})
+	release()
+	held.Wait()
+	if codes["201"] != int(leases) {
+		s.t.Fatalf("%s: %v with %d held, want every held create made", client, codes, leases)
+	}
+	until := func(body string, bucket space.Bucket) int {
+		for n := 0; n < 100; n++ {
+			r := s.do("POST", "/v1/sandboxes", client, body)
+			if r.StatusCode == http.StatusCreated {
+				continue
+			}
+			if p := r.problem(s.t); r.StatusCode != http.StatusTooManyRequests || p.Bucket != bucket {
+				s.t.Fatalf("%s: create = %d %+v, want a 429 of %s", client, r.StatusCode, p, bucket)
+			}
+			return n
+		}
+		s.t.Fatalf("%s: never refused by %s", client, bucket)
+		return 0
+	}
+	burst := int(leases) + until(nodeBody, space.BucketClientActivation)
+	live := burst + until(pythonBody, space.BucketLiveSandboxCap)
+	return tierNumbers{Burst: burst, Concurrency: int(leases), LiveCaps: live}
+}
+
+func TestTiersThroughTheAPI(t *testing.T) {
+	t.Parallel()
+	for _, topo := range []struct {
+		name  string
+		redis func(t *testing.T) map[string]string
+	}{
+		{"standalone", func(t *testing.T) map[string]string {
+			return map[string]string{"SPACE_REDIS_ADDRS": testenv.RedisAddr(t)}
+		}},
+		{"cluster", func(t *testing.T) map[string]string {
+			return map[string]string{"SPACE_REDIS_ADDRS": testenv.RedisClusterAddrs(t)[0]}
+		}},
+	} {
+		t.Run("each client is served exactly its tier's numbers, as /v1/limits and /v1/tiers report them ("+topo.name+")", func(t *testing.T) {
+			t.Parallel()
+			s := startServer(t, e2eOptions{
+				quota:      threeTiers,
+				poolShapes: `[{"template": "python-3.12", "cpu_millis": 1000, "memory_mib": 2048, "disk_gib": 10, "target": 40}]`,
+				config: func(c *config.Config) {
+					c.Redis = redisSettings(t, topo.redis(t))
+					c.Flags.FallbackTier = "free"
+				},
+			})
+			testenv.Eventually(t, time.Minute, "the warm pool to fill", func() bool {
+				return s.metric("space_pool_ready_slots", `shape="python-3.12/1000m/2048Mi/10Gi"`) == 40
+			})
+			table := s.tiersTable("on-free")
+			for client, want := range map[string]struct {
+				tier    string
+				numbers tierNumbers
+				sources map[string]any
+			}{
+				"on-free":       {"free", table["free"], map[string]any{"tier_source": "client", "live_sandboxes": "tier"}},
+				"on-pro":        {"pro", table["pro"], map[string]any{"tier_source": "client", "concurrency": "tier"}},
+				"on-enterprise": {"enterprise", table["enterprise"], map[string]any{"tier_source": "client", "client_activation": "tier"}},
+				// One field overridden, the tier's others kept.
+				"pro-more-live": {"pro", tierNumbers{"pro", table["pro"].Burst, table["pro"].Concurrency, 8},
+					map[string]any{"live_sandboxes": "client", "concurrency": "tier", "client_activation": "tier"}},
+				// A tier the table lacks: the floor, with the reason.
+				"on-gold": {"free", table["free"], map[string]any{"tier_source": "fallback", "fallback_reason": "unknown_tier", "concurrency": "fallback"}},
+			} {
+				reported, sources := s.limitsOf(s.m.PublicURL(), client)
+				want.numbers.Tier = want.tier
+				if reported != want.numbers {
+					t.Errorf("%s: /v1/limits reports %+v, /v1/tiers %+v", client, reported, want.numbers)
+				}
+				for k, v := range want.sources {
+					if sources[k] != v {
+						t.Errorf("%s: %s is %v, want %v (all: %v)", client, k, sources[k], v, sources)
+					}
+				}
+				measured := s.measure(client)
+				measured.Tier = reported.Tier
+				if measured != reported {
+					t.Errorf("%s: served %+v, reported %+v", client, measured, reported)
+				}
+			}
+			if got := s.metric("space_tier_fallback_total", `reason="unknown_tier"`); got < 1 {
+				t.Errorf("the fall to the floor was not counted: %v", got)
+			}
+		})
+	}
+
+	t.Run("two replicas agree on every client's tier and together admit exactly its burst", func(t *testing.T) {
+		t.Parallel()
+		env := replicaEnv(t, quotaFlags(threeTiers, ""), map[string]string{"SPACE_FALLBACK_TIER": "free"})
+		replicas := []*replica{startReplica(t, "a", env), startReplica(t, "b", env)}
+		s := &server{t: t}
+		for client, tier := range map[string]string{"on-free": "free", "on-pro": "pro", "on-enterprise": "enterprise", "on-gold": "free"} {
+			var first tierNumbers
+			for i, r := range replicas {
+				got, _ := s.limitsOf(r.public, client)
+				if got.Tier != tier || (i > 0 && got != first) {
+					t.Fatalf("%s: replica %d reports %+v, replica 0 %+v; want both on %s", client, i, got, first, tier)
+				}
+				first = got
+			}
+			var total atomic.Int64
+			var wg sync.WaitGroup
+			for _, r := range replicas {
+				for range 3 {
+					wg.Go(func() {
+						for range 10 {
+							if s.requestNoFail(r.public, "POST", "/v1/sandboxes", client, nodeBody) == http.StatusCreated {
+								total.Add(1)
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			if got := total.Load(); got != int64(first.Burst) {
+				t.Errorf("%s: the replicas admitted %d, want its tier's burst of %d", client, got, first.Burst)
+			}
+		}
+	})
+}

@@ -1,0 +1,165 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space"
+)
+
+// The cluster of these tests: 20 activations a second (burst 20), of which pro
+// reserves 40%.
+var (
+	floodCluster = space.Rate{RefillRPS: 20, Burst: 20}
+	floodReserve = &space.Reservations{
+		Shared:   space.Rate{RefillRPS: 12, Burst: 12},
+		Reserves: []space.TierReserve{{Tier: "pro", Reserve: space.Reserve{Rate: space.Rate{RefillRPS: 8, Burst: 8}, Lendable: 1}}},
+	}
+	// freeRate is each free client's own rate: fifty of them want 50/s together.
+	freeRate = space.Rate{RefillRPS: 1, Burst: 1}
+)
+
+// flood is fifty free clients, each charging as fast as its own bucket allows (a
+// refusal waits its Retry-After), until stop is called; admitted counts what the
+// cluster let through.
+type flood struct {
+	admitted atomic.Int64
+	stop     func()
+}
+
+func (b *bundle) flood() *flood {
+	ctx, cancel := context.WithCancel(b.ctx)
+	f := &flood{}
+	var wg sync.WaitGroup
+	for i := range 50 {
+		client := space.ClientKey(fmt.Sprintf("free-%d", i))
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				wait := time.Second // the client's own next token
+				_, err := b.adm.Charge(ctx, space.Charge{Key: client, Rate: &freeRate, Tier: "free", Cost: 1})
+				var le *space.LimitError
+				switch {
+				case err == nil:
+					f.admitted.Add(1)
+				case errors.As(err, &le):
+					wait = max(le.RetryAfter, 10*time.Millisecond)
+				case ctx.Err() == nil:
+					b.t.Errorf("flood: %v", err)
+					return
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(wait):
+				}
+			}
+		})
+	}
+	f.stop = func() { cancel(); wg.Wait() }
+	return f
+}
+
+// paced charges as a pro client at each tick of gap for d (at least once), and
+// returns when each ask was made and whether it was admitted.
+func (b *bundle) paced(gap, d time.Duration) (at []time.Time, admitted []bool) {
+	b.t.Helper()
+	proRate := &space.Rate{RefillRPS: 100, Burst: 100}
+	tick := time.NewTicker(gap)
+	defer tick.Stop()
+	for end := time.Now().Add(d); ; <-tick.C {
+		_, err := b.adm.Charge(b.ctx, space.Charge{Key: "pro-client", Rate: proRate, Tier: "pro", Cost: 1})
+		var le *space.LimitError
+		if err != nil && !errors.As(err, &le) {
+			b.t.Fatal(err)
+		}
+		at, admitted = append(at, time.Now()), append(admitted, err == nil)
+		if !time.Now().Before(end) {
+			return at, admitted
+		}
+	}
+}
+
+func TestReservedCapacityUnderFlood(t *testing.T) {
+	t.Parallel()
+	// pro paces at 90% of its reserved 8/s: an ask at exactly the refill would find
+	// the reserve a hair short whenever the timer fires early.
+	proGap := time.Second / 8 * 10 / 9
+	reservedSetupRefilling := func(t *testing.T, rdb redis.UniversalClient) *bundle {
+		opts := enabled(floodCluster)
+		opts.Reservations = func() *space.Reservations { return floodReserve }
+		return setup(t, rdb, opts)
+	}
+	// within is the most the cluster bucket allows over elapsed: its burst and its rate.
+	within := func(t *testing.T, total int64, elapsed time.Duration) {
+		t.Helper()
+		if most := float64(floodCluster.Burst) + floodCluster.RefillRPS*elapsed.Seconds() + 1; float64(total) > most {
+			t.Fatalf("%d admitted in %v, more than the cluster's %.0f", total, elapsed, most)
+		}
+	}
+
+	t.Run("a pro client at its reserved rate is always admitted while fifty free clients flood, and the total stays within the cluster's", func(t *testing.T) {
+		t.Parallel()
+		topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
+			b := reservedSetupRefilling(t, rdb)
+			start := time.Now()
+			at, admitted := b.paced(proGap, 0) // one ask: pro is active before the flood
+			f := b.flood()
+			more, moreAdmitted := b.paced(proGap, 3*time.Second)
+			f.stop()
+			elapsed := time.Since(start)
+			at, admitted = append(at, more...), append(admitted, moreAdmitted...)
+			refused := 0
+			for _, ok := range admitted {
+				if !ok {
+					refused++
+				}
+			}
+			if refused > 0 || len(at) < 20 {
+				t.Fatalf("pro: %d of its %d asks refused, want none", refused, len(at))
+			}
+			if f.admitted.Load() < 30 {
+				t.Fatalf("the flood was admitted %d times in %v: it did not flood", f.admitted.Load(), elapsed)
+			}
+			within(t, f.admitted.Load()+int64(len(at)), elapsed)
+		})
+	})
+
+	t.Run("an idle pro lends its reserve, so the flood gets the cluster's full rate; pro gets its rate back within one refill interval", func(t *testing.T) {
+		t.Parallel()
+		topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
+			b := reservedSetupRefilling(t, rdb)
+			f := b.flood()
+			time.Sleep(time.Second) // the bursts spent
+			before, from := f.admitted.Load(), time.Now()
+			time.Sleep(3 * time.Second)
+			lent, window := f.admitted.Load()-before, time.Since(from)
+			// Every token of the cluster's rate went to the flood, the reserve's too.
+			if want := floodCluster.RefillRPS * window.Seconds(); float64(lent) < 0.9*want || float64(lent) > want+float64(floodCluster.Burst)/2 {
+				t.Fatalf("pro idle: the flood was admitted %d in %v, want the cluster's %.0f (the shared %.0f alone would be %.0f)",
+					lent, window, want, floodReserve.Shared.RefillRPS, floodReserve.Shared.RefillRPS*window.Seconds())
+			}
+
+			at, admitted := b.paced(proGap, 3*time.Second)
+			f.stop()
+			interval := time.Duration(float64(time.Second) * float64(floodReserve.Reserves[0].Rate.Burst) / floodReserve.Reserves[0].Rate.RefillRPS)
+			late := 0
+			for i := range at {
+				if at[i].Sub(at[0]) > interval {
+					late++
+					if !admitted[i] {
+						t.Fatalf("pro's ask %v after its first was refused: want its reserved rate back within %v", at[i].Sub(at[0]), interval)
+					}
+				}
+			}
+			if late < 5 {
+				t.Fatalf("only %d asks after the refill interval", late)
+			}
+		})
+	})
+}
