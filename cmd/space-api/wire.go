@@ -23,8 +23,9 @@ import (
 	"github.com/space-sandbox/space/internal/substrate/kubernetes"
 )
 
-// domain wires the components of the create path (docs/design.md) onto m's Postgres and Redis: flags,
-// admission, the substrate, the warm pool and the sandbox flow.
+// domain wires the components of the create path (docs/design.md, "The create path")
+// onto m's Postgres and Redis: flags, admission, the substrate, the warm pool and the
+// sandbox flow.
 func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	cfg := m.Config
 	opts := api.Options{}

@@ -1,8 +1,10 @@
-// Package admission holds the activation budget (docs/design.md, admission buckets) and the per-client
-// limits beside it, all in Redis so that every replica enforces the same numbers:
+// Package admission holds the activation budget (docs/design.md, "Admission buckets")
+// and the per-client limits beside it, all in Redis so that every replica enforces the
+// same numbers:
 //
-//   - Admitter charges the shared cluster activation bucket and the caller's client
-//     activation bucket in one Lua script (bucket.lua): one token from each, or none.
+//   - Admitter charges an activation's cost to the shared cluster activation bucket and
+//     the caller's client activation bucket in one Lua script (bucket.lua; reserve.lua
+//     while tiers reserve shares of the cluster bucket): from each, or from none.
 //   - ConcurrencyLimiter caps a client's in-flight requests with leases that expire,
 //     so a crashed replica's places come back.
 //   - Limiter is one token bucket per arbitrary key on the same script, e.g. failed
@@ -267,10 +269,11 @@ func (a *Admitter) Enabled() bool { return a.enabled }
 // ClusterRate is the shared bucket's rate.
 func (a *Admitter) ClusterRate() space.Rate { return a.cluster }
 
-// Admit decides one activation: it takes one token from the cluster bucket and, when
-// clientRate is not nil, one from client's bucket, both or neither. With clientRate
-// nil (an exempt client, or the warm pool's replenisher with client "") only the
-// cluster bucket is charged.
+// Admit decides one activation of cost 1 and returns the whole Decision: it takes one
+// token from the cluster bucket and, when clientRate is not nil, one from client's
+// bucket, both or neither. With clientRate nil (an exempt client) only the cluster
+// bucket is charged. The activation flow and the warm pool charge through Charge;
+// Admit is the form the benchmarks and tests read decisions with.
 //
 // It returns an error only for a bad argument or, in fail-closed mode, when Redis
 // fails or does not answer within the timeout (an error wrapping ErrUnavailable).
@@ -378,12 +381,12 @@ func (a *Admitter) plain(ctx context.Context, c space.Charge, cost string, sent 
 	return d, nil
 }
 
-// CachedRefusal returns the refusal that an Admit of cost now would meet, when this replica
-// knows it without asking Redis: a bucket that its last decision found too empty to
-// hold cost tokens by now, even with every token refilled since and none taken. It
-// answers from memory, in nanoseconds, so a client flooding over its rate costs no
-// Redis call (envoyproxy/ratelimit's local cache of keys over the limit, with the
-// time a key stays over it counted from the bucket's own refill).
+// CachedRefusal returns the refusal that a Charge of c now would meet, when this
+// replica knows it without asking Redis: a bucket that its last decision found too
+// empty to hold c's cost by now, even with every token refilled since and none
+// taken. It answers from memory, in nanoseconds, so a client flooding over its rate
+// costs no Redis call (envoyproxy/ratelimit's local cache of keys over the limit, with
+// the time a key stays over it counted from the bucket's own refill).
 //
 // It only ever refuses; nil means "ask Redis" (Charge does). A bucket is known
 // under the rate it was decided with: a flag that changes the client's rate, exempts
@@ -393,7 +396,7 @@ func (a *Admitter) plain(ctx context.Context, c space.Charge, cost string, sent 
 // and its Retry-After is counted from that refill. What gives tokens back (a key reset
 // by hand) is seen once the entry is older than Options.RefusalMaxAge, when the next
 // charge asks Redis and learns the bucket afresh. Nothing is refused in shadow mode or
-// with admission disabled. A refusal is counted as Admit counts one.
+// with admission disabled. A refusal is counted as Charge counts one.
 //
 // With tiers reserving shares of the cluster bucket, the cluster side is known per
 // tier: an upper bound of everything the tier's charge could draw on (its reserve, the
@@ -468,8 +471,8 @@ func (a *Admitter) remember(key string, st BucketState, at time.Time) {
 	v.(*atomic.Pointer[knownBucket]).Store(&knownBucket{Rate: st.Rate, Tokens: st.Remaining, At: at})
 }
 
-// Peek reports the buckets as Admit would find them now, without taking a token or
-// writing anything: Admitted says whether an Admit now would succeed. With admission
+// Peek reports the buckets as a charge of one token would find them now, without
+// taking a token or writing anything: Admitted says whether it would succeed. With admission
 // disabled it reports full buckets without asking Redis. A Redis failure is returned
 // as an error wrapping ErrUnavailable, whatever the failure mode; nothing is counted.
 func (a *Admitter) Peek(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, error) {
@@ -505,8 +508,8 @@ const (
 	FailClosed Enforcement = "fail_closed"
 )
 
-// Report is Peek with how decisions are applied now: the buckets as Admit would find
-// them (when Redis answers) and the Enforcement an Admit of this moment would follow.
+// Report is Peek with how decisions are applied now: the buckets as c would find them
+// (when Redis answers) and the Enforcement a charge of this moment would follow.
 // It takes nothing, writes nothing (but a refusal's expiry repair, see bucket.lua)
 // and counts nothing.
 func (a *Admitter) Report(ctx context.Context, c space.Charge) (Decision, Enforcement, error) {

@@ -68,10 +68,10 @@ type ConcurrencyOptions struct {
 }
 
 // ConcurrencyLimiter caps each client's in-flight requests across every replica
-// (the concurrency limiter of the create path, docs/design.md). Each request holds a lease, a member of the client's sorted
-// set scored by its expiry in Redis time; acquiring drops expired leases, counts and
-// adds in one script. The replica renews the leases it holds, so a long request keeps
-// its place, and a crashed replica's leases expire on their own.
+// (docs/design.md, "The create path"). Each request holds a lease, a member of the
+// client's sorted set scored by its expiry in Redis time; acquiring drops expired
+// leases, counts and adds in one script. The replica renews the leases it holds, so a
+// long request keeps its place, and a crashed replica's leases expire on their own.
 type ConcurrencyLimiter struct {
 	run        runner
 	prefix     string

@@ -1,4 +1,5 @@
--- Take one of a client's in-flight places (the concurrency cap, docs/design.md), atomically.
+-- Take one of a client's in-flight places (the concurrency cap of docs/design.md, "The
+-- create path"), atomically.
 --
 -- KEYS[1]  the client's lease set: a sorted set of lease ids scored by their expiry
 --          (unix milliseconds of Redis TIME)

@@ -110,7 +110,8 @@ func (s *Server) identify(next http.Handler) http.Handler {
 }
 
 // limitConcurrency caps the caller's budget key's in-flight requests cluster-wide
-// (the concurrency cap, docs/design.md): over the cap is a 429 client_concurrency.
+// (the concurrency cap of docs/design.md, "The create path"): over the cap is a 429
+// client_concurrency.
 func (s *Server) limitConcurrency(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caller := callerFrom(r.Context())

@@ -20,7 +20,8 @@ import (
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
-// BenchmarkIdentify is the first step of every request (docs/design.md): the identify
+// BenchmarkIdentify is the first step of every request (docs/design.md, "The create
+// path"): the identify
 // middleware, from the request to its bounded client key and limits, through the
 // flags-file Resolver holding a quota flag of 200 clients.
 //

@@ -144,8 +144,8 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
 		Sources:           sourcesBody(l.Sources),
 		Warnings:          append([]string(nil), l.Warnings...),
 	}
-	// The same Admitter that enforces says how: a read of the very buckets Admit would
-	// charge, taking no token.
+	// The same Admitter that enforces says how: a read of the very buckets a create's
+	// Charge would take from, taking no token.
 	d, enforcement, err := s.budgets.Report(r.Context(), l.Charge(1))
 	body.Admission = enforcement
 	body.Cluster.Status = string(enforcement)

@@ -94,7 +94,7 @@ const (
 	FailClosed FailureMode = "closed"
 )
 
-// Admission configures the activation buckets (docs/design.md, admission buckets).
+// Admission configures the activation buckets (docs/design.md, "Admission buckets").
 type Admission struct {
 	// Enabled turns charging on. Off, nothing is charged and the flag's rate entries
 	// are ignored.

@@ -7,7 +7,7 @@ import (
 )
 
 // WarmPoolFlag is the object flag that sets the warm pool's target per shape
-// (docs/design.md, flags and limits), so that an operator resizes pools without a deploy.
+// (docs/contract.md, "Flags"), so that an operator resizes pools without a deploy.
 const WarmPoolFlag = "space-api-warm-pool"
 
 // maxPoolTarget bounds one shape's target: a pool of more ready sandboxes than this is

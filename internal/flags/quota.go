@@ -11,7 +11,7 @@ import (
 )
 
 // QuotaFlag is the object flag that holds the client allowlist, the concurrency and
-// live-sandbox caps and the per-client activation rates (docs/design.md, flags and limits).
+// live-sandbox caps and the per-client activation rates (docs/contract.md, "Flags").
 const QuotaFlag = "space-api-client-concurrency-quotas"
 
 // MaxClientKeyLen bounds an allowlisted client key: an allowlist key is a client id.

@@ -10,7 +10,8 @@ import (
 	"github.com/space-sandbox/space"
 )
 
-// designExample is the quota flag of docs/design.md, flags and limits.
+// designExample is a quota flag without tiers: an allowlist, caps and rate entries
+// (docs/contract.md, "Flags").
 const designExample = `{
   "clients": {"acme": {"concurrency": 20, "live_sandboxes": 200}, "globex": {}},
   "default": {"concurrency": 10, "live_sandboxes": 50},

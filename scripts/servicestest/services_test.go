@@ -71,7 +71,7 @@ func TestServicesAndRunWorkInACheckoutOtherUsersCannotEnter(t *testing.T) {
 		}
 	})
 
-	// Where the README says Postgres's data lives: outside the checkout as root (in a
+	// Where docs/testing.md says Postgres's data lives: outside the checkout as root (in a
 	// directory of the postgres user), inside it otherwise.
 	pgData := filepath.Join(services, "postgres")
 
@@ -101,7 +101,7 @@ func TestServicesAndRunWorkInACheckoutOtherUsersCannotEnter(t *testing.T) {
 				t.Fatalf("status says\n%s\nwant a line %q", status, want)
 			}
 		}
-	}}, {"Postgres keeps its data where the README says", func(t *testing.T) {
+	}}, {"Postgres keeps its data where docs/testing.md says", func(t *testing.T) {
 		link, err := os.Lstat(pgData)
 		if err != nil {
 			t.Fatal(err)
