@@ -20,6 +20,7 @@ export SPACE_INTERNAL_HTTP_ADDR="${SPACE_INTERNAL_HTTP_ADDR:-127.0.0.1:8081}"
 export SPACE_FLAGS_FILE="${SPACE_FLAGS_FILE:-$PWD/deploy/demo/flags.json}"
 export SPACE_TEMPLATES_FILE="${SPACE_TEMPLATES_FILE:-$PWD/deploy/demo/templates.json}"
 export SPACE_AUTH_MODE="${SPACE_AUTH_MODE:-api_key}"
+export SPACE_FALLBACK_TIER="${SPACE_FALLBACK_TIER:-free}"
 export SPACE_SIMULATED_COLD_START="${SPACE_SIMULATED_COLD_START:-300ms}"
 export SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS="${SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS:-20}"
 export SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST="${SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST:-40}"
@@ -55,7 +56,8 @@ Try (auth mode $SPACE_AUTH_MODE; the demo key of client acme is in .services/dem
   curl -s -XPOST $base/v1/sandboxes ${auth[*]@Q} -H 'Content-Type: application/json' \\
        -d '{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10}'
   curl -s http://$SPACE_INTERNAL_HTTP_ADDR/metrics | grep ^space_
-  bin/space-api keys create --client globex --name me     # a key for another client
+  curl -s $base/v1/tiers ${auth[*]@Q}
+  eval "\$(scripts/services.sh env)" && bin/space-api keys create --client globex --name me   # a key for another client
 
 EOT
 exec bin/space-api serve
