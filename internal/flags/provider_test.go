@@ -43,19 +43,6 @@ func writeFile(t *testing.T, content string) string {
 func TestFileProviderLoad(t *testing.T) {
 	t.Parallel()
 
-	t.Run("the demo flags file loads with both flags", func(t *testing.T) {
-		t.Parallel()
-		p, err := NewFileProvider(FileProviderOptions{PollInterval: testPoll, Path: filepath.Join("..", "..", "deploy", "demo", "flags.json"), Logger: discardLogger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, key := range []string{QuotaFlag, WarmPoolFlag} {
-			if d := p.ObjectEvaluation(context.Background(), key, nil, nil); d.Error() != nil || d.Value == nil {
-				t.Errorf("%s: %+v", key, d)
-			}
-		}
-	})
-
 	refused := map[string]struct {
 		file    string
 		flag    string
