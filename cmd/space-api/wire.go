@@ -228,7 +228,7 @@ func (m *Main) poolTargets(ctx context.Context) ([]pool.Target, error) {
 	}
 	out := make([]pool.Target, len(ts))
 	for i, t := range ts {
-		out[i] = pool.Target{Shape: t.Shape, Target: t.Target}
+		out[i] = pool.Target{Shape: t.Shape, Min: t.Min, Max: t.Max}
 	}
 	return out, nil
 }
