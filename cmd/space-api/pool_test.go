@@ -355,4 +355,33 @@ func TestWarmPoolFollowsDemand(t *testing.T) {
 			t.Errorf("misses of python-3.12 = %v, want 5", got)
 		}
 	})
+
+	t.Run("warm-ups leave SPACE_POOL_REFILL_RESERVE of the cluster bucket to the users", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.Admission.Cluster = space.Rate{RefillRPS: 1e-6, Burst: 10}
+		cfg.Pool.RefillReserve = 0.25 // ceil(2.5): 3 tokens
+		cfg.Flags.File = testenv.WriteFile(t, "flags.json", quotaFlags(acmeQuota,
+			`[{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10,"target":20}]`))
+		m := NewMain(cfg, NewLogger(io.Discard, "error"))
+		m.RedisPrefix = testenv.Prefix(t)
+		m.noReplenisher = true
+		if err := m.Run(testenv.Context(t)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		s := &server{t: t, m: m}
+		res, err := m.Replenisher.Round(testenv.Context(t))
+		if err != nil || res.Warmed != 7 || !res.Rejected {
+			t.Fatalf("round = %+v, %v; want 7 warmed and the 8th refused: 3 of the 10 tokens are the users'", res, err)
+		}
+		for range 3 {
+			if sb := s.create("acme", `{"template":"node-22","cpu_millis":1000,"memory_mib":1024,"disk_gib":5}`); sb.Warm {
+				t.Fatal("a node-22 create was warm")
+			}
+		}
+		if got := s.metric("space_pool_refills_skipped_total", `reason="reserve"`); got != 1 {
+			t.Errorf("refills skipped for the reserve = %v, want 1", got)
+		}
+	})
 }
