@@ -275,6 +275,9 @@ var (
 	readyDesc = prometheus.NewDesc("space_pool_ready_slots",
 		"Ready warm pool slots by shape, read from Postgres at scrape time (the same on every replica: aggregate with max).",
 		[]string{"shape"}, nil)
+	warmingDesc = prometheus.NewDesc("space_pool_warming_slots",
+		"Warm pool slots warming by shape, read from Postgres at scrape time (the same on every replica: aggregate with max): with the ready ones, what the target counts.",
+		[]string{"shape"}, nil)
 	targetDesc = prometheus.NewDesc("space_pool_target_slots",
 		"Slots (ready + warming) the replenisher keeps for each shape: the target it computed from demand within the flag's min and max, read at scrape time (the same on every replica: aggregate with max).",
 		[]string{"shape"}, nil)
@@ -301,7 +304,7 @@ type readyCollector struct {
 }
 
 func (c *readyCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{readyDesc, targetDesc, minDesc, maxDesc, demandDesc, warmupDesc} {
+	for _, d := range []*prometheus.Desc{readyDesc, warmingDesc, targetDesc, minDesc, maxDesc, demandDesc, warmupDesc} {
 		ch <- d
 	}
 }
@@ -309,12 +312,12 @@ func (c *readyCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	ready := map[string]float64{}
+	ready, warming := map[string]float64{}, map[string]float64{}
 	if c.targets != nil {
-		c.collectTargets(ctx, ch, ready)
+		c.collectTargets(ctx, ch, ready, warming)
 	}
-	rows, err := c.db.Query(ctx, `SELECT template, cpu_millis, memory_mib, disk_gib, count(*)
-		FROM pool_slots WHERE state = 'ready' GROUP BY 1, 2, 3, 4`)
+	rows, err := c.db.Query(ctx, `SELECT template, cpu_millis, memory_mib, disk_gib, state, count(*)
+		FROM pool_slots WHERE state IN ('ready', 'warming') GROUP BY 1, 2, 3, 4, 5`)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(readyDesc, err)
 		return
@@ -322,12 +325,17 @@ func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
 	defer rows.Close()
 	for rows.Next() {
 		var s space.Shape
+		var state string
 		var n float64
-		if err := rows.Scan(&s.Template, &s.CPUMillis, &s.MemoryMiB, &s.DiskGiB, &n); err != nil {
+		if err := rows.Scan(&s.Template, &s.CPUMillis, &s.MemoryMiB, &s.DiskGiB, &state, &n); err != nil {
 			ch <- prometheus.NewInvalidMetric(readyDesc, err)
 			return
 		}
-		ready[s.String()] = n
+		if state == "ready" {
+			ready[s.String()] = n
+		} else {
+			warming[s.String()] = n
+		}
 	}
 	if err := rows.Err(); err != nil {
 		ch <- prometheus.NewInvalidMetric(readyDesc, err)
@@ -336,13 +344,16 @@ func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
 	for shape, n := range ready {
 		ch <- prometheus.MustNewConstMetric(readyDesc, prometheus.GaugeValue, n, shape)
 	}
+	for shape, n := range warming {
+		ch <- prometheus.MustNewConstMetric(warmingDesc, prometheus.GaugeValue, n, shape)
+	}
 }
 
 // collectTargets reports every flagged shape's bounds, and its computed target,
 // demand and warm-up time as the replenisher last saved them; before it has (no
 // replica has replenished yet), the target is the min and the rest 0. Each flagged
-// shape gets a ready count of 0 in ready, for Collect to fill.
-func (c *readyCollector) collectTargets(ctx context.Context, ch chan<- prometheus.Metric, ready map[string]float64) {
+// shape gets counts of 0 in ready and warming, for Collect to fill.
+func (c *readyCollector) collectTargets(ctx context.Context, ch chan<- prometheus.Metric, ready, warming map[string]float64) {
 	ts, err := c.targets(ctx)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(targetDesc, err)
@@ -365,6 +376,6 @@ func (c *readyCollector) collectTargets(ctx context.Context, ch chan<- prometheu
 		ch <- prometheus.MustNewConstMetric(maxDesc, prometheus.GaugeValue, float64(t.Max), shape)
 		ch <- prometheus.MustNewConstMetric(demandDesc, prometheus.GaugeValue, sv.DemandSlots, shape)
 		ch <- prometheus.MustNewConstMetric(warmupDesc, prometheus.GaugeValue, sv.Warmup.Seconds(), shape)
-		ready[shape] = 0
+		ready[shape], warming[shape] = 0, 0
 	}
 }

@@ -443,7 +443,7 @@ func TestReplenisher(t *testing.T) {
 func TestPoolSignals(t *testing.T) {
 	t.Parallel()
 
-	t.Run("every target shape reports its target beside its ready count, 0 before any slot is warm", func(t *testing.T) {
+	t.Run("every target shape reports its target and bounds beside its ready and warming counts, 0 before any slot is warm", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		reg := prometheus.NewRegistry()
@@ -452,16 +452,27 @@ func TestPoolSignals(t *testing.T) {
 				return []pool.Target{pool.Fixed(python, int(b.target.Load()))}, nil
 			}})
 		b.target.Store(2)
+		names := []string{"space_pool_ready_slots", "space_pool_warming_slots", "space_pool_target_slots", "space_pool_target_min_slots", "space_pool_target_max_slots"}
 		want := func(ready int) {
 			t.Helper()
-			body := fmt.Sprintf(`# HELP space_pool_ready_slots Ready warm pool slots by shape, read from Postgres at scrape time (the same on every replica: aggregate with max).
-# TYPE space_pool_ready_slots gauge
-space_pool_ready_slots{shape="python-3.12/1000m/2048Mi/10Gi"} %d
-# HELP space_pool_target_slots Slots (ready + warming) the replenisher keeps for each shape: the target it computed from demand within the flag's min and max, read at scrape time (the same on every replica: aggregate with max).
-# TYPE space_pool_target_slots gauge
-space_pool_target_slots{shape="python-3.12/1000m/2048Mi/10Gi"} 2
-`, ready)
-			if err := testutil.GatherAndCompare(reg, strings.NewReader(body), "space_pool_ready_slots", "space_pool_target_slots"); err != nil {
+			var body strings.Builder
+			for _, name := range names {
+				mfs, err := reg.Gather()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, mf := range mfs {
+					if mf.GetName() == name {
+						fmt.Fprintf(&body, "# HELP %s %s\n# TYPE %s gauge\n", name, mf.GetHelp(), name)
+					}
+				}
+				v := map[string]int{"space_pool_ready_slots": ready, "space_pool_warming_slots": 0}[name]
+				if strings.Contains(name, "target") {
+					v = 2
+				}
+				fmt.Fprintf(&body, "%s{shape=\"python-3.12/1000m/2048Mi/10Gi\"} %d\n", name, v)
+			}
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(body.String()), names...); err != nil {
 				t.Fatal(err)
 			}
 		}
