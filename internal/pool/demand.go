@@ -29,9 +29,10 @@ import (
 const demandBucket = time.Second
 
 // The windows the claim rate is measured over: the long one smooths a steady rate,
-// the short one sees a burst within seconds. The rate is the higher of the two, so
-// that a pool grows as soon as a burst starts and the cooldown, not the long
-// window, decides how long it stays grown.
+// the short one sees a burst within seconds. The rate is the higher of the two, the
+// short one counted one standard deviation low (claimRate), so that a pool grows as
+// soon as a burst starts, not at every chance cluster of a quiet baseline, and the
+// cooldown, not the long window, decides how long it stays grown.
 const (
 	longWindow  = time.Minute
 	shortWindow = 15 * time.Second
@@ -138,16 +139,24 @@ func (p *Pool) purgeDemand(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// claimRate is the rate the target follows, from the claims of both windows.
+// claimRate is the rate the target follows, in claims per second, from the claims of
+// the long and the short window. The short window's count n is taken as n - √n, one
+// standard deviation below it: independent claims at a steady rate scatter that much
+// around their mean, and a short window of a quiet baseline would otherwise read its
+// luckiest 15 seconds as demand, which the cooldown then holds for minutes. A burst's
+// count is far above that scatter.
 func claimRate(long, short int64) float64 {
-	return math.Max(float64(long)/longWindow.Seconds(), float64(short)/shortWindow.Seconds())
+	n := float64(short)
+	return math.Max(float64(long)/longWindow.Seconds(), (n-math.Sqrt(n))/shortWindow.Seconds())
 }
 
 // spare is the margin above the slots demand keeps in flight. A warm-up is refilled
 // the moment its slot is claimed and is ready a warm-up time later, so a pool of n
 // slots misses when more than n claims arrive within one warm-up time; claims that
-// arrive independently at rate r number r×w ± √(r×w) in that time, and two of those
-// deviations keep the pool ahead of all but a few percent of them.
+// arrive independently number r×w ± √(r×w) in that time (r the rate, w the warm-up
+// time), and a spare of two of those deviations keeps the pool ahead in about 97% of
+// warm-up times. The cooldown, holding the highest target of the last minutes, covers
+// most of the rest.
 func spare(inFlight float64) float64 {
 	if inFlight <= 0 {
 		return 0

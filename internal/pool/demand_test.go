@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -20,11 +21,11 @@ import (
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
-// 20 claims within the short window (15s) are 4/3 claims a second; a warm-up of 10s
-// keeps 13.3 slots in flight, and the spare (two standard deviations, 2√13.3) makes
-// it 20.6: 21 slots. Within the minute but not the last 15s, the same claims are 1/3 a
-// second: 3.3 + 3.7, 7 slots.
-const short, long = 21, 7
+// 20 claims within the short window (15s) count as 20 - √20 = 15.5, 1.04 claims a
+// second; a warm-up of 10s keeps 10.4 slots in flight, and the spare (two standard
+// deviations, 2√10.4) makes it 16.8: 17 slots. Within the minute but not the last 15s,
+// the same claims are 1/3 a second: 3.3 + 3.7, 7 slots.
+const short, long = 17, 7
 
 // guess is the warm-up time the demand tests' replenishers expect: their clock does not
 // move while a slot warms, so it is never learned otherwise.
@@ -107,7 +108,7 @@ func TestTargetFollowsDemand(t *testing.T) {
 		other := pool.New(pool.Options{DB: b.db, Substrate: b.sim, Now: b.clock.Now})
 		b.demand(t, b.pool, 10)
 		b.demand(t, other, 10)
-		// 10 claims alone would be 2/3 a second: 6.7 + 5.2, 12 slots.
+		// 10 claims alone would be (10 - √10)/15 a second: 4.6 + 4.3, 9 slots.
 		if got := targetOf(t, mustRound(t, b.replenisher(b.following(0, 100)), b.ctx)); got != short {
 			t.Fatalf("target %d, want %d: the claims of both replicas", got, short)
 		}
@@ -131,8 +132,8 @@ func TestTargetFollowsDemand(t *testing.T) {
 				hits++
 			}
 		}
-		if hits != 20 {
-			t.Fatalf("the burst that came back got %d warm hits of 20", hits)
+		if hits != short {
+			t.Fatalf("the burst that came back got %d warm hits, want one from each of the %d slots kept", hits, short)
 		}
 		if err := b.pool.FlushDemand(b.ctx); err != nil {
 			t.Fatal(err)
@@ -193,14 +194,14 @@ func TestTargetFollowsDemand(t *testing.T) {
 		lo.Store(0)
 		hi.Store(100)
 		b.demand(t, b.pool, 20)
-		// 4/3 claims a second over 4s: 5.3 slots in flight, plus 2√5.3: 10.
-		if got := targetOf(t, mustRound(t, r, b.ctx)); got != 10 {
-			t.Fatalf("target %d, want 10: a 4s warm-up", got)
+		// 1.04 claims a second over 4s: 4.1 slots in flight, plus 2√4.1: 9.
+		if got := targetOf(t, mustRound(t, r, b.ctx)); got != 9 {
+			t.Fatalf("target %d, want 9: a 4s warm-up", got)
 		}
 		for name, want := range map[string]float64{
 			"space_pool_warmup_seconds":   4,
-			"space_pool_demand_slots":     20.0 / 15 * 4,
-			"space_pool_target_slots":     10,
+			"space_pool_demand_slots":     (20 - math.Sqrt(20)) / 15 * 4,
+			"space_pool_target_slots":     9,
 			"space_pool_target_min_slots": 0,
 			"space_pool_target_max_slots": 100,
 		} {
@@ -211,7 +212,7 @@ func TestTargetFollowsDemand(t *testing.T) {
 	})
 }
 
-func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 
 // gauge is the value of a gauge of python's shape in reg.
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {

@@ -475,10 +475,14 @@ func (r *Replenisher) warmupOf(shape space.Shape) time.Duration {
 	return r.opts.WarmupGuess
 }
 
+// idleGap is the longest time between two rounds over which the idle slots are
+// counted: a longer gap is a stalled replica, which cannot say what the pool held.
+const idleGap = time.Minute
+
 // countIdle adds to space_pool_idle_slot_seconds_total the ready slots the previous
 // round saw, for the time since it: only over rounds this replica led in a row, so
-// that replicas taking turns never count the same seconds twice. A gap longer than a
-// few intervals (a stalled replica) is not counted at all.
+// that replicas taking turns never count the same seconds twice. A gap over idleGap
+// is not counted at all.
 func (r *Replenisher) countIdle(now time.Time, ready map[kind]int, want map[kind]*wanted) {
 	byShape := map[space.Shape]int{}
 	for k, n := range ready {
@@ -489,7 +493,7 @@ func (r *Replenisher) countIdle(now time.Time, ready map[kind]int, want map[kind
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if dt := now.Sub(r.lastStep); !r.lastStep.IsZero() && dt > 0 && dt <= 10*r.opts.Interval {
+	if dt := now.Sub(r.lastStep); !r.lastStep.IsZero() && dt > 0 && dt <= idleGap {
 		for s, n := range r.lastReady {
 			if n > 0 {
 				r.idle.WithLabelValues(s.String()).Add(float64(n) * dt.Seconds())
