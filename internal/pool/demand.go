@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/space-sandbox/space"
 )
@@ -272,7 +273,11 @@ func (p *Pool) saveTargets(ctx context.Context, now time.Time, targets map[space
 
 // loadTargets reads pool_targets.
 func (p *Pool) loadTargets(ctx context.Context) (map[space.Shape]computed, error) {
-	rows, err := p.db.Query(ctx, `SELECT template, cpu_millis, memory_mib, disk_gib, target, demand_slots, warmup_seconds, peak_at
+	return loadTargets(ctx, p.db)
+}
+
+func loadTargets(ctx context.Context, db *pgxpool.Pool) (map[space.Shape]computed, error) {
+	rows, err := db.Query(ctx, `SELECT template, cpu_millis, memory_mib, disk_gib, target, demand_slots, warmup_seconds, peak_at
 		FROM pool_targets`)
 	if err != nil {
 		return nil, fmt.Errorf("read pool targets: %w", err)

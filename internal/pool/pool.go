@@ -359,7 +359,7 @@ func (c *readyCollector) collectTargets(ctx context.Context, ch chan<- prometheu
 		ch <- prometheus.NewInvalidMetric(targetDesc, err)
 		return
 	}
-	saved, err := (&Pool{db: c.db}).loadTargets(ctx)
+	saved, err := loadTargets(ctx, c.db)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(targetDesc, err)
 		return

@@ -169,7 +169,7 @@ func NewReplenisher(opts ReplenisherOptions) *Replenisher {
 	}
 	r.warmups = metric.Register(opts.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "space_pool_warmups_total",
-		Help: "Warm pool warm-ups by result: ok, failed (the substrate failed; the slot is replaced after a backoff), rejected (the cluster bucket held no more than the refill reserve), retired (surplus slots, and slots of an older template version or a refused target, stopped).",
+		Help: "Warm pool warm-ups by result: ok, failed (the substrate failed; the slot is replaced after a backoff), rejected (the cluster bucket could not pay for it: space_pool_refills_skipped_total says why), retired (surplus slots, and slots of an older template version or a refused target, stopped).",
 	}, []string{"result"}))
 	r.refused = metric.Register(opts.Registerer, prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "space_pool_targets_refused_total",
