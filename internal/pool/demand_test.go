@@ -166,6 +166,31 @@ func TestTargetFollowsDemand(t *testing.T) {
 		}
 	})
 
+	t.Run("a replenisher that takes over starts from the last one's warm-up time", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.sim = substrate.NewSimulated(substrate.SimulatedOptions{Fail: func(c substrate.Call) error {
+			if c.Op == substrate.OpWarm {
+				b.clock.Advance(4 * time.Second)
+			}
+			return nil
+		}})
+		learn := func(o *pool.ReplenisherOptions) {
+			b.following(0, 100)(o)
+			o.Substrate, o.Parallel = b.sim, 1
+		}
+		first := b.replenisher(learn)
+		b.demand(t, b.pool, 20)
+		mustRound(t, first, b.ctx) // warms, learning 4s
+		mustRound(t, first, b.ctx) // saves it
+		b.clock.Advance(time.Hour) // the demand and the cooldown are long gone
+		b.demand(t, b.pool, 20)
+		// 1.04 claims a second over the 4s learned, not the 10s guessed: 9, not 17.
+		if got := targetOf(t, mustRound(t, b.replenisher(learn), b.ctx)); got != 9 {
+			t.Fatalf("the new replenisher's target %d, want 9: the last one's 4s warm-up", got)
+		}
+	})
+
 	t.Run("the warm-up time is learned from the warm-ups that succeed", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -400,12 +400,19 @@ func (r *Replenisher) size(ctx context.Context, now time.Time, want map[kind]*wa
 			h := &hold{}
 			h.add(c.PeakAt, c.Target, r.opts.Cooldown)
 			r.holds[s] = h
+			if c.Warmup > 0 && r.warmTime[s] == nil {
+				r.warmTime[s] = &ewma{v: c.Warmup}
+			}
 		}
 		r.seeded = true
 	}
 	out := make(map[space.Shape]computed, len(want))
 	targets := make(map[space.Shape]int, len(want))
 	for _, w := range want {
+		// Both results of a targeted template are exported from the first round, so
+		// that its warm-hit ratio reads 0 hits rather than nothing.
+		r.opts.Pool.byTmpl.WithLabelValues(w.Shape.Template, "hit")
+		r.opts.Pool.byTmpl.WithLabelValues(w.Shape.Template, "miss")
 		warmup := r.warmupOf(w.Shape)
 		rate := rates[w.Shape]
 		h := r.holds[w.Shape]
