@@ -23,6 +23,8 @@
 //     keys, and idle keys expiring;
 //   - replicas: three space-api processes sharing Redis and Postgres admit exactly the
 //     cluster burst plus its refill;
+//   - pool: the warm pool following a bursty trace of demand, against fixed pools, on
+//     a fast clock (pool.go);
 //   - gobench: the hot-path `go test -bench` benchmarks, allocations included.
 //
 // Private redis-servers, free ports and the bench's databases come from the product's
@@ -73,7 +75,7 @@ func (e *Env) logf(format string, args ...any) {
 }
 
 // Scenarios are the scenario names, in the order they run.
-var Scenarios = []string{"script", "decisions", "http", "flood", "keys", "replicas", "gobench"}
+var Scenarios = []string{"script", "decisions", "http", "flood", "keys", "replicas", "pool", "gobench"}
 
 // Config is what to run and how much of it.
 type Config struct {
@@ -156,6 +158,7 @@ type Report struct {
 	Flood     *FloodResult
 	Keys      *KeysResult
 	Replicas  *ReplicasResult
+	Pool      *PoolResult
 	GoBench   *GoBenchResult
 }
 
@@ -191,6 +194,7 @@ func Run(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		{"flood", func() (err error) { rep.Flood, err = runFlood(ctx, env, cfg.Runs, sz); return }},
 		{"keys", func() (err error) { rep.Keys, err = runKeys(ctx, env, cfg.Runs, sz); return }},
 		{"replicas", func() (err error) { rep.Replicas, err = runReplicas(ctx, env, cfg.Runs, sz); return }},
+		{"pool", func() (err error) { rep.Pool, err = runPool(ctx, env, cfg.Quick); return }},
 		{"gobench", func() (err error) { rep.GoBench, err = runGoBench(ctx, env, sz); return }},
 	}
 	for _, s := range steps {

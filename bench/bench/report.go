@@ -57,6 +57,7 @@ func (r *Report) Targets() []Target {
 		st := summarize(f.GoodSuccess)
 		ts = append(ts, Target{"the well-behaved client keeps 100% success during the flood", st.format("%.1f%%"), st.Min >= 100})
 	}
+	ts = append(ts, r.poolTargets()...)
 	return ts
 }
 
@@ -135,6 +136,7 @@ func (r *Report) Summary() string {
 			fmt.Fprintf(&b, "  go bench %s %s\n", l.Name, l.brief())
 		}
 	}
+	r.poolSummary(&b)
 	fmt.Fprintf(&b, "\ntook %s\n", r.Took.Round(time.Second))
 	return b.String()
 }
@@ -358,6 +360,7 @@ func (r *Report) Markdown(command string) string {
 		w("\n")
 	}
 
+	r.poolMarkdown(&b)
 	if g := r.GoBench; g != nil {
 		w("### Go benchmarks of the hot paths\n\n")
 		w("`%s`, median [min–max] over the runs. Each package says what its benchmark measures; those with Postgres or Redis in them use the services.\n\n", g.Command)

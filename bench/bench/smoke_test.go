@@ -47,7 +47,7 @@ func TestSmoke(t *testing.T) {
 		built <- err
 	}()
 
-	redisOnly, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"script", "decisions", "keys"}})
+	redisOnly, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"script", "decisions", "keys", "pool"}})
 	if berr := <-built; berr != nil {
 		t.Fatalf("go build ./cmd/space-api: %v", berr)
 	}
@@ -156,11 +156,30 @@ func TestSmoke(t *testing.T) {
 			}
 		}
 	})
+	t.Run("the warm pool trace reaches every arm, and failing warm-ups stay within one batch of the target", func(t *testing.T) {
+		p := redisOnly.Pool
+		for _, a := range p.arms() {
+			if a.Claims == 0 || a.Errors != 0 {
+				t.Errorf("%s: %d claims, %d errors", a.Name, a.Claims, a.Errors)
+			}
+		}
+		if p.Following.Hits == 0 || p.Following.PeakTarget == 0 || p.Fixed[len(p.Fixed)-1].Hits == 0 {
+			t.Errorf("no warm hit: following %+v, largest fixed %+v", p.Following, p.Fixed[len(p.Fixed)-1])
+		}
+		for _, x := range p.Failing {
+			if x.Hits != 0 || x.MaxInFlight > x.PeakTarget+x.Parallel {
+				t.Errorf("%s: %d hits, at most %d in flight for a peak target of %d and a batch of %d", x.Name, x.Hits, x.MaxInFlight, x.PeakTarget, x.Parallel)
+			}
+		}
+		if p.Failing[0].Attempts == 0 {
+			t.Errorf("%s: no warm-up was tried", p.Failing[0].Name)
+		}
+	})
 	t.Run("the report renders every scenario and the doc keeps what is outside its markers", func(t *testing.T) {
 		merged := *servers
-		merged.Script, merged.Decision, merged.Keys = redisOnly.Script, redisOnly.Decision, redisOnly.Keys
+		merged.Script, merged.Decision, merged.Keys, merged.Pool = redisOnly.Script, redisOnly.Decision, redisOnly.Keys, redisOnly.Pool
 		md := merged.Markdown("make bench")
-		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas"} {
+		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas", "### 7. Warm pool"} {
 			if !strings.Contains(md, want) {
 				t.Errorf("markdown lacks %q", want)
 			}

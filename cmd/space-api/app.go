@@ -145,6 +145,7 @@ func (m *Main) Run(ctx context.Context) error {
 		m.background(func(ctx context.Context) { m.Reconciler.Run(ctx, nil) })
 	}
 	m.background(m.PoolView.Run)
+	m.background(func(ctx context.Context) { m.Pool.RunDemand(ctx, pool.DefaultDemandFlush) })
 	m.background(m.Templates.Run)
 	m.Logger.Info("space-api serving", "version", Version(),
 		"public", m.publicLn.Addr().String(), "internal", m.internalLn.Addr().String())

@@ -294,3 +294,94 @@ func TestActivationCost(t *testing.T) {
 		}
 	})
 }
+
+func TestWarmPoolFollowsDemand(t *testing.T) {
+	t.Parallel()
+
+	t.Run("creates on every replica grow the pool of a shape given min and max", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.Flags.File = testenv.WriteFile(t, "flags.json", quotaFlags(acmeQuota,
+			`[{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10,"min":0,"max":50}]`))
+		// One simulated cluster for both replicas: a slot one warms, the other adopts.
+		cfg.Sandbox.SimulatedStateDir = t.TempDir()
+		prefix := testenv.Prefix(t)
+		var replicas []*Main
+		for range 2 {
+			m := NewMain(cfg, NewLogger(io.Discard, "error"))
+			m.RedisPrefix = prefix
+			m.noReplenisher = true
+			if err := m.Run(testenv.Context(t)); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { m.Close() })
+			replicas = append(replicas, m)
+		}
+		leader, other := replicas[0], &server{t: t, m: replicas[1]}
+		res, err := leader.Replenisher.Round(testenv.Context(t))
+		if err != nil || res.Warmed != 0 {
+			t.Fatalf("a round before any demand = %+v, %v; want an empty pool (min 0)", res, err)
+		}
+		for range 5 {
+			if sb := other.create("acme", pythonBody); sb.Warm {
+				t.Fatal("a create of an empty pool was warm")
+			}
+		}
+		// The other replica adds its claims to the demand every second; here at once.
+		if err := replicas[1].Pool.FlushDemand(testenv.Context(t)); err != nil {
+			t.Fatal(err)
+		}
+		res, err = leader.Replenisher.Round(testenv.Context(t))
+		shape := space.Shape{Template: "python-3.12", CPUMillis: 1000, MemoryMiB: 2048, DiskGiB: 10}
+		target := res.Targets[shape]
+		if err != nil || target < 1 || res.Warmed != target {
+			t.Fatalf("a round after 5 misses on the other replica = %+v, %v; want a target above 0, warmed", res, err)
+		}
+		if sb := other.create("acme", pythonBody); !sb.Warm {
+			t.Fatal("a create after the pool grew was cold")
+		}
+		s := &server{t: t, m: leader}
+		sel := `shape="python-3.12/1000m/2048Mi/10Gi"`
+		if got := other.metric("space_pool_target_slots", sel); got != float64(target) {
+			t.Errorf("the other replica reports a target of %v, want the leader's %d", got, target)
+		}
+		if got := s.metric("space_pool_target_max_slots", sel); got != 50 {
+			t.Errorf("space_pool_target_max_slots = %v, want the flag's 50", got)
+		}
+		if got := s.metric("space_pool_demand_slots", sel); got <= 0 {
+			t.Errorf("space_pool_demand_slots = %v, want the demand of 5 claims", got)
+		}
+		if got := other.metric("space_pool_claims_by_template_total", `template="python-3.12"`, `result="miss"`); got != 5 {
+			t.Errorf("misses of python-3.12 = %v, want 5", got)
+		}
+	})
+
+	t.Run("warm-ups leave SPACE_POOL_REFILL_RESERVE of the cluster bucket to the users", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.Admission.Cluster = space.Rate{RefillRPS: 1e-6, Burst: 10}
+		cfg.Pool.RefillReserve = 0.25 // ceil(2.5): 3 tokens
+		cfg.Flags.File = testenv.WriteFile(t, "flags.json", quotaFlags(acmeQuota,
+			`[{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10,"target":20}]`))
+		m := NewMain(cfg, NewLogger(io.Discard, "error"))
+		m.RedisPrefix = testenv.Prefix(t)
+		m.noReplenisher = true
+		if err := m.Run(testenv.Context(t)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		s := &server{t: t, m: m}
+		res, err := m.Replenisher.Round(testenv.Context(t))
+		if err != nil || res.Warmed != 7 || !res.Rejected {
+			t.Fatalf("round = %+v, %v; want 7 warmed and the 8th refused: 3 of the 10 tokens are the users'", res, err)
+		}
+		for range 3 {
+			if sb := s.create("acme", `{"template":"node-22","cpu_millis":1000,"memory_mib":1024,"disk_gib":5}`); sb.Warm {
+				t.Fatal("a node-22 create was warm")
+			}
+		}
+		if got := s.metric("space_pool_refills_skipped_total", `reason="reserve"`); got != 1 {
+			t.Errorf("refills skipped for the reserve = %v, want 1", got)
+		}
+	})
+}

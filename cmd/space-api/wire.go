@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/open-feature/go-sdk/openfeature"
@@ -99,6 +100,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	catalog := sandbox.Catalog{Templates: templates, Max: cfg.Sandbox.MaxShape}
 	m.Replenisher = pool.NewReplenisher(pool.ReplenisherOptions{
 		Pool: m.Pool, Substrate: sub, Resolve: catalog.Resolve, Charger: m.Admitter,
+		Reserve:    refillReserve(cfg.Pool.RefillReserve, cfg.Admission.Cluster.Burst),
 		Targets:    m.poolTargets,
 		Registerer: m.Registry,
 		Logger:     m.Logger,
@@ -229,9 +231,15 @@ func (m *Main) poolTargets(ctx context.Context) ([]pool.Target, error) {
 	}
 	out := make([]pool.Target, len(ts))
 	for i, t := range ts {
-		out[i] = pool.Target{Shape: t.Shape, Target: t.Target}
+		out[i] = pool.Target{Shape: t.Shape, Min: t.Min, Max: t.Max}
 	}
 	return out, nil
+}
+
+// refillReserve is the tokens of SPACE_POOL_REFILL_RESERVE: share of the cluster
+// bucket's burst, rounded up, so that any share above 0 reserves at least a token.
+func refillReserve(share float64, burst int64) int64 {
+	return int64(math.Ceil(share * float64(burst)))
 }
 
 // checkTemplates refuses, at start and at every reload of the templates file, the

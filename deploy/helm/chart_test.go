@@ -632,6 +632,9 @@ func TestFullRenderSetsEveryOptionalPart(t *testing.T) {
 	if cfg.Sandbox.MaxBodyBytes != 1048576 || cfg.Admission.Cluster.RefillRPS != 2500 || cfg.Dispatcher.Workers != 32 || cfg.ShutdownTimeout.Seconds() != 40 {
 		t.Errorf("numbers = body %d, rps %v, workers %d, shutdown %s", cfg.Sandbox.MaxBodyBytes, cfg.Admission.Cluster.RefillRPS, cfg.Dispatcher.Workers, cfg.ShutdownTimeout)
 	}
+	if cfg.Pool.RefillReserve != 0.3 {
+		t.Errorf("refill reserve = %v, want 0.3", cfg.Pool.RefillReserve)
+	}
 	if cfg.IdempotencyKeyTTL.Hours() != 72 {
 		t.Errorf("idempotency key TTL = %s, want 72h", cfg.IdempotencyKeyTTL)
 	}

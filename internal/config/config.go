@@ -47,9 +47,19 @@ type Config struct {
 	Admission  Admission
 	Flags      Flags
 	Sandbox    Sandbox
+	Pool       Pool
 	Dispatcher Dispatcher
 	Reconcile  Reconcile
 	Kubernetes Kubernetes
+}
+
+// Pool configures the warm pool's replenisher (internal/pool).
+type Pool struct {
+	// RefillReserve is the share of the cluster bucket's burst that a warm-up never
+	// takes: a refill is charged only while the bucket would keep at least
+	// ceil(RefillReserve × burst) tokens after it, so that the users' activations find
+	// those tokens whatever the refills do.
+	RefillReserve float64
 }
 
 // Reconcile configures the reconciler that settles what crashes and outages leave

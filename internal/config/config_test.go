@@ -157,6 +157,8 @@ func TestLoad(t *testing.T) {
 		{"a negative worker count", "SPACE_DISPATCHER_WORKERS", "-2", ">= 0", nil},
 		{"zero attempts", "SPACE_DISPATCHER_MAX_ATTEMPTS", "0", ">= 1", nil},
 		{"an unknown log level", "SPACE_LOG_LEVEL", "loud", "debug, info", nil},
+		{"a refill reserve of the whole bucket", "SPACE_POOL_REFILL_RESERVE", "1", "fraction from 0 to under 1", nil},
+		{"a refill reserve in percent", "SPACE_POOL_REFILL_RESERVE", "20%", "fraction", nil},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name+" is refused naming "+tc.variable, func(t *testing.T) {

@@ -106,6 +106,15 @@ func atLeast[T ~int | ~int64](min T) func(string) (T, error) {
 	}
 }
 
+// share is a fraction of a whole, from 0 to under 1.
+func share(s string) (float64, error) {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || !(f >= 0 && f < 1) {
+		return 0, errors.New("a fraction from 0 to under 1, such as 0.2")
+	}
+	return f, nil
+}
+
 // perSecond is a request rate > 0, for a client's rate limit.
 func perSecond(s string) (float32, error) {
 	f, err := strconv.ParseFloat(s, 32)

@@ -177,6 +177,10 @@ func declare(c *Config) []Var {
 		Var{Name: "SPACE_SIMULATED_STATE_DIR", Unset: "in memory", parse: into(&s.SimulatedStateDir, text),
 			Help: "Keep what the simulated substrate runs in a file there, shared by every process pointed at it."},
 	)...)
+	vars = append(vars, group("Warm pool",
+		Var{Name: "SPACE_POOL_REFILL_RESERVE", Default: "0.2", parse: into(&c.Pool.RefillReserve, share),
+			Help: "The share of the cluster bucket's burst that a warm-up never takes: refills are charged only while the bucket keeps `ceil(share × burst)` tokens after them, for the users' activations (`0`: refills may take the last token)."},
+	)...)
 	vars = append(vars, group("Dispatcher",
 		Var{Name: "SPACE_DISPATCHER_WORKERS", Default: "10", parse: into(&c.Dispatcher.Workers, atLeast(0)),
 			Help: "Queued operations this replica runs at once; `0` runs none (the replica still accepts async requests)."},

@@ -38,7 +38,7 @@ func TestTheDemoFlags(t *testing.T) {
 	if o := f.resolver.Resolve(ctx, "initech"); o.Key != space.Unknown || o.Tier != "free" || o.ClientRate.Burst != 5 {
 		t.Fatalf("a client off the allowlist = %+v, want unknown on free", o)
 	}
-	if pools, err := f.resolver.PoolTargets(ctx); err != nil || len(pools) != 1 {
-		t.Fatalf("pool targets = %v, %v; want the demo's one shape", pools, err)
+	if pools, err := f.resolver.PoolTargets(ctx); err != nil || len(pools) != 2 {
+		t.Fatalf("pool targets = %v, %v; want the demo's two shapes", pools, err)
 	}
 }

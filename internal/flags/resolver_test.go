@@ -450,7 +450,7 @@ func TestResolverPoolTargets(t *testing.T) {
 		t.Parallel()
 		f := setup(t, flagsFile(map[string]string{WarmPoolFlag: poolExample}))
 		got, err := f.resolver.PoolTargets(ctx)
-		if err != nil || len(got) != 2 || got[0].Target != 5 || got[0].Shape.Template != "python-3.12" {
+		if err != nil || len(got) != 4 || got[0].Min != 5 || got[0].Max != 5 || got[0].Shape.Template != "python-3.12" {
 			t.Errorf("got %+v, %v", got, err)
 		}
 	})

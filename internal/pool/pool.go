@@ -1,8 +1,9 @@
 // Package pool is the warm pool: sandboxes started ahead of demand, one row per slot in
 // Postgres keyed by the full shape. A create of exactly a slot's shape claims it and
-// costs no activation budget; the Replenisher keeps each shape at its target, charging
-// the cluster bucket for every warm-up so that refilling the pool never bypasses the
-// cluster budget.
+// costs no activation budget; the Replenisher keeps each shape at a target that
+// follows the shape's demand between the flag's bounds (demand.go), charging the
+// cluster bucket for every warm-up so that refilling the pool never bypasses the
+// cluster budget, and only from what the users leave (a refill reserve).
 package pool
 
 import (
@@ -10,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -36,30 +38,40 @@ type Slot struct {
 type Options struct {
 	DB        *pgxpool.Pool
 	Substrate substrate.Substrate
-	// Targets, when set, are reported beside the ready counts
-	// (space_pool_target_slots), and every target shape gets a ready count, 0 when it
-	// has no slot, so a pool below its target is a comparison of two series that
-	// always exist.
+	// Targets, when set, are the flag's bounds, reported beside the ready counts with
+	// the target the replenisher computed within them (space_pool_target_slots,
+	// space_pool_target_min_slots, space_pool_target_max_slots), and every target shape
+	// gets a ready count, 0 when it has no slot, so a pool below its target is a
+	// comparison of two series that always exist.
 	Targets func(ctx context.Context) ([]Target, error)
-	// Registerer receives space_pool_claims_total, space_pool_ready_slots and
-	// space_pool_target_slots; nil registers nothing.
+	// Registerer receives the claim counters and the scrape-time gauges; nil registers
+	// nothing.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// Now is the clock the demand is recorded by (default time.Now): the replenisher's.
+	Now func() time.Time
 }
 
-// Pool claims and retires slots.
+// Pool claims and retires slots, and counts the claims as the demand the pool follows.
 type Pool struct {
-	db     *pgxpool.Pool
-	sub    substrate.Substrate
-	logger *slog.Logger
-	claims *prometheus.CounterVec
+	db       *pgxpool.Pool
+	sub      substrate.Substrate
+	logger   *slog.Logger
+	now      func() time.Time
+	claims   *prometheus.CounterVec
+	byTmpl   *prometheus.CounterVec
+	demandMu sync.Mutex
+	demand   map[space.Shape]int64 // claims not yet added to pool_demand
 }
 
 // New returns a Pool.
 func New(opts Options) *Pool {
-	p := &Pool{db: opts.DB, sub: opts.Substrate, logger: opts.Logger}
+	p := &Pool{db: opts.DB, sub: opts.Substrate, logger: opts.Logger, now: opts.Now, demand: map[space.Shape]int64{}}
 	if p.logger == nil {
 		p.logger = slog.New(slog.DiscardHandler)
+	}
+	if p.now == nil {
+		p.now = time.Now
 	}
 	p.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "space_pool_claims_total",
@@ -69,6 +81,10 @@ func New(opts Options) *Pool {
 	for _, r := range []string{"hit", "miss"} {
 		p.claims.WithLabelValues(r)
 	}
+	p.byTmpl = metric.Register(opts.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "space_pool_claims_by_template_total",
+		Help: "Warm pool claims by template and result (hit or miss): the warm-hit ratio of a template is hit / (hit + miss).",
+	}, []string{"template", "result"}))
 	metric.Register(opts.Registerer, prometheus.Collector(&readyCollector{db: opts.DB, targets: opts.Targets}))
 	return p
 }
@@ -92,14 +108,20 @@ func (p *Pool) Claim(ctx context.Context, tx pgx.Tx, shape space.Shape, version,
 		RETURNING id::text, coalesce(substrate_ref, '')`,
 		shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB, version, sandboxID,
 	).Scan(&slot.ID, &slot.Ref)
-	if errors.Is(err, pgx.ErrNoRows) {
-		p.claims.WithLabelValues("miss").Inc()
-		return nil, nil
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("claim slot: %w", err)
 	}
+	// A miss is demand as much as a hit: it is what a pool too small for its shape
+	// turns away.
+	p.countDemand(shape)
+	hit, miss := p.byTmpl.WithLabelValues(shape.Template, "hit"), p.byTmpl.WithLabelValues(shape.Template, "miss")
+	if err != nil {
+		p.claims.WithLabelValues("miss").Inc()
+		miss.Inc()
+		return nil, nil
+	}
 	p.claims.WithLabelValues("hit").Inc()
+	hit.Inc()
 	return slot, nil
 }
 
@@ -253,44 +275,49 @@ var (
 	readyDesc = prometheus.NewDesc("space_pool_ready_slots",
 		"Ready warm pool slots by shape, read from Postgres at scrape time (the same on every replica: aggregate with max).",
 		[]string{"shape"}, nil)
+	warmingDesc = prometheus.NewDesc("space_pool_warming_slots",
+		"Warm pool slots warming by shape, read from Postgres at scrape time (the same on every replica: aggregate with max): with the ready ones, what the target counts.",
+		[]string{"shape"}, nil)
 	targetDesc = prometheus.NewDesc("space_pool_target_slots",
-		"Ready slots the warm pool flag asks for, by shape, read at scrape time (the same on every replica: aggregate with max).",
+		"Slots (ready + warming) the replenisher keeps for each shape: the target it computed from demand within the flag's min and max, read at scrape time (the same on every replica: aggregate with max).",
+		[]string{"shape"}, nil)
+	minDesc = prometheus.NewDesc("space_pool_target_min_slots",
+		"The warm pool flag's min for each shape: the target never goes below it (the same on every replica: aggregate with max).",
+		[]string{"shape"}, nil)
+	maxDesc = prometheus.NewDesc("space_pool_target_max_slots",
+		"The warm pool flag's max for each shape: the target never goes above it (the same on every replica: aggregate with max).",
+		[]string{"shape"}, nil)
+	demandDesc = prometheus.NewDesc("space_pool_demand_slots",
+		"The slots each shape's demand keeps in flight: its recent claim rate times its warm-up time, what the target adds a spare to (the same on every replica: aggregate with max).",
+		[]string{"shape"}, nil)
+	warmupDesc = prometheus.NewDesc("space_pool_warmup_seconds",
+		"The warm-up time the replenisher expects of each shape: a moving average of its successful warm-ups (the same on every replica: aggregate with max).",
 		[]string{"shape"}, nil)
 )
 
-// readyCollector reads the ready counts at scrape time, so that every replica reports
-// the pool as it is, not as the replica that last replenished saw it; and the targets
-// beside them.
+// readyCollector reads the ready counts and the computed targets at scrape time, so
+// that every replica reports the pool as it is, not as the replica that last
+// replenished saw it; and the flag's bounds beside them.
 type readyCollector struct {
 	db      *pgxpool.Pool
 	targets func(ctx context.Context) ([]Target, error)
 }
 
 func (c *readyCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- readyDesc
-	ch <- targetDesc
+	for _, d := range []*prometheus.Desc{readyDesc, warmingDesc, targetDesc, minDesc, maxDesc, demandDesc, warmupDesc} {
+		ch <- d
+	}
 }
 
 func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	ready := map[string]float64{}
+	ready, warming := map[string]float64{}, map[string]float64{}
 	if c.targets != nil {
-		ts, err := c.targets(ctx)
-		if err != nil {
-			ch <- prometheus.NewInvalidMetric(targetDesc, err)
-		}
-		want := map[string]float64{}
-		for _, t := range ts {
-			want[t.Shape.String()] += float64(t.Target)
-		}
-		for shape, n := range want {
-			ch <- prometheus.MustNewConstMetric(targetDesc, prometheus.GaugeValue, n, shape)
-			ready[shape] = 0
-		}
+		c.collectTargets(ctx, ch, ready, warming)
 	}
-	rows, err := c.db.Query(ctx, `SELECT template, cpu_millis, memory_mib, disk_gib, count(*)
-		FROM pool_slots WHERE state = 'ready' GROUP BY 1, 2, 3, 4`)
+	rows, err := c.db.Query(ctx, `SELECT template, cpu_millis, memory_mib, disk_gib, state, count(*)
+		FROM pool_slots WHERE state IN ('ready', 'warming') GROUP BY 1, 2, 3, 4, 5`)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(readyDesc, err)
 		return
@@ -298,12 +325,17 @@ func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
 	defer rows.Close()
 	for rows.Next() {
 		var s space.Shape
+		var state string
 		var n float64
-		if err := rows.Scan(&s.Template, &s.CPUMillis, &s.MemoryMiB, &s.DiskGiB, &n); err != nil {
+		if err := rows.Scan(&s.Template, &s.CPUMillis, &s.MemoryMiB, &s.DiskGiB, &state, &n); err != nil {
 			ch <- prometheus.NewInvalidMetric(readyDesc, err)
 			return
 		}
-		ready[s.String()] = n
+		if state == "ready" {
+			ready[s.String()] = n
+		} else {
+			warming[s.String()] = n
+		}
 	}
 	if err := rows.Err(); err != nil {
 		ch <- prometheus.NewInvalidMetric(readyDesc, err)
@@ -311,5 +343,39 @@ func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for shape, n := range ready {
 		ch <- prometheus.MustNewConstMetric(readyDesc, prometheus.GaugeValue, n, shape)
+	}
+	for shape, n := range warming {
+		ch <- prometheus.MustNewConstMetric(warmingDesc, prometheus.GaugeValue, n, shape)
+	}
+}
+
+// collectTargets reports every flagged shape's bounds, and its computed target,
+// demand and warm-up time as the replenisher last saved them; before it has (no
+// replica has replenished yet), the target is the min and the rest 0. Each flagged
+// shape gets counts of 0 in ready and warming, for Collect to fill.
+func (c *readyCollector) collectTargets(ctx context.Context, ch chan<- prometheus.Metric, ready, warming map[string]float64) {
+	ts, err := c.targets(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(targetDesc, err)
+		return
+	}
+	saved, err := loadTargets(ctx, c.db)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(targetDesc, err)
+		return
+	}
+	for _, t := range ts {
+		shape := t.Shape.String()
+		sv, ok := saved[t.Shape]
+		target := t.Min
+		if ok {
+			target = min(max(sv.Target, t.Min), t.Max)
+		}
+		ch <- prometheus.MustNewConstMetric(targetDesc, prometheus.GaugeValue, float64(target), shape)
+		ch <- prometheus.MustNewConstMetric(minDesc, prometheus.GaugeValue, float64(t.Min), shape)
+		ch <- prometheus.MustNewConstMetric(maxDesc, prometheus.GaugeValue, float64(t.Max), shape)
+		ch <- prometheus.MustNewConstMetric(demandDesc, prometheus.GaugeValue, sv.DemandSlots, shape)
+		ch <- prometheus.MustNewConstMetric(warmupDesc, prometheus.GaugeValue, sv.Warmup.Seconds(), shape)
+		ready[shape], warming[shape] = 0, 0
 	}
 }

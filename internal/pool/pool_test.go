@@ -30,6 +30,7 @@ type charger struct {
 	rejects  int
 	reject   bool
 	clients  []space.ClientKey
+	floors   []int64
 	withRate int
 }
 
@@ -41,6 +42,7 @@ func (c *charger) Charge(_ context.Context, ch space.Charge) (space.Charged, err
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.clients = append(c.clients, client)
+	c.floors = append(c.floors, ch.Floor)
 	if rate != nil {
 		c.withRate++
 	}
@@ -83,7 +85,7 @@ func setupOn(t *testing.T, db *pgxpool.Pool) *bundle {
 		}
 		return nil
 	}})
-	b.pool = pool.New(pool.Options{DB: db, Substrate: b.sim})
+	b.pool = pool.New(pool.Options{DB: db, Substrate: b.sim, Now: b.clock.Now})
 	return b
 }
 
@@ -107,7 +109,7 @@ func (b *bundle) replenisher(opts func(*pool.ReplenisherOptions)) *pool.Replenis
 		Pool: b.pool, Substrate: b.sim, Charger: b.charger,
 		Resolve: resolveIn(substrate.Templates{python.Template: {Name: python.Template, Image: "python", MaxDiskGiB: 50}}),
 		Targets: func(context.Context) ([]pool.Target, error) {
-			return []pool.Target{{Shape: python, Target: int(b.target.Load())}}, nil
+			return []pool.Target{pool.Fixed(python, int(b.target.Load()))}, nil
 		},
 		Now: b.clock.Now,
 	}
@@ -128,6 +130,13 @@ func (b *bundle) slots(t *testing.T, state string) int {
 
 func (b *bundle) claim(t *testing.T, shape space.Shape) *pool.Slot {
 	t.Helper()
+	return b.claimOf(t, b.pool, shape, "")
+}
+
+// claimOf claims a slot of shape and template version through p, as a create on p's
+// replica would: inside the transaction that inserts the sandbox.
+func (b *bundle) claimOf(t *testing.T, p *pool.Pool, shape space.Shape, version string) *pool.Slot {
+	t.Helper()
 	var slot *pool.Slot
 	err := pgx.BeginFunc(b.ctx, b.db, func(tx pgx.Tx) error {
 		var id string
@@ -137,7 +146,7 @@ func (b *bundle) claim(t *testing.T, shape space.Shape) *pool.Slot {
 			return err
 		}
 		var err error
-		slot, err = b.pool.Claim(b.ctx, tx, shape, "", id)
+		slot, err = p.Claim(b.ctx, tx, shape, version, id)
 		return err
 	})
 	if err != nil {
@@ -375,7 +384,7 @@ func TestReplenisher(t *testing.T) {
 		}
 	})
 
-	t.Run("a slot that fails to warm is replaced on the next round", func(t *testing.T) {
+	t.Run("a slot that fails to warm while others warm is replaced on the next round", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.target.Store(2)
@@ -387,6 +396,7 @@ func TestReplenisher(t *testing.T) {
 		if n := b.slots(t, "warming"); n != 0 {
 			t.Fatalf("%d failed slots left warming", n)
 		}
+		// The substrate warms: the failure is no reason to wait.
 		if res := mustRound(t, r, b.ctx); res.Warmed != 1 {
 			t.Fatalf("second round = %+v, want the failed slot replaced", res)
 		}
@@ -408,14 +418,23 @@ func TestReplenisher(t *testing.T) {
 				}
 			})
 		}()
-		if res := <-rounds; res.Warmed != 1 {
-			t.Fatalf("first round = %+v", res)
+		// Each round is told once its warm-ups have finished; the end of a warm-up kicks
+		// a round of its own, which finds nothing to do.
+		warmed := func(what string) {
+			t.Helper()
+			for res := range rounds {
+				if res.Warmed == 1 {
+					return
+				}
+				if res.Warmed != 0 || res.Failed != 0 {
+					t.Fatalf("%s = %+v", what, res)
+				}
+			}
 		}
+		warmed("first round")
 		b.claim(t, python)
 		r.Kick() // without it the next round is an hour away
-		if res := <-rounds; res.Warmed != 1 {
-			t.Fatalf("kicked round = %+v", res)
-		}
+		warmed("kicked round")
 		cancel()
 		<-done
 	})
@@ -424,25 +443,36 @@ func TestReplenisher(t *testing.T) {
 func TestPoolSignals(t *testing.T) {
 	t.Parallel()
 
-	t.Run("every target shape reports its target beside its ready count, 0 before any slot is warm", func(t *testing.T) {
+	t.Run("every target shape reports its target and bounds beside its ready and warming counts, 0 before any slot is warm", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		reg := prometheus.NewRegistry()
 		b.pool = pool.New(pool.Options{DB: b.db, Substrate: b.sim, Registerer: reg,
 			Targets: func(context.Context) ([]pool.Target, error) {
-				return []pool.Target{{Shape: python, Target: int(b.target.Load())}}, nil
+				return []pool.Target{pool.Fixed(python, int(b.target.Load()))}, nil
 			}})
 		b.target.Store(2)
+		names := []string{"space_pool_ready_slots", "space_pool_warming_slots", "space_pool_target_slots", "space_pool_target_min_slots", "space_pool_target_max_slots"}
 		want := func(ready int) {
 			t.Helper()
-			body := fmt.Sprintf(`# HELP space_pool_ready_slots Ready warm pool slots by shape, read from Postgres at scrape time (the same on every replica: aggregate with max).
-# TYPE space_pool_ready_slots gauge
-space_pool_ready_slots{shape="python-3.12/1000m/2048Mi/10Gi"} %d
-# HELP space_pool_target_slots Ready slots the warm pool flag asks for, by shape, read at scrape time (the same on every replica: aggregate with max).
-# TYPE space_pool_target_slots gauge
-space_pool_target_slots{shape="python-3.12/1000m/2048Mi/10Gi"} 2
-`, ready)
-			if err := testutil.GatherAndCompare(reg, strings.NewReader(body), "space_pool_ready_slots", "space_pool_target_slots"); err != nil {
+			var body strings.Builder
+			for _, name := range names {
+				mfs, err := reg.Gather()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, mf := range mfs {
+					if mf.GetName() == name {
+						fmt.Fprintf(&body, "# HELP %s %s\n# TYPE %s gauge\n", name, mf.GetHelp(), name)
+					}
+				}
+				v := map[string]int{"space_pool_ready_slots": ready, "space_pool_warming_slots": 0}[name]
+				if strings.Contains(name, "target") {
+					v = 2
+				}
+				fmt.Fprintf(&body, "%s{shape=\"python-3.12/1000m/2048Mi/10Gi\"} %d\n", name, v)
+			}
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(body.String()), names...); err != nil {
 				t.Fatal(err)
 			}
 		}

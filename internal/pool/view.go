@@ -172,7 +172,7 @@ func (v *View) resync(ctx context.Context) error {
 	}
 	targeted := map[space.Shape]bool{}
 	for _, t := range targets {
-		if t.Target > 0 {
+		if t.Max > 0 {
 			targeted[t.Shape] = true
 		}
 	}

@@ -154,7 +154,7 @@ func TestEarlyRefusal(t *testing.T) {
 	t.Run("a shape a pool target makes slots of is never refused early", func(t *testing.T) {
 		t.Parallel()
 		b, v := setupRefusing(t)
-		v.setTargets(pool.Target{Shape: python, Target: 2})
+		v.setTargets(pool.Fixed(python, 2))
 		for v.Cold(python) {
 			<-v.changes
 		}

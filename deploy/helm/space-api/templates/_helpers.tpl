@@ -251,6 +251,8 @@ chartEnv, what the values render, then extraEnv.
 {{- end }}
 - name: SPACE_IDEMPOTENCY_KEY_TTL
   value: {{ .Values.idempotencyKeyTTL | quote }}
+- name: SPACE_POOL_REFILL_RESERVE
+  value: {{ include "space-api.number" .Values.warmPool.refillReserve | quote }}
 - name: SPACE_RECONCILE_INTERVAL
   value: {{ .Values.reconcile.interval | quote }}
 - name: SPACE_RECONCILE_GRACE
