@@ -43,6 +43,26 @@ const testTemplates = `{"templates": {
 	"node-22": {"image": "node:22-slim"}
 }}`
 
+// startMains runs n Mains built from cfg on one Redis prefix, as replicas of one
+// deployment in one process, each closed when the test ends; noReplenisher leaves the
+// warm pool to the test's own rounds.
+func startMains(t testing.TB, cfg config.Config, n int, noReplenisher bool) []*Main {
+	t.Helper()
+	prefix := testenv.Prefix(t)
+	var replicas []*Main
+	for range n {
+		m := NewMain(cfg, NewLogger(io.Discard, "error"))
+		m.RedisPrefix = prefix
+		m.noReplenisher = noReplenisher
+		if err := m.Run(testenv.Context(t)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		replicas = append(replicas, m)
+	}
+	return replicas
+}
+
 // startMain runs a Main built from cfg, closed when the test ends.
 func startMain(t testing.TB, cfg config.Config) *Main {
 	t.Helper()

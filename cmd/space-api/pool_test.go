@@ -238,18 +238,7 @@ func TestActivationCost(t *testing.T) {
 		cfg.Sandbox.TemplatesFile = testenv.WriteFile(t, "templates.json", costTemplates)
 		cfg.Admission.Cluster = space.Rate{RefillRPS: 10, Burst: 30}
 		cfg.Flags.File = testenv.WriteFile(t, "flags.json", quotaFlags(`{"default": {"concurrency": 1000, "live_sandboxes": 100000}}`, ""))
-		prefix := testenv.Prefix(t)
-		var replicas []*Main
-		for range 3 {
-			m := NewMain(cfg, NewLogger(io.Discard, "error"))
-			m.RedisPrefix = prefix
-			m.noReplenisher = true
-			if err := m.Run(testenv.Context(t)); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { m.Close() })
-			replicas = append(replicas, m)
-		}
+		replicas := startMains(t, cfg, 3, true)
 		rdb := replicas[0].Redis
 		start, err := rdb.Time(testenv.Context(t)).Result()
 		if err != nil {
@@ -289,7 +278,7 @@ func TestActivationCost(t *testing.T) {
 			t.Fatalf("admitted %d tokens of activations; the bucket says %.2f were taken (burst 30, %.2f refilled, %.2f left)",
 				tokens, taken, refilled, d.Cluster.Remaining)
 		}
-		if raw, err := rdb.Get(testenv.Context(t), admission.ClusterKey(prefix)).Result(); err != nil || len(raw) != 24 {
+		if raw, err := rdb.Get(testenv.Context(t), admission.ClusterKey(replicas[0].RedisPrefix)).Result(); err != nil || len(raw) != 24 {
 			t.Fatalf("cluster key %q, %v", raw, err)
 		}
 	})
@@ -305,18 +294,7 @@ func TestWarmPoolFollowsDemand(t *testing.T) {
 			`[{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10,"min":0,"max":50}]`))
 		// One simulated cluster for both replicas: a slot one warms, the other adopts.
 		cfg.Sandbox.SimulatedStateDir = t.TempDir()
-		prefix := testenv.Prefix(t)
-		var replicas []*Main
-		for range 2 {
-			m := NewMain(cfg, NewLogger(io.Discard, "error"))
-			m.RedisPrefix = prefix
-			m.noReplenisher = true
-			if err := m.Run(testenv.Context(t)); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { m.Close() })
-			replicas = append(replicas, m)
-		}
+		replicas := startMains(t, cfg, 2, true)
 		leader, other := replicas[0], &server{t: t, m: replicas[1]}
 		res, err := leader.Replenisher.Round(testenv.Context(t))
 		if err != nil || res.Warmed != 0 {

@@ -104,17 +104,7 @@ func TestRefusalsWithoutRedis(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)
 		cfg.Flags.File = testenv.WriteFile(t, "flags.json", quotaFlags(`{"clients": {"acme": {"concurrency": 100, "live_sandboxes": 1000}}, "rate": {"acme": {"refill_rps": 0.000001, "burst": 13}}}`, ""))
-		prefix := testenv.Prefix(t)
-		var replicas []*Main
-		for range 3 {
-			m := NewMain(cfg, NewLogger(io.Discard, "error"))
-			m.RedisPrefix = prefix
-			if err := m.Run(testenv.Context(t)); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { m.Close() })
-			replicas = append(replicas, m)
-		}
+		replicas := startMains(t, cfg, 3, false)
 		var mu sync.Mutex
 		codes := map[int]int{}
 		var wg sync.WaitGroup
