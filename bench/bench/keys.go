@@ -76,7 +76,7 @@ func runKeys(ctx context.Context, env *Env, runs int, sz sizes) (*KeysResult, er
 	// own. used_memory is server-wide, and nothing else writes meanwhile.
 	memDB := client(dbs - 1)
 	defer memDB.Close()
-	adm, err := newAdmitter(memDB, "", keysClientRate)
+	adm, err := newAdmitter(memDB, keysPrefix, keysClientRate)
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +103,7 @@ func runKeys(ctx context.Context, env *Env, runs int, sz sizes) (*KeysResult, er
 	for i, n := range sz.keyCounts {
 		clients[i] = client(i)
 		defer clients[i].Close()
-		if admitters[i], err = newAdmitter(clients[i], "", keysClientRate); err != nil {
+		if admitters[i], err = newAdmitter(clients[i], keysPrefix, keysClientRate); err != nil {
 			return nil, err
 		}
 		before, err := infoInt(ctx, clients[i], "memory", "used_memory")
@@ -207,6 +207,10 @@ return 1`)
 // in µs), under the
 // production client keys ("{space:cluster_admission:sandbox_activation}:client:c<i>"),
 // expiring in ten minutes. The decisions then find real, full buckets.
+// keysPrefix is the production key prefix, so that the keys measured are the
+// ones space-api writes.
+var keysPrefix = config.Default().Redis.KeyPrefix
+
 func populate(ctx context.Context, rdb *redis.Client, n int) error {
 	now, err := redisTime(ctx, rdb)
 	if err != nil {
@@ -218,7 +222,7 @@ func populate(ctx context.Context, rdb *redis.Client, n int) error {
 	binary.LittleEndian.PutUint64(state[16:], math.Float64bits(float64(now.Add(10*time.Minute).UnixMicro())))
 	const chunk = 100_000
 	for _, k := range []struct{ prefix, state string }{
-		{admission.ClientKey(config.Default().Redis.KeyPrefix, "c"), string(state[:])},
+		{admission.ClientKey(keysPrefix, "c"), string(state[:])},
 		// redis_rate's key holds its GCRA theoretical arrival time; 0 is "now".
 		{"rate:c", "0"},
 	} {
@@ -244,7 +248,7 @@ func measureExpiry(ctx context.Context, rdb *redis.Client, res *KeysResult, n in
 	res.ExpiryTTL = time.Duration(float64(rate.Burst) / rate.RefillRPS * float64(time.Second))
 	// The cluster bucket's key is there before and after (it lives 1000 s): what
 	// must go is the client keys.
-	a, err := newAdmitter(rdb, "", keysClientRate)
+	a, err := newAdmitter(rdb, keysPrefix, keysClientRate)
 	if err != nil {
 		return err
 	}
