@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,8 +45,19 @@ type BreakerOptions struct {
 // It is github.com/sony/gobreaker, which is small, dependency-free and widely used:
 // counting, the half-open probe and the state machine are easy to get subtly wrong.
 // A call the caller itself abandoned (its context cancelled) counts neither way.
+//
+// While the breaker is closed and no failure has been seen since the last success,
+// which is nearly all the time, a call passes with one atomic load and its success is
+// not recorded: gobreaker's two mutex sections and clock reads per call would cost the
+// decision path more than the rest of its client side. The first failure is handed to
+// gobreaker, and the calls after it go through gobreaker until one succeeds with the
+// breaker closed again; a success then could only have reset a count that is already
+// zero, so nothing the breaker decides changes.
 type Breaker struct {
-	cb          *gobreaker.CircuitBreaker[any]
+	cb *gobreaker.CircuitBreaker[any]
+	// healthy is true while the breaker is closed with no failure since the last
+	// success: calls then skip gobreaker.
+	healthy     atomic.Bool
 	state       *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
 }
@@ -95,15 +107,22 @@ func NewBreaker(opts BreakerOptions) *Breaker {
 		MaxRequests: 1,
 		Timeout:     opts.OpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
-		IsExcluded:  func(err error) bool { return errors.Is(err, context.Canceled) },
+		IsExcluded:  excluded,
 		OnStateChange: func(_ string, from, to gobreaker.State) {
+			if to != gobreaker.StateClosed {
+				b.healthy.Store(false)
+			}
 			b.set(to)
 			b.transitions.WithLabelValues(stateName(to)).Inc()
 			logger.Warn("redis circuit breaker", "from", stateName(from), "to", stateName(to))
 		},
 	})
+	b.healthy.Store(true)
 	return b
 }
+
+// excluded is a failure the breaker does not count: the caller abandoned the call.
+func excluded(err error) bool { return errors.Is(err, context.Canceled) }
 
 func (b *Breaker) set(to gobreaker.State) {
 	for _, s := range breakerStates {
@@ -124,5 +143,17 @@ func (b *Breaker) do(fn func() (any, error)) (any, error) {
 	if b == nil {
 		return fn()
 	}
-	return b.cb.Execute(fn)
+	if b.healthy.Load() {
+		v, err := fn()
+		if err != nil && !excluded(err) {
+			b.healthy.Store(false)
+			_, _ = b.cb.Execute(func() (any, error) { return nil, err })
+		}
+		return v, err
+	}
+	v, err := b.cb.Execute(fn)
+	if err == nil && b.cb.State() == gobreaker.StateClosed && b.cb.Counts().ConsecutiveFailures == 0 {
+		b.healthy.Store(true)
+	}
+	return v, err
 }
