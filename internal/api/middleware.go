@@ -83,7 +83,8 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 	return m
 }
 
-// observe logs and counts every request, and recovers a panicking handler into a 500
+// observe counts every request and logs it (the 429s of a budget key on a route
+// sampled, see Options.RefusalLogEvery), and recovers a panicking handler into a 500
 // problem: one bad request must not take the process down.
 func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
@@ -121,19 +122,28 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 				if client == "" {
 					client = "-"
 				}
-				if s.logger.Enabled(r.Context(), level) {
-					s.logger.LogAttrs(r.Context(), level, "request",
-						slog.String("listener", listener),
-						slog.String("method", r.Method),
-						slog.String("route", route),
-						slog.Int("status", status),
-						slog.Int("bytes", ww.BytesWritten()),
-						slog.Duration("duration", elapsed),
-						slog.String("request_id", RequestID(r.Context())),
-						slog.String("client", client),
-						slog.String("budget_key", key),
-					)
+				if !s.logger.Enabled(r.Context(), level) {
+					return
 				}
+				attrs := []slog.Attr{
+					slog.String("listener", listener),
+					slog.String("method", r.Method),
+					slog.String("route", route),
+					slog.Int("status", status),
+					slog.Int("bytes", ww.BytesWritten()),
+					slog.Duration("duration", elapsed),
+					slog.String("request_id", RequestID(r.Context())),
+					slog.String("client", client),
+					slog.String("budget_key", key),
+				}
+				if status == http.StatusTooManyRequests && !s.logger.Enabled(r.Context(), slog.LevelDebug) {
+					ok, held := s.refusals.Allow(listener + " " + route + " " + key)
+					if !ok {
+						return
+					}
+					attrs = append(attrs, slog.Int64("refusals_held_back", held))
+				}
+				s.logger.LogAttrs(r.Context(), level, "request", attrs...)
 			}()
 			next.ServeHTTP(ww, r)
 		})

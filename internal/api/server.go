@@ -12,11 +12,13 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/space-sandbox/space"
 	openapi "github.com/space-sandbox/space/api"
+	"github.com/space-sandbox/space/internal/logs"
 	"github.com/space-sandbox/space/internal/metric"
 )
 
@@ -48,6 +50,12 @@ type Options struct {
 
 	// Identity is SPACE_AUTH_MODE: it words what a caller off the allowlist is told.
 	Identity space.IdentityMode
+	// RefusalLogEvery is how often the access log writes a line for the 429s of one
+	// budget key on one route (default DefaultRefusalLogEvery); the line counts the
+	// ones held back since the last (refusals_held_back). At debug level every
+	// refusal is logged. Every request is counted in space_http_requests_total
+	// either way.
+	RefusalLogEvery time.Duration
 
 	// The domain (domain.go): all required.
 	Auth        Authenticator
@@ -63,6 +71,12 @@ type Options struct {
 	RiverUI http.Handler
 }
 
+// DefaultRefusalLogEvery is Options.RefusalLogEvery's default. A client flooding over
+// its rate is refused tens of thousands of times a second; its operator needs the
+// count (the metrics have it) and a sample with a request id to follow, not a line
+// per refusal: writing those was a fifth of a refusal's cost.
+const DefaultRefusalLogEvery = time.Second
+
 // RiverUIPath is where River UI is mounted on the internal listener when enabled.
 const RiverUIPath = "/riverui/"
 
@@ -76,6 +90,7 @@ type Server struct {
 	maxBodyBytes int64
 	draining     atomic.Bool
 	identity     space.IdentityMode
+	refusals     *logs.Throttle
 
 	auth        Authenticator
 	callers     Callers
@@ -111,6 +126,11 @@ func New(opts Options) *Server {
 	if s.maxBodyBytes <= 0 {
 		s.maxBodyBytes = 64 << 10
 	}
+	every := opts.RefusalLogEvery
+	if every <= 0 {
+		every = DefaultRefusalLogEvery
+	}
+	s.refusals = logs.NewThrottle(every, nil)
 	s.metrics = newHTTPMetrics(opts.Registry)
 	if opts.Registry != nil {
 		metric.Register(opts.Registry, prometheus.Collector(&readinessCollector{s: s}))
@@ -151,7 +171,7 @@ func (s *Server) Public() http.Handler {
 }
 
 // Internal is the handler of the internal listener (SPACE_INTERNAL_HTTP_ADDR): the
-// /internal/v1 API and /metrics, which must never be reachable by clients.
+// /internal/v1 API, /metrics and the profiler (/debug/pprof/), which must never be reachable by clients.
 func (s *Server) Internal() http.Handler {
 	r := chi.NewRouter()
 	r.Use(requestID, s.observe("internal"), s.limitHeaders, s.limitBody)
@@ -175,6 +195,10 @@ func (s *Server) Internal() http.Handler {
 		})
 	}
 	r.Get("/openapi.yaml", serveOpenAPI)
+	// The Go profiler, for where a replica's CPU goes under load
+	// (go tool pprof http://<internal>/debug/pprof/profile?seconds=10): on the
+	// internal listener only, like /metrics.
+	r.Mount("/debug", middleware.Profiler())
 	return r
 }
 

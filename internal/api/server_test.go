@@ -35,3 +35,26 @@ func TestOpenAPIRoute(t *testing.T) {
 		}
 	})
 }
+
+func TestProfilerRoute(t *testing.T) {
+	t.Parallel()
+	s := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry()})
+
+	t.Run("the internal listener serves the profiler's index", func(t *testing.T) {
+		t.Parallel()
+		w := httptest.NewRecorder()
+		s.Internal().ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/debug/pprof/", nil))
+		if w.Code != http.StatusOK || !bytes.Contains(w.Body.Bytes(), []byte("goroutine")) {
+			t.Fatalf("GET /debug/pprof/ = %d, %d bytes", w.Code, w.Body.Len())
+		}
+	})
+
+	t.Run("the public listener does not", func(t *testing.T) {
+		t.Parallel()
+		w := httptest.NewRecorder()
+		s.Public().ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/debug/pprof/", nil))
+		if w.Code != http.StatusNotFound {
+			t.Fatalf("public GET /debug/pprof/ = %d, want 404", w.Code)
+		}
+	})
+}

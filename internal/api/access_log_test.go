@@ -1,0 +1,161 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/logs"
+)
+
+// syncBuffer is a log destination written by concurrent requests.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// lines are the access log's request lines, decoded.
+func (s *syncBuffer) lines(t *testing.T) []map[string]any {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(s.b.String()), "\n") {
+		if l == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		if m["msg"] == "request" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func TestAccessLog(t *testing.T) {
+	t.Parallel()
+
+	type bundle struct {
+		log    *syncBuffer
+		leases *fakeLeases
+		public http.Handler
+		clock  func(time.Duration) // moves the refusal sampler's clock on
+	}
+	setup := func(t *testing.T, level slog.Level) *bundle {
+		t.Helper()
+		b := &bundle{log: &syncBuffer{}, leases: &fakeLeases{}}
+		s := New(Options{
+			Logger:      slog.New(slog.NewJSONHandler(b.log, &slog.HandlerOptions{Level: level})),
+			Registry:    prometheus.NewRegistry(),
+			Identity:    space.IdentityTrustedHeader,
+			Auth:        &TrustedHeader{Trusted: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/32")}},
+			Callers:     &fakeCallers{},
+			Concurrency: b.leases,
+			Budgets:     fakeBudgets{},
+			Sandboxes:   &fakeSandboxes{owner: "acme"},
+			Operations:  &fakeOperations{},
+		})
+		var mu sync.Mutex
+		now := time.Unix(1_000, 0)
+		s.refusals = logs.NewThrottle(time.Second, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+		b.clock = func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+		b.public = s.Public()
+		return b
+	}
+	create := func(b *bundle, client string) int {
+		r := httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(pythonCreate))
+		r.RemoteAddr = "192.0.2.1:40000"
+		r.Header.Set(HeaderClientID, client)
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		b.public.ServeHTTP(w, r)
+		return w.Code
+	}
+	flood := func(t *testing.T, b *bundle, client string, n int) {
+		t.Helper()
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				if code := create(b, client); code != http.StatusTooManyRequests {
+					t.Errorf("create = %d, want 429", code)
+				}
+			})
+		}
+		wg.Wait()
+	}
+
+	t.Run("a flood of refusals is one line per second, the next one counting those held back", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, slog.LevelInfo)
+		b.leases.full = true
+		flood(t, b, "acme", 50)
+		if got := len(b.log.lines(t)); got != 1 {
+			t.Fatalf("%d lines for 50 refusals within a second, want 1", got)
+		}
+		b.clock(time.Second)
+		flood(t, b, "acme", 10)
+		lines := b.log.lines(t)
+		if len(lines) != 2 {
+			t.Fatalf("%d lines after a second more, want 2", len(lines))
+		}
+		if held := lines[1]["refusals_held_back"]; held != float64(49) {
+			t.Fatalf("refusals_held_back = %v, want the 49 not written", held)
+		}
+		if lines[1]["status"] != float64(429) || lines[1]["budget_key"] != "acme" || lines[1]["request_id"] == "" {
+			t.Fatalf("sampled line %v lacks its status, key or request id", lines[1])
+		}
+	})
+
+	t.Run("each budget key has its own sample", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, slog.LevelInfo)
+		b.leases.full = true
+		flood(t, b, "acme", 20)
+		flood(t, b, "globex", 20)
+		if got := len(b.log.lines(t)); got != 2 {
+			t.Fatalf("%d lines for two flooding keys, want 2", got)
+		}
+	})
+
+	t.Run("answers that are not refusals are all logged", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, slog.LevelInfo)
+		for range 5 {
+			if code := create(b, "acme"); code != http.StatusCreated {
+				t.Fatalf("create = %d, want 201", code)
+			}
+		}
+		if got := len(b.log.lines(t)); got != 5 {
+			t.Fatalf("%d lines for 5 creates, want 5", got)
+		}
+	})
+
+	t.Run("at debug level every refusal is logged", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, slog.LevelDebug)
+		b.leases.full = true
+		flood(t, b, "acme", 20)
+		if got := len(b.log.lines(t)); got != 20 {
+			t.Fatalf("%d lines for 20 refusals at debug level, want 20", got)
+		}
+	})
+}
