@@ -27,6 +27,8 @@ type FloodResult struct {
 	GoodOutcomes         map[string]int
 	FloodOutcomes        map[string]int
 	GoodTotal, FloodSent int
+	// Neighbour is the quiet neighbour's latency beside the two floods.
+	Neighbour *NeighbourResult
 }
 
 // runFlood runs one client at 20× its rate beside another at half its own, both on
@@ -42,7 +44,7 @@ func runFlood(ctx context.Context, env *Env, runs int, sz sizes) (*FloodResult, 
 
 	// The cluster bucket holds more than both clients' rates together, as an operator
 	// would set it: what protects the well-behaved client is the flooder's own bucket.
-	cluster := 4 * (sz.floodRate + sz.goodRate)
+	cluster := 4 * (sz.floodRate + sz.goodRate + float64(sz.quietSend))
 	res := &FloodResult{
 		FloodRate: sz.floodRate, GoodRate: sz.goodRate,
 		FloodSend: int(20 * sz.floodRate), GoodSend: max(1, int(sz.goodRate/2)),
@@ -50,10 +52,11 @@ func runFlood(ctx context.Context, env *Env, runs int, sz sizes) (*FloodResult, 
 		GoodOutcomes: map[string]int{}, FloodOutcomes: map[string]int{},
 	}
 	flags, err := flagsFile(
-		map[string]quota{"bench-flood": {Concurrency: 50}, "bench-good": {Concurrency: 50}},
+		map[string]quota{"bench-flood": {Concurrency: 50}, "bench-good": {Concurrency: 50}, "bench-quiet": {Concurrency: 50}},
 		map[string]*rateEntry{
 			"bench-flood": {RefillRPS: sz.floodRate, Burst: int64(sz.floodRate)},
 			"bench-good":  {RefillRPS: sz.goodRate, Burst: int64(sz.goodRate)},
+			"bench-quiet": {RefillRPS: float64(4 * sz.quietSend), Burst: int64(4 * sz.quietSend)},
 		}, nil)
 	if err != nil {
 		return nil, err
@@ -128,6 +131,9 @@ func runFlood(ctx context.Context, env *Env, runs int, sz sizes) (*FloodResult, 
 		}
 		res.GoodTotal += good.Requests
 		res.FloodSent += flood.Requests
+	}
+	if res.Neighbour, err = runNeighbour(ctx, env, srv, runs, sz); err != nil {
+		return nil, err
 	}
 	env.logf("flood: done")
 	return res, nil

@@ -31,16 +31,20 @@ func (r *Report) Targets() []Target {
 		ts = append(ts, Target{"two-bucket Redis CPU per call ≤ 1.15× redis_rate's", strings.Join(parts, ", "), worst <= 1.15})
 	}
 	if d := r.Decision; d != nil {
+		// The goal is at 8 and 32 goroutines, where a replica's request path runs;
+		// one goroutine is shown beside them.
 		worst := 1e9
 		var parts []string
 		for _, topo := range []string{"standalone", "cluster"} {
 			for _, g := range []int{1, 8, 32} {
 				st := ratioStats(d.Cell(implSpace, topo, g).PerSec, d.Cell(implRedisRate, topo, g).PerSec)
-				worst = min(worst, st.Median)
+				if g > 1 {
+					worst = min(worst, st.Median)
+				}
 				parts = append(parts, fmt.Sprintf("%s/%d %.2f×", topo, g, st.Median))
 			}
 		}
-		ts = append(ts, Target{"decisions/s from Go ≥ 0.85× redis_rate's", strings.Join(parts, ", "), worst >= 0.85})
+		ts = append(ts, Target{"decisions/s from Go ≥ 1.0× redis_rate's at 8 and 32 goroutines", strings.Join(parts, ", "), worst >= 1})
 	}
 	if h := r.HTTP; h != nil {
 		st := summarize(h.DeltaP50)
@@ -49,13 +53,18 @@ func (r *Report) Targets() []Target {
 			full := summarize(f.Full.RPS)
 			ts = append(ts, Target{"≥ 4,000 rejected creates/s on one replica (full path)", full.format("%.0f/s"), full.Median >= 4000})
 			noCaps, fullPath := ratioStats(f.NoCaps.RPS, f.RedisRate.RPS), ratioStats(f.Full.RPS, f.RedisRate.RPS)
-			ts = append(ts, Target{"refused creates/s ≥ 1.0× chi + redis_rate (no caps / full path)",
-				noCaps.format("%.2f×") + " / " + fullPath.format("%.2f×"), noCaps.Median >= 1 && fullPath.Median >= 1})
+			ts = append(ts, Target{"refused creates/s ≥ 1.1× chi + redis_rate (no caps / full path)",
+				noCaps.format("%.2f×") + " / " + fullPath.format("%.2f×"), noCaps.Median >= 1.1 && fullPath.Median >= 1.1})
+			bare := ratioStats(f.NoCaps.RPS, f.Bare.RPS)
+			ts = append(ts, Target{"refused creates/s ≥ 0.7× bare chi (no caps)", bare.format("%.2f×"), bare.Median >= 0.7})
 		}
 	}
 	if f := r.Flood; f != nil {
 		st := summarize(f.GoodSuccess)
 		ts = append(ts, Target{"the well-behaved client keeps 100% success during the flood", st.format("%.1f%%"), st.Min >= 100})
+		if n := f.Neighbour; n != nil {
+			ts = append(ts, n.targets()...)
+		}
 	}
 	ts = append(ts, r.poolTargets()...)
 	return ts
@@ -117,6 +126,11 @@ func (r *Report) Summary() string {
 		fmt.Fprintf(&b, "  flood: good client %s success, p50 %s ms, p99 %s ms; %s Redis commands and %s Redis µs per create\n",
 			summarize(f.GoodSuccess).format("%.1f%%"), summarize(f.GoodP50).format("%.2f"), summarize(f.GoodP99).format("%.2f"),
 			summarize(f.CallsPerRequest).format("%.2f"), summarize(f.RedisUsecPerRequest).format("%.1f"))
+		if n := f.Neighbour; n != nil {
+			fmt.Fprintf(&b, "  flood: quiet neighbour at %d/s, p99 ms alone %s, beside %d/s %s (%s), beside wrk's %s/s %s (%s)\n", n.QuietSend,
+				summarize(n.AloneP99).format("%.2f"), n.FixedFlood, summarize(n.FixedP99).format("%.2f"), ratioStats(n.FixedP99, n.AloneP99).format("%.2f×"),
+				summarize(n.SaturatedFloodRPS).format("%.0f"), summarize(n.SaturatedP99).format("%.2f"), ratioStats(n.SaturatedP99, n.AloneP99).format("%.2f×"))
+		}
 	}
 	if k := r.Keys; k != nil {
 		fmt.Fprintf(&b, "  keys: %.0f bytes per idle client key; %d idle keys gone %s after their last write (TTL %s)\n",
@@ -329,6 +343,15 @@ func (r *Report) Markdown(command string) string {
 		w("| failed Redis decisions, let through (failure mode open) | %s |\n\n", summarize(f.RedisErrors).format("%.0f"))
 		w("All answers: well-behaved %s; flooding %s. Commands counted are those a client sends (`EVALSHA` of the concurrency lease and of the admission decision, `ZREM` of the lease), not those the scripts run inside Redis; the well-behaved client's creates, %.1f%% of the total, cost the same three.\n\n",
 			outcomes(f.GoodOutcomes), outcomes(f.FloodOutcomes), 100*float64(f.GoodTotal)/float64(max(f.GoodTotal+f.FloodSent, 1)))
+		if n := f.Neighbour; n != nil {
+			w("A quiet neighbour: `bench-quiet` sends %d creates/s (a quarter of its rate) for %s alone, then beside `bench-flood` sending %d/s (open loop), then beside `bench-flood` as fast as wrk goes (1 thread, %d connections, closed loop); the three back to back in each run, on the same server.\n\n",
+				n.QuietSend, n.Duration, n.FixedFlood, n.Connections)
+			w("| | alone | beside %d/s | beside wrk |\n|---|---:|---:|---:|\n", n.FixedFlood)
+			w("| quiet client p99 ms | %s | %s | %s |\n", summarize(n.AloneP99).format("%.2f"), summarize(n.FixedP99).format("%.2f"), summarize(n.SaturatedP99).format("%.2f"))
+			w("| ratio to alone (within each run) | 1 | %s | %s |\n", ratioStats(n.FixedP99, n.AloneP99).format("%.2f×"), ratioStats(n.SaturatedP99, n.AloneP99).format("%.2f×"))
+			w("| flooder's answers/s | – | %s | %s |\n", summarize(n.FixedFloodRPS).format("%.0f"), summarize(n.SaturatedFloodRPS).format("%.0f"))
+			w("| quiet client's creates answered 201 (worst arm) | %s | | |\n\n", summarize(n.Success).format("%.1f%%"))
+		}
 	}
 
 	if k := r.Keys; k != nil {

@@ -73,8 +73,8 @@ type Options struct {
 
 // DefaultRefusalLogEvery is Options.RefusalLogEvery's default. A client flooding over
 // its rate is refused tens of thousands of times a second; its operator needs the
-// count (the metrics have it) and a sample with a request id to follow, not a line
-// per refusal: writing those was a fifth of a refusal's cost.
+// count (the metrics have it) and a sample with a request id to follow, not tens of
+// thousands of lines a second for a log pipeline to carry.
 const DefaultRefusalLogEvery = time.Second
 
 // RiverUIPath is where River UI is mounted on the internal listener when enabled.
