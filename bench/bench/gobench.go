@@ -39,6 +39,16 @@ type GoBenchResult struct {
 	Lines   []*GoBenchLine
 }
 
+// line is the benchmark name of package pkg, nil when it did not run.
+func (r *GoBenchResult) line(pkg, name string) *GoBenchLine {
+	for _, l := range r.Lines {
+		if l.Pkg == pkg && l.Name == name {
+			return l
+		}
+	}
+	return nil
+}
+
 // runGoBench runs the hot-path benchmarks in the module and parses their output.
 func runGoBench(ctx context.Context, env *Env, sz sizes) (*GoBenchResult, error) {
 	res := &GoBenchResult{Command: fmt.Sprintf("go test -run '^$' -bench <pattern> -benchmem -benchtime %s -count %d <package>", sz.goBenchTime, sz.goBenchCount)}

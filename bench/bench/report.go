@@ -29,6 +29,18 @@ func (r *Report) Targets() []Target {
 			parts = append(parts, path+" "+st.format("%.2f×")+" (process CPU time "+cpu.format("%.2f×")+")")
 		}
 		ts = append(ts, Target{"two-bucket Redis CPU per call ≤ 1.15× redis_rate's", strings.Join(parts, ", "), worst <= 1.15})
+		for _, x := range []struct {
+			impl, name string
+			bound      float64
+		}{
+			{implSpaceSoft, "with a soft limit ≤ 1.15×", 1.15},
+			{implSpaceReserved, "for a tier with a reserve ≤ 1.3×", 1.3},
+		} {
+			st := ratioStats(s.Cell(x.impl, "allow").Usec, s.Cell(implSpace, "allow").Usec)
+			cpu := ratioStats(s.Cell(x.impl, "allow").CPUUsec, s.Cell(implSpace, "allow").CPUUsec)
+			ts = append(ts, Target{"Redis CPU per admitted activation " + x.name + " the two-bucket script's",
+				st.format("%.2f×") + " (process CPU time " + cpu.format("%.2f×") + ")", st.Median <= x.bound})
+		}
 	}
 	if d := r.Decision; d != nil {
 		// The goal is at 8 and 32 goroutines, where a replica's request path runs;
@@ -64,6 +76,13 @@ func (r *Report) Targets() []Target {
 		ts = append(ts, Target{"the well-behaved client keeps 100% success during the flood", st.format("%.1f%%"), st.Min >= 100})
 		if n := f.Neighbour; n != nil {
 			ts = append(ts, n.targets()...)
+		}
+	}
+	if g := r.GoBench; g != nil {
+		plain, tiered := g.line("./cmd/space-api", "BenchmarkCreate/rejected"), g.line("./cmd/space-api", "BenchmarkCreate/rejected_tiered")
+		if plain != nil && tiered != nil {
+			st := ratioStats(tiered.Metrics["creates/s"], plain.Metrics["creates/s"])
+			ts = append(ts, Target{"a tiered client's refused creates/s ≥ 0.95× an untiered one's (in process, same run)", st.format("%.2f×"), st.Median >= 0.95})
 		}
 	}
 	ts = append(ts, r.poolTargets()...)
@@ -272,6 +291,13 @@ func (r *Report) Markdown(command string) string {
 		table("µs", func(c *ScriptCell) []float64 { return c.Usec })
 		w("\n`usec` is wall time inside each command, so it also counts the moments another process held Redis's core. The same runs, measured by the Redis main thread's CPU time instead (`INFO cpu`, `used_cpu_user_main_thread` + `used_cpu_sys_main_thread`, from getrusage, per decision; it includes reading each request and writing its reply, the same for every implementation):\n\n")
 		table("CPU µs", func(c *ScriptCell) []float64 { return c.CPUUsec })
+		w("\nAn admitted activation with more to check, beside the plain two-bucket decision (`space`, allow) in the same runs: `space_soft` adds the client's soft limit, checked in the same script; `space_reserved` charges a tier with a reserve (`reserve.lua`: the cluster key holds the shared remainder, one more key the tier's reserve, all in the cluster key's slot).\n\n")
+		w("| charge | µs | CPU µs | / space (µs) | / space (CPU µs) |\n|---|---:|---:|---:|---:|\n")
+		for _, impl := range []string{implSpace, implSpaceSoft, implSpaceReserved} {
+			c, base := s.Cell(impl, "allow"), s.Cell(implSpace, "allow")
+			w("| %s | %s | %s | %s | %s |\n", impl, summarize(c.Usec).format("%.2f"), summarize(c.CPUUsec).format("%.2f"),
+				ratioStats(c.Usec, base.Usec).format("%.2f×"), ratioStats(c.CPUUsec, base.CPUUsec).format("%.2f×"))
+		}
 		w("\n")
 	}
 

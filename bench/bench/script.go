@@ -19,7 +19,48 @@ const (
 	implSpace       = "space"         // Admit with a client rate: two keys, one script
 	implSpaceOneKey = "space_one_key" // Admit without a client rate: the cluster key alone
 	implRedisRate   = "redis_rate"    // redis_rate v10 Limiter.Allow: one key, GCRA
+	// The two-bucket decision with a soft limit checked in the same script.
+	implSpaceSoft = "space_soft"
+	// A charge of a tier with a reserve of the cluster bucket (reserve.lua): the
+	// shared remainder, the tier's reserve and the client key.
+	implSpaceReserved = "space_reserved"
 )
+
+// benchReservations share bigRate out: half for the tier "pro" (half of that
+// lendable), half shared.
+var benchReservations = &space.Reservations{
+	Shared: space.Rate{RefillRPS: bigRate.RefillRPS / 2, Burst: bigRate.Burst / 2},
+	Reserves: []space.TierReserve{{Tier: "pro", Reserve: space.Reserve{
+		Rate: space.Rate{RefillRPS: bigRate.RefillRPS / 2, Burst: bigRate.Burst / 2}, Lendable: 0.5}}},
+}
+
+// chargeDecider is the allow path of a charge as the activation flow makes it, with
+// the soft limit (implSpaceSoft) or the tier's reserve (implSpaceReserved) that the
+// two-bucket decision lacks, on fresh keys.
+func chargeDecider(rdb redis.UniversalClient, impl string) (decider, error) {
+	opts := admission.Options{Redis: rdb, Prefix: "bench" + testenv.RandomID(4), Enabled: true, FailClosed: true,
+		Cluster: bigRate, Timeout: time.Second, Breaker: admission.NewBreaker(admission.BreakerOptions{})}
+	rate := bigRate
+	c := space.Charge{Key: "bench-client", Rate: &rate, Cost: 1}
+	switch impl {
+	case implSpaceSoft:
+		c.Soft = &space.Rate{RefillRPS: bigRate.RefillRPS / 2, Burst: bigRate.Burst / 2}
+	case implSpaceReserved:
+		opts.Reservations = func() *space.Reservations { return benchReservations }
+		c.Tier, c.Reservations = "pro", benchReservations
+	}
+	a, err := admission.New(opts)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) (bool, error) {
+		_, err := a.Charge(ctx, c)
+		if space.ErrorCode(err) == space.ELIMITED {
+			return false, nil
+		}
+		return err == nil, err
+	}, nil
+}
 
 // decider makes one decision and says whether it admitted.
 type decider func(ctx context.Context) (bool, error)
@@ -30,11 +71,12 @@ var bigRate = space.Rate{RefillRPS: 1e6, Burst: 1e6}
 // emptyRate rejects every call after the first: one token that never comes back.
 var emptyRate = space.Rate{RefillRPS: 0, Burst: 1}
 
-// newAdmitter is an Admitter as space-api builds it, failing closed so that an error
-// shows as an error rather than as a fail-open admission.
+// newAdmitter is an Admitter as space-api builds it, through a circuit breaker of its
+// own, failing closed so that an error shows as an error rather than as a fail-open
+// admission.
 func newAdmitter(rdb redis.UniversalClient, prefix string, cluster space.Rate) (*admission.Admitter, error) {
 	return admission.New(admission.Options{Redis: rdb, Prefix: prefix, Enabled: true, FailClosed: true,
-		Cluster: cluster, Timeout: time.Second})
+		Cluster: cluster, Timeout: time.Second, Breaker: admission.NewBreaker(admission.BreakerOptions{})})
 }
 
 // spaceDecider decides on its own fresh keys; allow false empties them first, so
@@ -93,6 +135,11 @@ func newDecider(ctx context.Context, rdb redis.UniversalClient, impl string, all
 		return spaceDecider(ctx, rdb, true, allow)
 	case implSpaceOneKey:
 		return spaceDecider(ctx, rdb, false, allow)
+	case implSpaceSoft, implSpaceReserved:
+		if !allow {
+			return nil, fmt.Errorf("%s is measured on the allow path only", impl)
+		}
+		return chargeDecider(rdb, impl)
 	default:
 		return redisRateDecider(ctx, rdb, allow)
 	}
@@ -173,6 +220,11 @@ func runScript(ctx context.Context, env *Env, runs int, sz sizes) (*ScriptResult
 		for _, impl := range []string{implSpace, implSpaceOneKey, implRedisRate} {
 			res.Cells = append(res.Cells, &ScriptCell{Impl: impl, Path: path})
 		}
+	}
+	// What an admitted activation costs with a soft limit, and for a tier with a
+	// reserve, beside the plain two-bucket decision in the same runs.
+	for _, impl := range []string{implSpaceSoft, implSpaceReserved} {
+		res.Cells = append(res.Cells, &ScriptCell{Impl: impl, Path: "allow"})
 	}
 	for run := range runs {
 		// Each run takes the implementations in another order, so that none always

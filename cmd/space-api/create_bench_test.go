@@ -22,21 +22,28 @@ import (
 //	go test -run '^$' -bench Create -benchtime 5s -cpuprofile cpu.out ./cmd/space-api/
 //	go tool pprof -top cpu.out
 //
-// rejected: every create is a 429 client_activation (an empty client bucket); cold: a
-// cold admit (simulated substrate, no delay) with admission on; cold_admission_off:
-// the same with SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED=false.
+// rejected: every create is a 429 client_activation (an empty client bucket);
+// rejected_tiered: the same for a client on a tier of a tier table (its numbers from
+// the tier, the floor tier configured), which must cost no more than an untiered
+// refusal; cold: a cold admit (simulated substrate, no delay) with admission on;
+// cold_admission_off: the same with SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED=false.
 func BenchmarkCreate(b *testing.B) {
 	const quota = `{"clients": {"bench": {"concurrency": 1000, "live_sandboxes": 1000}, "bulk": {"concurrency": 1000, "live_sandboxes": 0}},
 		"default": {"concurrency": 10, "live_sandboxes": 50},
 		"rate": {"bench": {"refill_rps": 0, "burst": 1}, "bulk": {"refill_rps": 1000000, "burst": 1000000}}}`
+	const tiered = `{"tiers": {
+			"free": {"refill_rps": 0.000001, "burst": 1, "concurrency": 10, "live_sandboxes": 50},
+			"pro":  {"refill_rps": 0.000001, "burst": 1, "concurrency": 1000, "live_sandboxes": 1000}},
+		"clients": {"bench": {"tier": "pro"}}}`
 	cases := []struct {
-		name, client string
-		admission    bool
-		want         int
+		name, client, quota string
+		admission           bool
+		want                int
 	}{
-		{"rejected", "bench", true, http.StatusTooManyRequests},
-		{"cold", "bulk", true, http.StatusCreated},
-		{"cold_admission_off", "bulk", false, http.StatusCreated},
+		{"rejected", "bench", quota, true, http.StatusTooManyRequests},
+		{"rejected_tiered", "bench", tiered, true, http.StatusTooManyRequests},
+		{"cold", "bulk", quota, true, http.StatusCreated},
+		{"cold_admission_off", "bulk", quota, false, http.StatusCreated},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -47,7 +54,8 @@ func BenchmarkCreate(b *testing.B) {
 			cfg.Sandbox.TemplatesFile = testenv.WriteFile(b, "templates.json", testTemplates)
 			cfg.Auth.Mode = config.AuthTrustedHeader
 			cfg.Auth.TrustedProxyCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
-			cfg.Flags.File = testenv.WriteFile(b, "flags.json", quotaFlags(quota, ""))
+			cfg.Flags.File = testenv.WriteFile(b, "flags.json", quotaFlags(c.quota, ""))
+			cfg.Flags.FallbackTier = "free"
 			cfg.Admission.Enabled = c.admission
 			cfg.Admission.Cluster = space.Rate{RefillRPS: 1e6, Burst: 1e6}
 			m := NewMain(cfg, NewLogger(io.Discard, "info"))
