@@ -8,8 +8,8 @@ import (
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
-// BenchmarkAdmit is the admission call of the create path as space-api makes it, with
-// its allocations: Admit with a client rate (the two-bucket script) on the allow and
+// BenchmarkAdmit is the admission call of the create path as space-api makes it
+// (through a circuit breaker), with its allocations: Admit with a client rate (the two-bucket script) on the allow and
 // the reject path, and Refused, the early refusal's look. Each call is one round trip
 // to the services' Redis, which dominates ns/op; allocs/op is this package's own.
 //
@@ -27,7 +27,8 @@ func BenchmarkAdmit(b *testing.B) {
 		{"refused", space.Rate{RefillRPS: 0, Burst: 1}, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			a, err := New(Options{Redis: rdb, Prefix: testenv.Prefix(b), Enabled: true, FailClosed: true, Cluster: c.rate, Timeout: time.Second})
+			a, err := New(Options{Redis: rdb, Prefix: testenv.Prefix(b), Enabled: true, FailClosed: true, Cluster: c.rate, Timeout: time.Second,
+				Breaker: NewBreaker(BreakerOptions{})})
 			if err != nil {
 				b.Fatal(err)
 			}
