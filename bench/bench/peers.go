@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"github.com/space-sandbox/space/internal/testenv"
 )
@@ -40,9 +41,9 @@ func (e *Env) peerBinary(ctx context.Context, name string) (string, error) {
 // benchModule is this module's directory, bench/ in the repository.
 func (e *Env) benchModule() string { return filepath.Join(e.Module, "bench") }
 
-// startPeer starts the named peer on a free loopback port; redisAddr is the Redis of
-// the redis_rate peer ("" for the bare one).
-func (e *Env) startPeer(ctx context.Context, name, redisAddr string) (*apiServer, error) {
+// startPeer starts the named peer on a free loopback port, with its extra flags;
+// redisAddr is the Redis of the redis_rate peer ("" for the bare one).
+func (e *Env) startPeer(ctx context.Context, name, redisAddr string, extra ...string) (*apiServer, error) {
 	bin, err := e.peerBinary(ctx, name)
 	if err != nil {
 		return nil, err
@@ -55,5 +56,7 @@ func (e *Env) startPeer(ctx context.Context, name, redisAddr string) (*apiServer
 	if redisAddr != "" {
 		args = append(args, "-redis", redisAddr)
 	}
-	return e.startProcess(ctx, name, name, exec.Command(bin, args...), "http://"+addr, "")
+	args = append(args, extra...)
+	label := strings.Join(append([]string{name}, extra...), "")
+	return e.startProcess(ctx, label, name, exec.Command(bin, args...), "http://"+addr, "")
 }

@@ -37,6 +37,11 @@ func runRefusals(ctx context.Context, env *Env, on *apiServer, rs *testenv.Redis
 		return nil, err
 	}
 	defer bare.stop()
+	constant, err := env.startPeer(ctx, peerBare, "", "-constant")
+	if err != nil {
+		return nil, err
+	}
+	defer constant.stop()
 
 	res := &RefusalResult{Threads: wrkThreads, Connections: sz.httpWorkers,
 		Duration:  max(time.Second, sz.httpDur.Round(time.Second)),
@@ -44,12 +49,14 @@ func runRefusals(ctx context.Context, env *Env, on *apiServer, rs *testenv.Redis
 		Full:      &HTTPRow{Name: "space-api, full path", Outcome: "429"},
 		RedisRate: &HTTPRow{Name: "chi + redis_rate", Outcome: "429"},
 		Bare:      &HTTPRow{Name: "chi, no store", Outcome: "429"},
+		Constant:  &HTTPRow{Name: "chi, constant answer", Outcome: "429"},
 	}
 	targets := []refusalTarget{
 		{res.NoCaps, on, "bench-reject-bare", "client_activation"},
 		{res.Full, on, "bench-reject", "client_activation"},
 		{res.RedisRate, redisRate, "bench-reject-bare", ""},
 		{res.Bare, bare, "bench-reject-bare", ""},
+		{res.Constant, constant, "bench-reject-bare", ""},
 	}
 	// Each client's one token goes first; the next create must be refused, by its rate.
 	for _, t := range targets {
@@ -86,7 +93,7 @@ func runRefusals(ctx context.Context, env *Env, on *apiServer, rs *testenv.Redis
 			}
 			t.row.addWrk(r)
 		}
-		for _, s := range []*apiServer{on, redisRate, bare} {
+		for _, s := range []*apiServer{on, redisRate, bare, constant} {
 			if err := s.alive(); err != nil {
 				return nil, err
 			}

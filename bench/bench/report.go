@@ -330,14 +330,14 @@ func (r *Report) Markdown(command string) string {
 			if f.WarmUp > 0 {
 				warm = "each server " + f.WarmUp.String() + " unmeasured first"
 			}
-			w("Load generator: `wrk`, %d thread, %d connections, the same body and `X-Client-ID`, %s per run, %s; in each run the four one after another, the order rotating from run to run. ", f.Threads, f.Connections, f.Duration, warm)
+			w("Load generator: `wrk`, %d thread, %d connections, the same body and `X-Client-ID`, %s per run, %s; in each run the five one after another, the order rotating from run to run. ", f.Threads, f.Connections, f.Duration, warm)
 			w("`space-api, no caps`: the client has no concurrency cap and no live cap. `space-api, full path`: the same rate with a concurrency cap and a live cap (the lease and its release, the live count). ")
-			w("`chi + redis_rate`: a chi server in its own process that decodes the same body and asks go-redis/redis_rate v10 `Allow` with a per-client limit (one `EVALSHA` on the same private Redis), 429 when refused. `chi, no store`: the same server answering 429 at once. ")
+			w("`chi + redis_rate`: a chi server in its own process that decodes the same body and asks go-redis/redis_rate v10 `Allow` with a per-client limit (one `EVALSHA` on the same private Redis), 429 when refused. `chi, no store`: the same server answering 429 at once. `chi, constant answer`: the same router reading no body and writing one pre-rendered 429, the limit of HTTP itself here. ")
 			w("The ratios are taken within each run.\n\n")
-			w("| server | refused creates/s | p50 ms | p99 ms | vs chi + redis_rate | vs bare chi | other answers |\n|---|---:|---:|---:|---:|---:|---|\n")
+			w("| server | refused creates/s | p50 ms | p99 ms | vs chi + redis_rate | vs bare chi | vs constant answer | other answers |\n|---|---:|---:|---:|---:|---:|---:|---|\n")
 			for _, row := range f.Rows() {
-				w("| %s | %s | %s | %s | %s | %s | %s |\n", row.Name, summarize(row.RPS).format("%.0f"), summarize(row.P50).format("%.2f"), summarize(row.P99).format("%.2f"),
-					ratioStats(row.RPS, f.RedisRate.RPS).format("%.2f×"), ratioStats(row.RPS, f.Bare.RPS).format("%.2f×"), orNone(row.unexpected()))
+				w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", row.Name, summarize(row.RPS).format("%.0f"), summarize(row.P50).format("%.2f"), summarize(row.P99).format("%.2f"),
+					ratioStats(row.RPS, f.RedisRate.RPS).format("%.2f×"), ratioStats(row.RPS, f.Bare.RPS).format("%.2f×"), ratioStats(row.RPS, f.Constant.RPS).format("%.2f×"), orNone(row.unexpected()))
 			}
 		}
 		w("\nWhat admission adds to a create: cold admits at %d creates/s (open loop), %d rounds of %s on a fresh server with admission on and %s on a twin with `SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED=false` (one database for both, same Redis), the order flipping every round; p50 and p99 per run over all its segments (%d and %d creates in all).\n\n",

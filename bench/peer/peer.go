@@ -95,6 +95,22 @@ func Handler(decide Decider) http.Handler {
 	return r
 }
 
+// Constant is the machine's HTTP limit: the same router answering every create with
+// one pre-rendered 429, its body never read.
+func Constant() http.Handler {
+	body := []byte(`{"type":"urn:space:problem:rate_limited","title":"Too Many Requests","status":429,"code":"rate_limited"}` + "\n")
+	r := chi.NewRouter()
+	r.Get("/readyz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	r.Post("/v1/sandboxes", func(w http.ResponseWriter, _ *http.Request) {
+		h := w.Header()
+		h["Content-Type"] = []string{"application/problem+json"}
+		h["Retry-After"] = []string{"86400"}
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = w.Write(body)
+	})
+	return r
+}
+
 // problem writes a small problem+json answer, as space-api answers every refusal.
 func problem(w http.ResponseWriter, status int, code, detail string) {
 	w.Header().Set("Content-Type", "application/problem+json")

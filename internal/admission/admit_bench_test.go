@@ -32,7 +32,7 @@ func BenchmarkAdmit(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			a, err := New(Options{Redis: rdb, Prefix: testenv.Prefix(b), Enabled: true, FailClosed: true, Cluster: c.rate, Timeout: time.Second,
-				Breaker: NewBreaker(BreakerOptions{})})
+				Breaker: NewBreaker(BreakerOptions{}), RefusalMaxAge: time.Minute})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -1,8 +1,10 @@
 // Command peer-chi-bare is the bench's bare peer for refused creates: the same chi
 // server as peer-chi-redis-rate with no store at all. It decodes the create body and
-// answers 429 at once: the ceiling of the HTTP part alone. See package peer.
+// answers 429 at once: the ceiling of the HTTP part alone. With -constant it reads no
+// body and writes one pre-rendered 429: the limit of HTTP itself on the machine. See
+// package peer.
 //
-//	peer-chi-bare -addr 127.0.0.1:8082
+//	peer-chi-bare -addr 127.0.0.1:8082 [-constant]
 package main
 
 import (
@@ -15,8 +17,13 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8082", "listen address")
+	constant := flag.Bool("constant", false, "read no body and answer one pre-rendered 429")
 	flag.Parse()
-	if err := peer.Serve(*addr, peer.Handler(peer.RefuseAll)); err != nil {
+	h := peer.Handler(peer.RefuseAll)
+	if *constant {
+		h = peer.Constant()
+	}
+	if err := peer.Serve(*addr, h); err != nil {
 		fmt.Fprintln(os.Stderr, "peer-chi-bare:", err)
 		os.Exit(1)
 	}
