@@ -377,17 +377,6 @@ func chartValues(t *testing.T) map[string]bool {
 	return out
 }
 
-// staleInBenchmarks are the names docs/benchmarks.md still cites from before the
-// refusal from memory moved into sandbox.Service.Plan and Admitter.CachedRefusal.
-// That page is being rewritten by topic; an entry goes when its name does, and an
-// entry no longer cited fails the test, so that the list only shrinks.
-var staleInBenchmarks = map[string]bool{
-	"Admitter.Refused":            true,
-	"admission.Admitter.Refused":  true,
-	"sandbox.Service.Refused":     true,
-	"sandbox.Service.refuseEarly": true,
-}
-
 func TestEveryGoNameTheDocsCiteIsDeclared(t *testing.T) {
 	t.Parallel()
 	d, err := loadDecls()
@@ -395,19 +384,9 @@ func TestEveryGoNameTheDocsCiteIsDeclared(t *testing.T) {
 		t.Fatal(err)
 	}
 	values := chartValues(t)
-	stale := map[string]bool{}
 	for file, doc := range pages(t) {
 		for _, f := range d.undeclared(file, doc, values) {
-			if file == "docs/benchmarks.md" && staleInBenchmarks[f.span] {
-				stale[f.span] = true
-				continue
-			}
 			t.Error(f)
-		}
-	}
-	for span := range staleInBenchmarks {
-		if !stale[span] {
-			t.Errorf("docs/benchmarks.md no longer cites `%s`: drop it from staleInBenchmarks", span)
 		}
 	}
 }
