@@ -55,7 +55,7 @@ func startFails(t *testing.T, env map[string]string) error {
 // start-up error, closing it either way.
 func startLogs(t *testing.T, env map[string]string) (string, error) {
 	t.Helper()
-	var logs lockedBuffer
+	var logs testenv.Buffer
 	cfg := testConfig(t)
 	cfg.Redis = redisSettings(t, env)
 	m := NewMain(cfg, NewLogger(&logs, "info"))
@@ -210,7 +210,7 @@ func TestRedisCredentialsAndTLS(t *testing.T) {
 
 	t.Run("the logged Redis settings and start-up errors never show the password", func(t *testing.T) {
 		t.Parallel()
-		var logs lockedBuffer
+		var logs testenv.Buffer
 		cfg := testConfig(t)
 		cfg.Redis = redisSettings(t, map[string]string{"SPACE_REDIS_ADDRS": auth.Addr, "SPACE_REDIS_USERNAME": auth.User,
 			"SPACE_REDIS_PASSWORD_FILE": passwordFile(t, auth.UserPassword)})

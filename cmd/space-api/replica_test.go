@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -44,26 +42,8 @@ type replica struct {
 	cmd      *exec.Cmd
 	public   string // base URL
 	internal string
-	logs     *lockedBuffer
+	logs     *testenv.Buffer
 	done     chan error
-}
-
-// lockedBuffer collects a replica's output for the test's log.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startReplica starts a replica with env (SPACE_* variables) plus listeners of its
@@ -83,7 +63,7 @@ func startReplica(t *testing.T, name string, env map[string]string) *replica {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	r := &replica{t: t, name: name, cmd: cmd, public: "http://" + public, internal: "http://" + internal,
-		logs: &lockedBuffer{}, done: make(chan error, 1)}
+		logs: &testenv.Buffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = r.logs, r.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start replica %s: %v", name, err)

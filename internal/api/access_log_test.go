@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -16,27 +15,14 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/logs"
+	"github.com/space-sandbox/space/internal/testenv"
 )
 
-// syncBuffer is a log destination written by concurrent requests.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// lines are the access log's request lines, decoded.
-func (s *syncBuffer) lines(t *testing.T) []map[string]any {
+// logLines are the access log's request lines, decoded.
+func logLines(t *testing.T, log *testenv.Buffer) []map[string]any {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(s.b.String()), "\n") {
+	for _, l := range strings.Split(strings.TrimSpace(log.String()), "\n") {
 		if l == "" {
 			continue
 		}
@@ -55,14 +41,14 @@ func TestAccessLog(t *testing.T) {
 	t.Parallel()
 
 	type bundle struct {
-		log    *syncBuffer
+		log    *testenv.Buffer
 		leases *fakeLeases
 		public http.Handler
 		clock  func(time.Duration) // moves the refusal sampler's clock on
 	}
 	setup := func(t *testing.T, level slog.Level) *bundle {
 		t.Helper()
-		b := &bundle{log: &syncBuffer{}, leases: &fakeLeases{}}
+		b := &bundle{log: &testenv.Buffer{}, leases: &fakeLeases{}}
 		s := New(Options{
 			Logger:      slog.New(slog.NewJSONHandler(b.log, &slog.HandlerOptions{Level: level})),
 			Registry:    prometheus.NewRegistry(),
@@ -108,12 +94,12 @@ func TestAccessLog(t *testing.T) {
 		b := setup(t, slog.LevelInfo)
 		b.leases.full = true
 		flood(t, b, "acme", 50)
-		if got := len(b.log.lines(t)); got != 1 {
+		if got := len(logLines(t, b.log)); got != 1 {
 			t.Fatalf("%d lines for 50 refusals within a second, want 1", got)
 		}
 		b.clock(time.Second)
 		flood(t, b, "acme", 10)
-		lines := b.log.lines(t)
+		lines := logLines(t, b.log)
 		if len(lines) != 2 {
 			t.Fatalf("%d lines after a second more, want 2", len(lines))
 		}
@@ -131,7 +117,7 @@ func TestAccessLog(t *testing.T) {
 		b.leases.full = true
 		flood(t, b, "acme", 20)
 		flood(t, b, "globex", 20)
-		if got := len(b.log.lines(t)); got != 2 {
+		if got := len(logLines(t, b.log)); got != 2 {
 			t.Fatalf("%d lines for two flooding keys, want 2", got)
 		}
 	})
@@ -144,7 +130,7 @@ func TestAccessLog(t *testing.T) {
 				t.Fatalf("create = %d, want 201", code)
 			}
 		}
-		if got := len(b.log.lines(t)); got != 5 {
+		if got := len(logLines(t, b.log)); got != 5 {
 			t.Fatalf("%d lines for 5 creates, want 5", got)
 		}
 	})
@@ -154,7 +140,7 @@ func TestAccessLog(t *testing.T) {
 		b := setup(t, slog.LevelDebug)
 		b.leases.full = true
 		flood(t, b, "acme", 20)
-		if got := len(b.log.lines(t)); got != 20 {
+		if got := len(logLines(t, b.log)); got != 20 {
 			t.Fatalf("%d lines for 20 refusals at debug level, want 20", got)
 		}
 	})
