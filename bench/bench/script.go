@@ -38,8 +38,7 @@ var benchReservations = &space.Reservations{
 // the soft limit (implSpaceSoft) or the tier's reserve (implSpaceReserved) that the
 // two-bucket decision lacks, on fresh keys.
 func chargeDecider(rdb redis.UniversalClient, impl string) (decider, error) {
-	opts := admission.Options{Redis: rdb, Prefix: "bench" + testenv.RandomID(4), Enabled: true, FailClosed: true,
-		Cluster: bigRate, Timeout: time.Second, Breaker: admission.NewBreaker(admission.BreakerOptions{})}
+	opts := admitterOptions(rdb, "bench"+testenv.RandomID(4), bigRate)
 	rate := bigRate
 	c := space.Charge{Key: "bench-client", Rate: &rate, Cost: 1}
 	switch impl {
@@ -75,8 +74,13 @@ var emptyRate = space.Rate{RefillRPS: 0, Burst: 1}
 // own, failing closed so that an error shows as an error rather than as a fail-open
 // admission.
 func newAdmitter(rdb redis.UniversalClient, prefix string, cluster space.Rate) (*admission.Admitter, error) {
-	return admission.New(admission.Options{Redis: rdb, Prefix: prefix, Enabled: true, FailClosed: true,
-		Cluster: cluster, Timeout: time.Second, Breaker: admission.NewBreaker(admission.BreakerOptions{})})
+	return admission.New(admitterOptions(rdb, prefix, cluster))
+}
+
+// admitterOptions are newAdmitter's options, for a caller that adds to them.
+func admitterOptions(rdb redis.UniversalClient, prefix string, cluster space.Rate) admission.Options {
+	return admission.Options{Redis: rdb, Prefix: prefix, Enabled: true, FailClosed: true,
+		Cluster: cluster, Timeout: time.Second, Breaker: admission.NewBreaker(admission.BreakerOptions{})}
 }
 
 // spaceDecider decides on its own fresh keys; allow false empties them first, so
