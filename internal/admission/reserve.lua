@@ -80,6 +80,11 @@ local function ttl(us)
   return x
 end
 
+-- kept is whether a key stored with expiry e outlives the refill of a bucket of burst b
+-- at r holding t: a take then keeps the key's expiry (SET ... KEEPTTL), as bucket.lua
+-- does, and sets a new one (burst/refill) only when it falls short.
+local function kept(e, t, b, r) return e ~= nil and e >= now + (b - t) / r end
+
 local rs, bs
 rs, bs, pos = sunpack('<dd', args, pos)
 local ts, es = state(1, rs, bs)
@@ -103,22 +108,21 @@ if hasClient then
   end
 end
 
-local oi, to, ro, bo, lo = nil, 0, 0, 0, 0
+local oi, to, ro, bo, lo, eo = nil, 0, 0, 0, 0, nil
 if hasOwn then
   i = i + 1
   oi = i
   ro, bo, pos = sunpack('<dd', args, pos)
-  local _
-  to, _, lo = state(oi, ro, bo)
+  to, eo, lo = state(oi, ro, bo)
 end
 
--- The other reserves: tokens, rate, burst, lendable, last asked, and whether lending.
+-- The other reserves: key index, tokens, rate, burst, lendable, last asked, expiry.
 local others = {}
 for j = i + 1, #KEYS do
   local r, b, l
   r, b, l, pos = sunpack('<ddd', args, pos)
-  local t, _, last = state(j, r, b)
-  others[#others + 1] = {j, t, r, b, l, last}
+  local t, e, last = state(j, r, b)
+  others[#others + 1] = {j, t, r, b, l, last, e}
 end
 
 local clientOK = (not hasClient) or tc >= n
@@ -155,29 +159,50 @@ end
 if take and admitted == 1 then
   if hasClient then
     tc = tc - n
-    local x = ttl(bc / rc)
-    if hasSoft then
-      local xs = ttl(bsoft / rsoft)
-      if x < xs then x = xs end
-      redis.call('SET', KEYS[ci], spack('<dddd', tc, now, now + x * 1000, tsoft), 'PX', format('%d', x))
+    -- The key outlives both refills: the soft one may be the slower.
+    if kept(ec, tc, bc, rc) and not (hasSoft and not kept(ec, tsoft, bsoft, rsoft)) then
+      if hasSoft then
+        redis.call('SET', KEYS[ci], spack('<dddd', tc, now, ec, tsoft), 'KEEPTTL')
+      else
+        redis.call('SET', KEYS[ci], spack('<ddd', tc, now, ec), 'KEEPTTL')
+      end
     else
-      redis.call('SET', KEYS[ci], spack('<ddd', tc, now, now + x * 1000), 'PX', format('%d', x))
+      local x = ttl(bc / rc)
+      if hasSoft then
+        local xs = ttl(bsoft / rsoft)
+        if x < xs then x = xs end
+        redis.call('SET', KEYS[ci], spack('<dddd', tc, now, now + x * 1000, tsoft), 'PX', format('%d', x))
+      else
+        redis.call('SET', KEYS[ci], spack('<ddd', tc, now, now + x * 1000), 'PX', format('%d', x))
+      end
     end
   end
   if source == 1 then
     ts = ts - n
-    local x = ttl(bs / rs)
-    redis.call('SET', KEYS[1], spack('<ddd', ts, now, now + x * 1000), 'PX', format('%d', x))
+    if kept(es, ts, bs, rs) then
+      redis.call('SET', KEYS[1], spack('<ddd', ts, now, es), 'KEEPTTL')
+    else
+      local x = ttl(bs / rs)
+      redis.call('SET', KEYS[1], spack('<ddd', ts, now, now + x * 1000), 'PX', format('%d', x))
+    end
   elseif source == 2 then
     to = to - n
-    local x = ttl(bo / ro)
-    redis.call('SET', KEYS[oi], spack('<dddd', to, now, now + x * 1000, now), 'PX', format('%d', x))
+    if kept(eo, to, bo, ro) then
+      redis.call('SET', KEYS[oi], spack('<dddd', to, now, eo, now), 'KEEPTTL')
+    else
+      local x = ttl(bo / ro)
+      redis.call('SET', KEYS[oi], spack('<dddd', to, now, now + x * 1000, now), 'PX', format('%d', x))
+    end
     lo = now
   else
     local o = others[from]
     o[2] = o[2] - n
-    local x = ttl(o[4] / o[3])
-    redis.call('SET', KEYS[o[1]], spack('<dddd', o[2], now, now + x * 1000, o[6]), 'PX', format('%d', x))
+    if kept(o[7], o[2], o[4], o[3]) then
+      redis.call('SET', KEYS[o[1]], spack('<dddd', o[2], now, o[7], o[6]), 'KEEPTTL')
+    else
+      local x = ttl(o[4] / o[3])
+      redis.call('SET', KEYS[o[1]], spack('<dddd', o[2], now, now + x * 1000, o[6]), 'PX', format('%d', x))
+    end
   end
 end
 
@@ -186,8 +211,12 @@ end
 -- when the token did not come from the reserve itself (that write records it), and at
 -- most sixteen times per interval.
 if take and hasOwn and clientOK and source ~= 2 and now - lo > bo / ro / 16 then
-  local x = ttl(bo / ro)
-  redis.call('SET', KEYS[oi], spack('<dddd', to, now, now + x * 1000, now), 'PX', format('%d', x))
+  if kept(eo, to, bo, ro) then
+    redis.call('SET', KEYS[oi], spack('<dddd', to, now, eo, now), 'KEEPTTL')
+  else
+    local x = ttl(bo / ro)
+    redis.call('SET', KEYS[oi], spack('<dddd', to, now, now + x * 1000, now), 'PX', format('%d', x))
+  end
 end
 
 -- A refusal checks that the client bucket and the shared remainder live until they
