@@ -324,3 +324,26 @@ func (s *server) readyWithRedis(up bool) {
 		return getJSON(s.t, s.m.PublicURL()+"/readyz", &ready) == http.StatusOK && ready.Status == "ok"
 	})
 }
+
+func TestPipelineAboveReachesTheAdmissionComponents(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, value string
+		want        int
+	}{
+		{"the default pipelines above 8 scripts in flight", "", 8},
+		{"a number is taken as it is", "3", 3},
+		{"0 never pipelines", "0", -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{"SPACE_REDIS_ADDRS": "127.0.0.1:1"}
+			if c.value != "" {
+				env["SPACE_REDIS_PIPELINE_ABOVE"] = c.value
+			}
+			if got := pipelineAbove(redisSettings(t, env)); got != c.want {
+				t.Fatalf("PipelineAbove = %d, want %d", got, c.want)
+			}
+		})
+	}
+}

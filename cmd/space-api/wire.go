@@ -67,6 +67,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		FailClosed:    cfg.Admission.FailureMode == config.FailClosed,
 		Shadow:        cfg.Admission.Shadow,
 		Timeout:       cfg.Redis.Timeout,
+		PipelineAbove: pipelineAbove(cfg.Redis),
 		RefusalMaxAge: cfg.Admission.RefusalCacheMaxAge,
 		Reservations:  m.Resolver.Reservations,
 		Breaker:       m.Breaker,
@@ -77,13 +78,14 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		return opts, fmt.Errorf("admission: %w", err)
 	}
 	concurrency, err := admission.NewConcurrencyLimiter(admission.ConcurrencyOptions{
-		Redis:      m.Redis,
-		Prefix:     m.RedisPrefix,
-		Timeout:    cfg.Redis.Timeout,
-		Breaker:    m.Breaker,
-		FailClosed: cfg.Admission.FailureMode == config.FailClosed,
-		Registerer: m.Registry,
-		Logger:     m.Logger,
+		Redis:         m.Redis,
+		Prefix:        m.RedisPrefix,
+		Timeout:       cfg.Redis.Timeout,
+		PipelineAbove: pipelineAbove(cfg.Redis),
+		Breaker:       m.Breaker,
+		FailClosed:    cfg.Admission.FailureMode == config.FailClosed,
+		Registerer:    m.Registry,
+		Logger:        m.Logger,
 	})
 	if err != nil {
 		return opts, fmt.Errorf("concurrency limiter: %w", err)
@@ -162,11 +164,12 @@ func (m *Main) authenticator() (api.Authenticator, error) {
 		return &api.TrustedHeader{Trusted: cfg.TrustedProxyCIDRs, Untrusted: untrusted}, nil
 	}
 	failures, err := admission.NewLimiter(admission.LimiterOptions{
-		Redis:   m.Redis,
-		Prefix:  m.RedisPrefix + ":auth_failures",
-		Rate:    cfg.FailureRate,
-		Timeout: m.Config.Redis.Timeout,
-		Breaker: m.Breaker,
+		Redis:         m.Redis,
+		Prefix:        m.RedisPrefix + ":auth_failures",
+		Rate:          cfg.FailureRate,
+		Timeout:       m.Config.Redis.Timeout,
+		PipelineAbove: pipelineAbove(m.Config.Redis),
+		Breaker:       m.Breaker,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("failed-auth limiter: %w", err)
@@ -292,4 +295,13 @@ func (m *Main) substrate() (substrate.Substrate, error) {
 // purgeIdempotencyKeys deletes expired idempotency keys, a batch a round.
 func (m *Main) purgeIdempotencyKeys(ctx context.Context) (int, error) {
 	return idempotency.Purge(ctx, m.DB)
+}
+
+// pipelineAbove is SPACE_REDIS_PIPELINE_ABOVE as the admission components take it:
+// their zero is the default, the variable's zero never pipelines.
+func pipelineAbove(cfg config.Redis) int {
+	if cfg.PipelineAbove == 0 {
+		return -1
+	}
+	return cfg.PipelineAbove
 }

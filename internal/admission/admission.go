@@ -65,6 +65,12 @@ type Options struct {
 	// Breaker, shared by a replica's Redis components, fails calls at once while Redis
 	// is known to be down (see Breaker); nil calls Redis every time.
 	Breaker *Breaker
+	// PipelineAbove is how many of this component's scripts may be on their way to
+	// Redis at once, each on its own, before the ones callers start wait and go
+	// together as one pipeline when a round trip comes back
+	// (SPACE_REDIS_PIPELINE_ABOVE): see coalescer. 0 is DefaultPipelineAbove (8);
+	// negative sends every script on its own.
+	PipelineAbove int
 	// Registerer receives the metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
 	// Logger receives Redis failures (at most one line per 10 s); nil discards.
@@ -224,7 +230,7 @@ func New(opts Options) (*Admitter, error) {
 	return &Admitter{
 		now:          now,
 		maxAge:       opts.RefusalMaxAge,
-		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker),
+		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove),
 		enabled:      opts.Enabled,
 		failClosed:   opts.FailClosed,
 		shadow:       opts.Shadow,

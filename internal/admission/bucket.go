@@ -43,9 +43,11 @@ const (
 	peek = "0"
 )
 
-// runner runs Redis calls with a per-call timeout, through the replica's Breaker.
+// runner runs Redis calls with a per-call timeout, through the replica's Breaker; its
+// scripts go through a coalescer.
 type runner struct {
 	rdb       redis.UniversalClient
+	scripts   *coalescer
 	deadlines *deadlines
 	breaker   *Breaker
 	// direct is true when rdb applies context deadlines to its socket reads
@@ -63,8 +65,19 @@ func checkTimeout(component string, timeout time.Duration) error {
 	return nil
 }
 
-func newRunner(rdb redis.UniversalClient, timeout time.Duration, breaker *Breaker) runner {
-	return runner{rdb: rdb, deadlines: newDeadlines(timeout), breaker: breaker, direct: honoursContext(rdb)}
+// newRunner returns the runner of one component; pipelineAbove is its
+// Options.PipelineAbove (0: DefaultPipelineAbove; negative: every script on its own).
+func newRunner(rdb redis.UniversalClient, timeout time.Duration, breaker *Breaker, pipelineAbove int) runner {
+	if pipelineAbove == 0 {
+		pipelineAbove = DefaultPipelineAbove
+	}
+	return runner{rdb: rdb, scripts: newCoalescer(rdb, pipelineAbove), deadlines: newDeadlines(timeout), breaker: breaker, direct: honoursContext(rdb)}
+}
+
+// script runs script through the runner's coalescer: see run for the deadline and the
+// breaker.
+func (r runner) script(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	return r.scripts.run(ctx, script, keys, args...)
 }
 
 // honoursContext reports whether the client's own socket deadlines follow the
@@ -210,7 +223,7 @@ func withFloor(args bucketArgs, floor int64) bucketArgs {
 func (r runner) decide(ctx context.Context, cost string, keys []string, first, second, soft bucketArgs) (admitted bool, states []BucketState, breach bool, err error) {
 	rates := string(first + second + soft)
 	v, err := r.run(ctx, func(ctx context.Context) (any, error) {
-		return bucketScript.Run(ctx, r.rdb, keys, cost, rates).Text()
+		return r.script(ctx, bucketScript, keys, cost, rates).Text()
 	})
 	if err != nil {
 		return false, nil, false, err

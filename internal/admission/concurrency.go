@@ -57,6 +57,12 @@ type ConcurrencyOptions struct {
 	// Breaker, shared by a replica's Redis components, fails calls at once while Redis
 	// is known to be down (see Breaker); nil calls Redis every time.
 	Breaker *Breaker
+	// PipelineAbove is how many of this component's scripts may be on their way to
+	// Redis at once, each on its own, before the ones callers start wait and go
+	// together as one pipeline when a round trip comes back
+	// (SPACE_REDIS_PIPELINE_ABOVE): see coalescer. 0 is DefaultPipelineAbove (8);
+	// negative sends every script on its own.
+	PipelineAbove int
 	// FailClosed: on a Redis error or timeout, false (the default) lets the request
 	// through with a no-op release; true returns an error wrapping ErrUnavailable.
 	// Both are counted as decision="error".
@@ -131,7 +137,7 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &ConcurrencyLimiter{
-		run:        newRunner(opts.Redis, opts.Timeout, opts.Breaker),
+		run:        newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove),
 		prefix:     prefix + ":client_concurrency:",
 		ttl:        ttl,
 		ttlArg:     strconv.FormatInt(ttl.Milliseconds(), 10),
@@ -169,7 +175,7 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 	key := c.prefix + string(client)
 	lease := c.instance + ":" + strconv.FormatUint(c.seq.Add(1), 10)
 	v, err := c.run.run(ctx, func(ctx context.Context) (any, error) {
-		return acquireScript.Run(ctx, c.run.rdb, []string{key}, strconv.Itoa(cap), c.ttlArg, lease).Int64Slice()
+		return c.run.script(ctx, acquireScript, []string{key}, strconv.Itoa(cap), c.ttlArg, lease).Int64Slice()
 	})
 	if err != nil {
 		// The script may still have run after the timeout: that lease is held by no
@@ -296,7 +302,7 @@ func (c *ConcurrencyLimiter) renewSet(ctx context.Context, key string, leases []
 		args = append(args, l)
 	}
 	v, err := c.run.run(ctx, func(ctx context.Context) (any, error) {
-		return renewScript.Run(ctx, c.run.rdb, []string{key}, args...).Int64()
+		return c.run.script(ctx, renewScript, []string{key}, args...).Int64()
 	})
 	if err != nil {
 		if c.ctx.Err() != nil {

@@ -25,6 +25,12 @@ type LimiterOptions struct {
 	// Breaker, shared by a replica's Redis components, fails calls at once while Redis
 	// is known to be down (see Breaker); nil calls Redis every time.
 	Breaker *Breaker
+	// PipelineAbove is how many of this component's scripts may be on their way to
+	// Redis at once, each on its own, before the ones callers start wait and go
+	// together as one pipeline when a round trip comes back
+	// (SPACE_REDIS_PIPELINE_ABOVE): see coalescer. 0 is DefaultPipelineAbove (8);
+	// negative sends every script on its own.
+	PipelineAbove int
 }
 
 // Limiter is one token bucket per key, on the Admitter's script with a single key: the
@@ -53,7 +59,7 @@ func NewLimiter(opts LimiterOptions) (*Limiter, error) {
 	if err := checkTimeout("limiter", opts.Timeout); err != nil {
 		return nil, err
 	}
-	return &Limiter{run: newRunner(opts.Redis, opts.Timeout, opts.Breaker), prefix: opts.Prefix + ":", rate: opts.Rate, args: argsOf(opts.Rate)}, nil
+	return &Limiter{run: newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove), prefix: opts.Prefix + ":", rate: opts.Rate, args: argsOf(opts.Rate)}, nil
 }
 
 // Allow takes one token from key's bucket if it holds one. state is the bucket after

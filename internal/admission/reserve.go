@@ -134,7 +134,7 @@ func (a *Admitter) reserved(ctx context.Context, c space.Charge, res *space.Rese
 		argv = append(argv, strconv.FormatInt(c.Floor, 10))
 	}
 	v, err := a.run.run(ctx, func(ctx context.Context) (any, error) {
-		return reserveScript.Run(ctx, a.run.rdb, keys, argv...).Text()
+		return a.run.script(ctx, reserveScript, keys, argv...).Text()
 	})
 	if err != nil {
 		return Decision{}, err

@@ -126,6 +126,8 @@ func declare(c *Config) []Var {
 			Help: "The name to verify in the server's certificate; needs TLS on."},
 		Var{Name: "SPACE_REDIS_TIMEOUT", Default: "100ms", parse: into(&r.Timeout, duration),
 			Help: "Bounds every Redis call on the request path: a slow Redis must not make every create slow."},
+		Var{Name: "SPACE_REDIS_PIPELINE_ABOVE", Default: "8", parse: into(&r.PipelineAbove, atLeast(0)),
+			Help: "Admission scripts (decisions, leases) in flight at once, each on its own, before the next wait and go together as one pipeline: fewer round trips under load, no wait below it; `0` never pipelines."},
 		Var{Name: "SPACE_REDIS_KEY_PREFIX", Default: "space", parse: into(&r.KeyPrefix, checked(keyPrefix)),
 			Help: "Namespaces every Redis key; deployments sharing one Redis (a staging beside a production) set one each."},
 	)...)

@@ -170,6 +170,8 @@ chartEnv, what the values render, then extraEnv.
       key: {{ ternary .Values.redis.existingSecretKey "redis-addrs" (ne .Values.redis.existingSecret "") }}
 - name: SPACE_REDIS_TIMEOUT
   value: {{ .Values.redis.timeout | quote }}
+- name: SPACE_REDIS_PIPELINE_ABOVE
+  value: {{ .Values.redis.pipelineAbove | quote }}
 - name: SPACE_REDIS_KEY_PREFIX
   value: {{ .Values.redis.keyPrefix | quote }}
 - name: SPACE_REDIS_MODE

@@ -1,0 +1,213 @@
+package admission
+
+import (
+	"context"
+	"slices"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	// DefaultPipelineAbove is the default of Options.PipelineAbove,
+	// ConcurrencyOptions.PipelineAbove and LimiterOptions.PipelineAbove
+	// (SPACE_REDIS_PIPELINE_ABOVE): how many scripts of a component go to Redis each on
+	// its own at once before the next wait to go together. Below it a decision costs
+	// what it would without the coalescer; measured on 2 cores (docs/benchmarks.md),
+	// pipelining at 8 callers or fewer lost more to waking the waiting callers than it
+	// saved in round trips, and at 32 it took about half the CPU a decision costs.
+	DefaultPipelineAbove = 8
+	// maxBatch bounds one pipeline, so that a burst of calls is never written as one
+	// unbounded message: a batch's last call waits for every reply before it.
+	maxBatch = 128
+)
+
+// coalescer runs the scripts of one admission component (the Admitter, the
+// ConcurrencyLimiter, a Limiter) and joins the ones callers start while many are
+// already on their way into one pipeline.
+//
+// Why: on the request path each decision is one EVALSHA, and a round trip costs far
+// more than the script: every message is a write and a read system call and a wake-up
+// on both sides, on a small VM most of a decision's CPU, the Redis thread's included,
+// and the Redis thread is what every replica shares. A pipeline of n scripts pays
+// those once. Nothing about a decision changes: each script is still atomic on its
+// own, they run in the order the callers sent them, and each caller gets its own reply
+// or error.
+//
+// How: while fewer than inFlight scripts are out, a call goes out at once on its own,
+// as it would without the coalescer, so a replica under light load waits for nothing.
+// Calls made while inFlight are out wait in a queue; when a round trip comes back, the
+// call that has waited longest is woken to lead the next one: it sends everything
+// queued (up to maxBatch), itself included, as one pipeline, and hands the round trip
+// on in turn. No goroutine of its own, no timer and no linger: a batch is whatever
+// arrived during the last round trip, so its depth follows the load.
+//
+// Every caller keeps its own deadline: one waiting for a batch returns at its context's
+// end whatever the batch does, as a call whose reply never came (which fail-open and
+// fail-closed admission already handle). A call given up before its batch is written is
+// left out of it, so it is never sent. A batch is written under its leader's context,
+// the longest waiting, whose deadline (the runner's, counted from the start of a call)
+// comes first.
+type coalescer struct {
+	rdb      redis.UniversalClient
+	inFlight int
+
+	mu      sync.Mutex
+	running int
+	queue   []*queuedScript
+
+	// queuedHook, when set (by tests), is called each time a call joins the queue.
+	queuedHook func()
+}
+
+// queuedScript is one caller's script waiting for a batch, and then its result.
+type queuedScript struct {
+	ctx    context.Context
+	script *redis.Script
+	keys   []string
+	args   []any
+	cmd    *redis.Cmd
+	// lead is set, under the coalescer's lock, when the call is taken from the queue
+	// to lead the next round trip rather than to ride in one.
+	lead bool
+	// done receives once: the call's result is in cmd, or it leads.
+	done chan struct{}
+}
+
+// newCoalescer returns a coalescer allowing inFlight round trips at once; inFlight
+// <= 0 sends every call on its own.
+func newCoalescer(rdb redis.UniversalClient, inFlight int) *coalescer {
+	return &coalescer{rdb: rdb, inFlight: inFlight}
+}
+
+// run runs script on keys and args, as script.Run would: EVALSHA, and EVAL when the
+// server does not hold the script. It returns by ctx's end.
+func (p *coalescer) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if p.inFlight <= 0 {
+		return script.Run(ctx, p.rdb, keys, args...)
+	}
+	p.mu.Lock()
+	if p.running < p.inFlight {
+		p.running++
+		p.mu.Unlock()
+		cmd := script.Run(ctx, p.rdb, keys, args...)
+		p.mu.Lock()
+		p.handOn()
+		return cmd
+	}
+	q := &queuedScript{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{}, 1)}
+	p.queue = append(p.queue, q)
+	p.mu.Unlock()
+	if p.queuedHook != nil {
+		p.queuedHook()
+	}
+	select {
+	case <-q.done:
+		if q.lead {
+			p.lead(q)
+		}
+		return q.cmd
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	if i := slices.Index(p.queue, q); i >= 0 {
+		p.queue = slices.Delete(p.queue, i, i+1)
+		p.mu.Unlock()
+	} else if q.lead {
+		// Chosen to lead as it gave up: the round trip is led from another goroutine,
+		// so that this caller still returns now.
+		p.mu.Unlock()
+		go func() {
+			<-q.done
+			p.lead(nil)
+		}()
+	} else {
+		// Riding in a batch on its way: its reply, when it comes, is dropped.
+		p.mu.Unlock()
+	}
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(ctx.Err())
+	return cmd
+}
+
+// lead sends q (nil: none) and the queued calls as one round trip, answers the
+// others, and hands the round trip on.
+func (p *coalescer) lead(q *queuedScript) {
+	p.mu.Lock()
+	n := min(len(p.queue), maxBatch)
+	batch := make([]*queuedScript, 0, n+1)
+	if q != nil {
+		batch = append(batch, q)
+	}
+	batch = append(batch, p.queue[:n]...)
+	p.queue = slices.Delete(p.queue, 0, n)
+	p.mu.Unlock()
+	p.send(batch)
+	p.mu.Lock()
+	p.handOn()
+}
+
+// handOn hands a round trip that came back to the call that has waited longest,
+// woken to lead the next one, or gives it up when none waits. It is called with p.mu
+// held, and releases it.
+func (p *coalescer) handOn() {
+	if len(p.queue) == 0 {
+		p.running--
+		p.mu.Unlock()
+		return
+	}
+	next := p.queue[0]
+	p.queue = slices.Delete(p.queue, 0, 1)
+	next.lead = true
+	p.mu.Unlock()
+	next.done <- struct{}{}
+}
+
+// send writes batch as one pipeline under the context of its first live call, and
+// answers every call but the leader's (the first, when it leads).
+func (p *coalescer) send(batch []*queuedScript) {
+	var ctx context.Context
+	live := batch[:0:0]
+	for _, q := range batch {
+		if err := q.ctx.Err(); err != nil {
+			q.cmd = redis.NewCmd(q.ctx)
+			q.cmd.SetErr(err)
+			continue
+		}
+		if ctx == nil {
+			ctx = q.ctx
+		}
+		live = append(live, q)
+	}
+	switch len(live) {
+	case 0:
+	case 1:
+		q := live[0]
+		q.cmd = q.script.Run(q.ctx, p.rdb, q.keys, q.args...)
+	default:
+		pipe := p.rdb.Pipeline()
+		for _, q := range live {
+			q.cmd = q.script.EvalSha(ctx, pipe, q.keys, q.args...)
+		}
+		_, _ = pipe.Exec(ctx)
+		// A server that lost its scripts (a restart, a failover, SCRIPT FLUSH) refused
+		// them without running any: they are sent again with their source.
+		var again redis.Pipeliner
+		for _, q := range live {
+			if redis.HasErrorPrefix(q.cmd.Err(), "NOSCRIPT") {
+				if again == nil {
+					again = p.rdb.Pipeline()
+				}
+				q.cmd = q.script.Eval(ctx, again, q.keys, q.args...)
+			}
+		}
+		if again != nil {
+			_, _ = again.Exec(ctx)
+		}
+	}
+	for _, q := range batch {
+		if q.done != nil && !q.lead {
+			q.done <- struct{}{}
+		}
+	}
+}

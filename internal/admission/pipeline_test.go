@@ -1,0 +1,342 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/testenv"
+)
+
+// gate is a go-redis hook that can hold the first script sent on its own, and the
+// first pipeline of scripts, until they are let go; it records every pipeline's size
+// and counts the scripts sent on their own.
+type gate struct {
+	mu        sync.Mutex
+	hold      bool
+	held      chan struct{} // closed once the first script is held
+	open      chan struct{}
+	holdPipe  bool
+	pipeHeld  chan struct{} // closed once the first pipeline is held
+	pipeOpen  chan struct{}
+	pipelines []int
+	singles   atomic.Int64
+}
+
+// newGate returns a gate holding the first script (hold) or holding nothing.
+func newGate(hold bool) *gate {
+	return &gate{hold: hold, held: make(chan struct{}), open: make(chan struct{}), pipeHeld: make(chan struct{}), pipeOpen: make(chan struct{})}
+}
+
+func (g *gate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			g.singles.Add(1)
+			g.mu.Lock()
+			hold := g.hold
+			g.hold = false
+			g.mu.Unlock()
+			if hold {
+				close(g.held)
+				<-g.open
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook records pipelines of scripts: go-redis's own (the handshake of
+// a new connection) are not the coalescer's.
+func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if name := cmds[0].Name(); name == "evalsha" || name == "eval" {
+			g.mu.Lock()
+			g.pipelines = append(g.pipelines, len(cmds))
+			hold := g.holdPipe
+			g.holdPipe = false
+			g.mu.Unlock()
+			if hold {
+				close(g.pipeHeld)
+				<-g.pipeOpen
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (g *gate) sizes() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]int(nil), g.pipelines...)
+}
+
+// coalescerBundle is an Admitter whose Redis client goes through a gate, and a count
+// of the calls its coalescer queued.
+type coalescerBundle struct {
+	*bundle
+	gate   *gate
+	queued chan struct{}
+}
+
+// coalescerSetup builds an Admitter pipelining above pipelineAbove, on a client of the
+// standalone Redis or of the cluster built as space-api builds its own (its calls run
+// directly under their deadlines), with a cluster bucket that never runs dry.
+func coalescerSetup(t *testing.T, cluster bool, pipelineAbove int, hold bool) *coalescerBundle {
+	t.Helper()
+	var rdb redis.UniversalClient
+	if cluster {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(t), ContextTimeoutEnabled: true})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t), ContextTimeoutEnabled: true})
+	}
+	return coalescerSetupOn(t, rdb, pipelineAbove, hold)
+}
+
+// coalescerSetupOn is coalescerSetup on a client of the test's choice, which it closes.
+func coalescerSetupOn(t *testing.T, rdb redis.UniversalClient, pipelineAbove int, hold bool) *coalescerBundle {
+	t.Helper()
+	t.Cleanup(func() { rdb.Close() })
+	g := newGate(hold)
+	rdb.AddHook(g)
+	opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 1 << 40})
+	opts.PipelineAbove = pipelineAbove
+	b := &coalescerBundle{bundle: setup(t, rdb, opts), gate: g, queued: make(chan struct{}, 1024)}
+	b.adm.run.scripts.queuedHook = func() {
+		select {
+		case b.queued <- struct{}{}:
+		default: // nobody awaits this many
+		}
+	}
+	return b
+}
+
+// await waits for n calls to join the queue.
+func (b *coalescerBundle) await(n int) {
+	b.t.Helper()
+	for range n {
+		select {
+		case <-b.queued:
+		case <-b.ctx.Done():
+			b.t.Fatal("calls never queued")
+		}
+	}
+}
+
+// idle reports whether the coalescer has nothing in flight and nothing queued.
+func (b *coalescerBundle) idle() bool {
+	p := b.adm.run.scripts
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.running == 0 && len(p.queue) == 0
+}
+
+// bothTopologies runs test on the standalone Redis and on the cluster, in parallel.
+func bothTopologies(t *testing.T, test func(t *testing.T, cluster bool)) {
+	t.Helper()
+	for _, cluster := range []bool{false, true} {
+		name := "standalone"
+		if cluster {
+			name = "cluster"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, cluster)
+		})
+	}
+}
+
+func TestCoalescer(t *testing.T) {
+	t.Parallel()
+
+	t.Run("calls made while the round trips in flight are out go together in the next", func(t *testing.T) {
+		t.Parallel()
+		bothTopologies(t, func(t *testing.T, cluster bool) {
+			b := coalescerSetup(t, cluster, 1, true)
+			r := rate(neverRefills, 100)
+			var wg sync.WaitGroup
+			decisions := make(chan Decision, 21)
+			wg.Go(func() { decisions <- b.admit("acme", r) })
+			<-b.gate.held
+			for range 20 {
+				wg.Go(func() { decisions <- b.admit("acme", r) })
+			}
+			b.await(20)
+			close(b.gate.open)
+			wg.Wait()
+			close(decisions)
+			admitted := 0
+			for d := range decisions {
+				if d.Admitted {
+					admitted++
+				}
+			}
+			if admitted != 21 {
+				t.Fatalf("admitted %d of 21", admitted)
+			}
+			if got := b.gate.sizes(); len(got) != 1 || got[0] != 20 {
+				t.Fatalf("pipelines of %v, want one of the 20 that waited", got)
+			}
+			if singles := b.gate.singles.Load(); singles != 1 {
+				t.Fatalf("%d scripts went on their own, want the first alone", singles)
+			}
+			if s := b.stored(b.clientKey("acme")); !near(s.tokens, 79, 1e-6) {
+				t.Fatalf("the client bucket holds %v, want 79: each call of the pipeline took its token", s.tokens)
+			}
+			if !b.idle() {
+				t.Fatal("the coalescer is not idle after every call returned")
+			}
+		})
+	})
+
+	t.Run("a burst of concurrent decisions through pipelines admits exactly the burst", func(t *testing.T) {
+		t.Parallel()
+		bothTopologies(t, func(t *testing.T, cluster bool) {
+			b := coalescerSetup(t, cluster, 2, false)
+			r := rate(neverRefills, 300)
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for range 64 {
+				wg.Go(func() {
+					for range 10 {
+						if d := b.admit("acme", r); d.Admitted {
+							admitted.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if got := admitted.Load(); got != 300 {
+				t.Fatalf("admitted %d of 640 against a burst of 300", got)
+			}
+			deep := 0
+			for _, n := range b.gate.sizes() {
+				if n > 1 {
+					deep++
+				}
+			}
+			if deep == 0 {
+				t.Fatal("64 callers above 2 in flight sent no pipeline of more than one script")
+			}
+			if !b.idle() {
+				t.Fatal("the coalescer is not idle after every call returned")
+			}
+		})
+	})
+
+	t.Run("a caller waiting for a batch returns at its own deadline and is never sent", func(t *testing.T) {
+		t.Parallel()
+		b := coalescerSetup(t, false, 1, true)
+		r := rate(neverRefills, 100)
+		first := make(chan Decision, 1)
+		go func() { first <- b.admit("acme", r) }()
+		<-b.gate.held
+		ctx, cancel := context.WithTimeout(b.ctx, 20*time.Millisecond)
+		defer cancel()
+		_, err := b.adm.Admit(ctx, "acme", r)
+		if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Admit past its deadline = %v, want ErrUnavailable for the deadline (fail closed)", err)
+		}
+		close(b.gate.open)
+		if d := <-first; !d.Admitted {
+			t.Fatalf("the first decision = %+v", d)
+		}
+		if got := b.gate.sizes(); len(got) != 0 {
+			t.Fatalf("pipelines of %v after the only waiting call gave up, want none", got)
+		}
+		if s := b.stored(b.clientKey("acme")); !near(s.tokens, 99, 1e-6) {
+			t.Fatalf("the client bucket holds %v, want 99: the call given up took nothing", s.tokens)
+		}
+		if !b.idle() {
+			t.Fatal("the coalescer is not idle")
+		}
+	})
+
+	t.Run("scripts a server lost are sent again with their source", func(t *testing.T) {
+		t.Parallel()
+		// A private server: the shared one's scripts are every parallel test's.
+		srv := testenv.StartRedis(t)
+		b := coalescerSetupOn(t, redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true}), 1, true)
+		r := rate(neverRefills, 100)
+		var wg sync.WaitGroup
+		var admitted atomic.Int64
+		admit := func() {
+			if d := b.admit("acme", r); d.Admitted {
+				admitted.Add(1)
+			}
+		}
+		wg.Go(admit)
+		<-b.gate.held
+		for range 5 {
+			wg.Go(admit)
+		}
+		b.await(5)
+		b.gate.mu.Lock()
+		b.gate.holdPipe = true
+		b.gate.mu.Unlock()
+		close(b.gate.open)
+		// The five wait as one pipeline while the server loses its scripts.
+		<-b.gate.pipeHeld
+		if err := b.rdb.ScriptFlush(b.ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		close(b.gate.pipeOpen)
+		wg.Wait()
+		if admitted.Load() != 6 {
+			t.Fatalf("admitted %d of 6 after SCRIPT FLUSH", admitted.Load())
+		}
+		// The five went as EVALSHA, were refused NOSCRIPT, and went again as EVAL.
+		if got := b.gate.sizes(); len(got) != 2 || got[0] != 5 || got[1] != 5 {
+			t.Fatalf("pipelines of %v, want 5 refused then the 5 again", got)
+		}
+		if s := b.stored(b.clientKey("acme")); !near(s.tokens, 94, 1e-6) {
+			t.Fatalf("the client bucket holds %v, want 94", s.tokens)
+		}
+	})
+
+	t.Run("callers giving up at any moment never stall the others", func(t *testing.T) {
+		t.Parallel()
+		b := coalescerSetup(t, false, 1, false)
+		b.adm.failClosed = false // a call given up fails open, as space-api's default does
+		r := rate(1e6, 1e6)
+		var wg sync.WaitGroup
+		for range 48 {
+			wg.Go(func() {
+				for range 40 {
+					ctx, cancel := context.WithTimeout(b.ctx, time.Duration(rand.IntN(3000))*time.Microsecond)
+					_, _ = b.adm.Admit(ctx, "acme", r)
+					cancel()
+				}
+			})
+		}
+		wg.Wait()
+		// A caller chosen to lead as it gave up hands the lead to a goroutine, which
+		// may still be finishing.
+		testenv.Eventually(t, 5*time.Second, "the coalescer idle", b.idle)
+		if d := b.admit("acme", r); !d.Admitted {
+			t.Fatalf("a decision after the storm = %+v", d)
+		}
+	})
+
+	t.Run("a negative PipelineAbove sends every script on its own", func(t *testing.T) {
+		t.Parallel()
+		b := coalescerSetup(t, false, -1, false)
+		r := rate(neverRefills, 100)
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() { b.admit("acme", r) })
+		}
+		wg.Wait()
+		if got := b.gate.sizes(); len(got) != 0 || b.gate.singles.Load() != 16 {
+			t.Fatalf("pipelines %v and %d on their own, want none and 16", got, b.gate.singles.Load())
+		}
+	})
+}
