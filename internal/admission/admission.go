@@ -435,7 +435,7 @@ func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 	}
 	if le != nil {
 		a.metrics.count(decisionRejected, le.Bucket, c.Tier)
-		a.metrics.local.WithLabelValues(string(le.Bucket)).Inc()
+		a.metrics.refusedLocally(le.Bucket)
 	}
 	return le
 }

@@ -42,9 +42,12 @@ type admissionMetrics struct {
 	// admissions took their cluster token.
 	soft, sources *prometheus.CounterVec
 
-	// The series of an untiered charge, bound once: the hot path of most fleets.
+	// The series of an untiered charge, bound once: the hot path of most fleets, and
+	// for the refusals, of a client flooding over its rate.
 	admittedCluster, admittedClient prometheus.Counter
 	errorCluster, errorClient       prometheus.Counter
+	rejectedCluster, rejectedClient prometheus.Counter
+	localCluster, localClient       prometheus.Counter
 }
 
 func newAdmissionMetrics(reg prometheus.Registerer) (*admissionMetrics, error) {
@@ -74,6 +77,10 @@ func newAdmissionMetrics(reg prometheus.Registerer) (*admissionMetrics, error) {
 	m.admittedClient = decisions.WithLabelValues(decisionAdmitted, string(space.BucketClientActivation), "")
 	m.errorCluster = decisions.WithLabelValues(decisionError, string(space.BucketClusterActivation), "")
 	m.errorClient = decisions.WithLabelValues(decisionError, string(space.BucketClientActivation), "")
+	m.rejectedCluster = decisions.WithLabelValues(decisionRejected, string(space.BucketClusterActivation), "")
+	m.rejectedClient = decisions.WithLabelValues(decisionRejected, string(space.BucketClientActivation), "")
+	m.localCluster = local.WithLabelValues(string(space.BucketClusterActivation))
+	m.localClient = local.WithLabelValues(string(space.BucketClientActivation))
 	// The rejections too, so that every untiered series exists (at 0) from the start;
 	// a tier's series appear with its first decision.
 	for _, b := range []space.Bucket{space.BucketClusterActivation, space.BucketClientActivation} {
@@ -122,5 +129,28 @@ func (m *admissionMetrics) errored(c space.Charge) {
 }
 
 func (m *admissionMetrics) count(decision string, bucket space.Bucket, tier string) {
+	if decision == decisionRejected && tier == "" {
+		switch bucket {
+		case space.BucketClusterActivation:
+			m.rejectedCluster.Inc()
+			return
+		case space.BucketClientActivation:
+			m.rejectedClient.Inc()
+			return
+		}
+	}
 	m.decisions.WithLabelValues(decision, string(bucket), tier).Inc()
+}
+
+// refusedLocally counts a refusal answered from memory (CachedRefusal), besides its
+// decision.
+func (m *admissionMetrics) refusedLocally(bucket space.Bucket) {
+	switch bucket {
+	case space.BucketClusterActivation:
+		m.localCluster.Inc()
+	case space.BucketClientActivation:
+		m.localClient.Inc()
+	default:
+		m.local.WithLabelValues(string(bucket)).Inc()
+	}
 }

@@ -18,6 +18,9 @@ const HeaderClientID = "X-Client-ID"
 // route runs behind identify, and the internal wake sets its owner's, so the zero
 // Caller it returns otherwise owns nothing and is capped as space.Unknown.
 func callerFrom(ctx context.Context) space.Caller {
+	if st := stateFrom(ctx); st != nil && st.identified {
+		return st.caller
+	}
 	c, ok := space.CallerFromContext(ctx)
 	if !ok {
 		c.Key = space.Unknown
@@ -25,24 +28,15 @@ func callerFrom(ctx context.Context) space.Caller {
 	return c
 }
 
-// requestInfo is filled in as a request goes through the middleware, for the request
-// log written after it (whose context is the outer one).
-type requestInfo struct {
-	client space.ClientID
-	key    space.ClientKey
-}
-
-type requestInfoKey struct{}
-
-func withRequestInfo(ctx context.Context) (context.Context, *requestInfo) {
-	info := &requestInfo{}
-	return context.WithValue(ctx, requestInfoKey{}, info), info
-}
-
-func setRequestCaller(ctx context.Context, c space.Caller) {
-	if info, ok := ctx.Value(requestInfoKey{}).(*requestInfo); ok {
-		info.client, info.key = c.ID, c.Key
+// setRequestCaller records the request's caller in its state, for the handlers and
+// the request log, and reports whether the request has a state to hold it.
+func setRequestCaller(ctx context.Context, c space.Caller) bool {
+	st := stateFrom(ctx)
+	if st == nil {
+		return false
 	}
+	st.caller, st.identified = c, true
+	return true
 }
 
 // Authenticator establishes who a request is from, the first step of every request: the client id
@@ -104,8 +98,10 @@ func (s *Server) identify(next http.Handler) http.Handler {
 			return
 		}
 		caller := s.callers.Resolve(r.Context(), id)
-		setRequestCaller(r.Context(), caller)
-		next.ServeHTTP(w, r.WithContext(space.NewContext(r.Context(), caller)))
+		if !setRequestCaller(r.Context(), caller) {
+			r = r.WithContext(space.NewContext(r.Context(), caller))
+		}
+		next.ServeHTTP(w, r)
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -19,29 +20,49 @@ import (
 	"github.com/space-sandbox/space"
 )
 
-type ctxKey int
+// requestStateKey is the context key of a request's requestState.
+type requestStateKey struct{}
 
-const (
-	requestIDKey ctxKey = iota
-)
+// requestState is what the middleware learns of one request, in one context value set
+// once by requestID: its id, and the caller identify resolved. Each handler step reads
+// and fills it in place, so that a request is copied (http.Request.WithContext) once
+// on its way in, not at every step; the request log written after the handler reads
+// it from the outer context. Only the request's own goroutine touches it.
+type requestState struct {
+	id         string
+	caller     space.Caller
+	identified bool
+}
+
+func stateFrom(ctx context.Context) *requestState {
+	st, _ := ctx.Value(requestStateKey{}).(*requestState)
+	return st
+}
 
 // RequestID returns the request's id: the caller's X-Request-ID when it is a sane
 // token, otherwise one made here. It is echoed in the response and in every log line.
 func RequestID(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey).(string)
-	return id
+	if st := stateFrom(ctx); st != nil {
+		return st.id
+	}
+	return ""
 }
+
+// headerRequestID is X-Request-ID in its canonical form, which a Header map is indexed
+// by: set directly, it is not canonicalised (an allocation) per request.
+const headerRequestID = "X-Request-Id"
 
 func requestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get("X-Request-ID")
+		id := r.Header.Get(headerRequestID)
 		if !saneToken(id, 64) {
 			var b [8]byte
 			_, _ = rand.Read(b[:])
 			id = hex.EncodeToString(b[:])
 		}
-		w.Header().Set("X-Request-ID", id)
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+		w.Header()[headerRequestID] = []string{id}
+		st := &requestState{id: id}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestStateKey{}, st)))
 	})
 }
 
@@ -61,10 +82,47 @@ func saneToken(s string, max int) bool {
 }
 
 // httpMetrics are the request series. The route label is chi's route pattern, never the
-// raw path, so its values are bounded by the router.
+// raw path, and the method label one of the methods of RFC 9110 or "other", so the
+// series are bounded by the router. Each series is looked up once and kept (bound): a
+// label lookup validates, hashes and compares every value, twice a request.
 type httpMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	bound    sync.Map // seriesKey -> *requestSeries
+}
+
+type seriesKey struct {
+	listener, route, method string
+	status                  int
+}
+
+type requestSeries struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+}
+
+// of is the series of one listener, route, method and status.
+func (m *httpMetrics) of(listener, route, method string, status int) *requestSeries {
+	k := seriesKey{listener, route, method, status}
+	if v, ok := m.bound.Load(k); ok {
+		return v.(*requestSeries)
+	}
+	v, _ := m.bound.LoadOrStore(k, &requestSeries{
+		requests: m.requests.WithLabelValues(listener, route, method, strconv.Itoa(status)),
+		duration: m.duration.WithLabelValues(listener, route, method),
+	})
+	return v.(*requestSeries)
+}
+
+// methodLabel is method as the request series label it: a method of RFC 9110, or
+// "other" for anything a client made up, which must not become a series of its own.
+func methodLabel(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return method
+	}
+	return "other"
 }
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
@@ -90,8 +148,11 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
-			ctx, info := withRequestInfo(r.Context())
-			r = r.WithContext(ctx)
+			st := stateFrom(r.Context())
+			if st == nil { // a handler built without requestID (tests)
+				st = &requestState{}
+				r = r.WithContext(context.WithValue(r.Context(), requestStateKey{}, st))
+			}
 			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
 			defer func() {
 				if rec := recover(); rec != nil {
@@ -112,13 +173,15 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 					status = http.StatusOK
 				}
 				elapsed := time.Since(start)
-				s.metrics.requests.WithLabelValues(listener, route, r.Method, strconv.Itoa(status)).Inc()
-				s.metrics.duration.WithLabelValues(listener, route, r.Method).Observe(elapsed.Seconds())
+				method := methodLabel(r.Method)
+				series := s.metrics.of(listener, route, method, status)
+				series.requests.Inc()
+				series.duration.Observe(elapsed.Seconds())
 				level := slog.LevelInfo
 				if status >= 500 {
 					level = slog.LevelWarn
 				}
-				client, key := string(info.client), string(info.key)
+				client, key := string(st.caller.ID), string(st.caller.Key)
 				if client == "" {
 					client = "-"
 				}
@@ -127,7 +190,7 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 				}
 				attrs := []slog.Attr{
 					slog.String("listener", listener),
-					slog.String("method", r.Method),
+					slog.String("method", method),
 					slog.String("route", route),
 					slog.Int("status", status),
 					slog.Int("bytes", ww.BytesWritten()),

@@ -175,3 +175,51 @@ func TestProblemTypes(t *testing.T) {
 		}
 	})
 }
+
+// encodedProblem is p as encoding/json's Encoder writes it: what appendProblem must
+// write byte for byte.
+func encodedProblem(t testing.TB, p Problem) string {
+	t.Helper()
+	var b strings.Builder
+	if err := json.NewEncoder(&b).Encode(p); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+func TestAppendProblemWritesWhatTheEncoderWrites(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		p    Problem
+	}{
+		{"a refusal, every member set", Problem{Type: ProblemType(space.ELIMITED), Title: "Too Many Requests", Status: 429,
+			Detail: `client "acme" is over its sandbox activation rate`, Instance: "/v1/sandboxes", Code: space.ELIMITED,
+			Field: "template", Bucket: space.BucketClientActivation, Client: "acme", RequestID: "0123abcd"}},
+		{"only what is never omitted", Problem{Type: "t", Title: "x", Status: 500, Code: space.EINTERNAL}},
+		{"empty strings where nothing is omitted", Problem{}},
+		{"quotes and backslashes", Problem{Detail: `a "quoted" \ back\slash \"`, Field: `metadata.\"`}},
+		{"control characters, HTML and a line separator", Problem{Detail: "tab\tnew\nline\r\bnul\x00 <script>&amp; \u2028\u2029 é \U0001F600"}},
+		{"bytes that are not UTF-8", Problem{Field: "metadata.\xff\xfe", Instance: "/v1/sandboxes/\xc3"}},
+		{"a negative status", Problem{Status: -1}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			if got, want := string(appendProblem(nil, c.p)), encodedProblem(t, c.p); got != want {
+				t.Fatalf("appendProblem =\n%s\nencoding/json =\n%s", got, want)
+			}
+		})
+	}
+}
+
+func FuzzAppendProblem(f *testing.F) {
+	f.Add("limited", `client "acme" is over its rate`, "/v1/sandboxes", "acme", "template", 429)
+	f.Add("<&>", "\x00\u2028\xff", `\"`, "é", "", 0)
+	f.Fuzz(func(t *testing.T, code, detail, instance, client, field string, status int) {
+		p := Problem{Type: ProblemType(code), Title: http.StatusText(status), Status: status, Detail: detail, Instance: instance,
+			Code: code, Field: field, Bucket: space.Bucket(code), Client: space.ClientKey(client), RequestID: detail}
+		if got, want := string(appendProblem(nil, p)), encodedProblem(t, p); got != want {
+			t.Fatalf("appendProblem =\n%q\nencoding/json =\n%q", got, want)
+		}
+	})
+}

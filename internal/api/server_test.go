@@ -58,3 +58,60 @@ func TestProfilerRoute(t *testing.T) {
 		}
 	})
 }
+
+func TestRequestSeries(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	s := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: reg})
+	public := s.Public()
+	send := func(method, path string) {
+		w := httptest.NewRecorder()
+		public.ServeHTTP(w, httptest.NewRequest(method, path, nil))
+	}
+	for range 3 {
+		send(http.MethodGet, "/healthz")
+	}
+	for _, m := range []string{"BREW", "PROPFIND", "X-ANYTHING"} {
+		send(m, "/healthz")
+	}
+	counts := map[string]float64{}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "space_http_requests_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			counts[labels["method"]+" "+labels["route"]+" "+labels["code"]] += m.GetCounter().GetValue()
+		}
+	}
+
+	t.Run("each request is counted once in its series, however often the series is used", func(t *testing.T) {
+		if got := counts["GET /healthz 200"]; got != 3 {
+			t.Fatalf("GET /healthz 200 counted %v times, want 3 (all: %v)", got, counts)
+		}
+	})
+
+	t.Run("a method a client made up is counted as other, never as a series of its own", func(t *testing.T) {
+		var other float64
+		for k, v := range counts {
+			if bytes.HasPrefix([]byte(k), []byte("other ")) {
+				other += v
+			}
+			for _, m := range []string{"BREW", "PROPFIND", "X-ANYTHING"} {
+				if bytes.HasPrefix([]byte(k), []byte(m+" ")) {
+					t.Fatalf("a series for method %s: %v", m, counts)
+				}
+			}
+		}
+		if other != 3 {
+			t.Fatalf("%v requests counted as other, want 3 (all: %v)", other, counts)
+		}
+	})
+}

@@ -40,6 +40,14 @@ type metrics struct {
 	latency     *prometheus.HistogramVec
 	coldStart   *prometheus.HistogramVec
 	unanswered  *prometheus.CounterVec
+	// bound holds the series of every kind and outcome, looked up once: a refusal from
+	// memory is counted tens of thousands of times a second under a flood.
+	bound map[[2]string]activationSeries
+}
+
+type activationSeries struct {
+	count   prometheus.Counter
+	latency prometheus.Observer
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -68,10 +76,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{unansweredCallerGone, unansweredNoKey, unansweredKeyExpired} {
 		m.unanswered.WithLabelValues(r)
 	}
+	m.bound = map[[2]string]activationSeries{}
 	for _, k := range activationKinds {
 		for _, o := range activationOutcomes {
-			m.activations.WithLabelValues(k, o)
-			m.latency.WithLabelValues(k, o)
+			m.bound[[2]string{k, o}] = activationSeries{count: m.activations.WithLabelValues(k, o), latency: m.latency.WithLabelValues(k, o)}
 		}
 		m.coldStart.WithLabelValues(k)
 	}
@@ -80,8 +88,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 // activation records one activation of kind that ended with outcome after took.
 func (m *metrics) activation(kind, outcome string, took time.Duration) {
-	m.activations.WithLabelValues(kind, outcome).Inc()
-	m.latency.WithLabelValues(kind, outcome).Observe(took.Seconds())
+	s, ok := m.bound[[2]string{kind, outcome}]
+	if !ok {
+		s = activationSeries{count: m.activations.WithLabelValues(kind, outcome), latency: m.latency.WithLabelValues(kind, outcome)}
+	}
+	s.count.Inc()
+	s.latency.Observe(took.Seconds())
 }
 
 // refused records an activation that err refused, if err is a refusal (a limit, or a
