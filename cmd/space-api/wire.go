@@ -44,12 +44,13 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	}
 	m.Templates = templates
 
-	flagClient, err := m.flags(ctx)
+	flagClient, version, err := m.flags(ctx)
 	if err != nil {
 		return opts, err
 	}
 	m.Resolver = flags.NewResolver(flags.ResolverOptions{
 		Client:     flagClient,
+		Version:    version,
 		Env:        m.flagsEnv(),
 		Logger:     m.Logger,
 		Registerer: m.Registry,
@@ -197,11 +198,11 @@ func (m *Main) flagsEnv() flags.Env {
 }
 
 // flags sets up the OpenFeature provider of SPACE_FLAGS_FILE under a domain of this
-// Main's own (several Mains share a process in tests) and returns its client; nil when
-// no file is configured.
-func (m *Main) flags(ctx context.Context) (*openfeature.Client, error) {
+// Main's own (several Mains share a process in tests) and returns its client and the
+// version of the flags it serves; nil when no file is configured.
+func (m *Main) flags(ctx context.Context) (*openfeature.Client, func() uint64, error) {
 	if m.Config.Flags.File == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	provider, err := flags.NewFileProvider(flags.FileProviderOptions{
 		Path:         m.Config.Flags.File,
@@ -212,19 +213,19 @@ func (m *Main) flags(ctx context.Context) (*openfeature.Client, error) {
 		Env:          m.flagsEnv(),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("SPACE_FLAGS_FILE: %w", err)
+		return nil, nil, fmt.Errorf("SPACE_FLAGS_FILE: %w", err)
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	domain := "space-api-" + hex.EncodeToString(b[:])
 	if err := openfeature.SetNamedProviderWithContextAndWait(ctx, domain, provider); err != nil {
-		return nil, fmt.Errorf("SPACE_FLAGS_FILE: start provider: %w", err)
+		return nil, nil, fmt.Errorf("SPACE_FLAGS_FILE: start provider: %w", err)
 	}
 	m.onClose(func(context.Context) error {
 		provider.Shutdown()
 		return nil
 	})
-	return openfeature.NewClient(domain), nil
+	return openfeature.NewClient(domain), provider.Version, nil
 }
 
 func (m *Main) poolTargets(ctx context.Context) ([]pool.Target, error) {

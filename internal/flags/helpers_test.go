@@ -127,13 +127,19 @@ func setup(t testing.TB, file string, opts ...option) *fixture {
 		t.Fatalf("SetProviderAndWait: %v", err)
 	}
 	f.client = f.api.NewClient()
-	f.resolver = NewResolver(ResolverOptions{
+	ropts := ResolverOptions{
 		Client:     f.client,
 		Env:        c.env,
 		Logger:     logger,
 		Now:        f.clock.Now,
 		Registerer: f.reg,
-	})
+	}
+	if c.provider == nil {
+		// As space-api builds it: every test of the file provider runs through the
+		// callers kept per flags version.
+		ropts.Version = p.Version
+	}
+	f.resolver = NewResolver(ropts)
 	return f
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/open-feature/go-sdk/openfeature"
@@ -107,6 +108,8 @@ type FileProvider struct {
 
 	file   *reload.File[map[string]*flag]
 	events chan openfeature.Event
+	// version counts the flag sets served: it moves on after each new set is in service.
+	version atomic.Uint64
 
 	reloadMu sync.Mutex // serializes Reload's check and its report
 
@@ -165,6 +168,11 @@ func (p *FileProvider) flags() map[string]*flag {
 	return f
 }
 
+// Version is the version of the flags in service: it changes once a reload has put a
+// new set of flags in service, never before, and the provider's answers depend on
+// nothing else (no targeting rules). ResolverOptions.Version takes it.
+func (p *FileProvider) Version() uint64 { return p.version.Load() }
+
 // Path is the file the provider reads.
 func (p *FileProvider) Path() string { return p.path }
 
@@ -195,6 +203,7 @@ func (p *FileProvider) check() ReloadResult {
 	if !res.Swapped {
 		return out
 	}
+	p.version.Add(1)
 	out.Changed = changedFlags(prev, next)
 	p.log.Info("flags file reloaded", "path", p.path, "hash", short(res.Hash), "changed", out.Changed)
 	if len(out.Changed) > 0 {

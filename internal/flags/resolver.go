@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -81,11 +83,26 @@ type ResolverOptions struct {
 	// Registerer registers the resolver's fallback counters; nil leaves them
 	// unregistered.
 	Registerer prometheus.Registerer
+	// Version, when set, is the version of what Client's provider serves: a number that
+	// changes once the provider serves new flags, and on which its answers alone depend
+	// (FileProvider.Version). Resolve then keeps the caller it resolved for a client id
+	// until the version changes, instead of evaluating the flags for every request. Nil
+	// evaluates every time: a provider with targeting rules (flagd) may answer each id,
+	// or each moment, differently.
+	Version func() uint64
 }
+
+// maxCachedCallers bounds the callers a Resolver keeps per flags version: client ids in
+// trusted_header mode are whatever a gateway sends, and a caller past the bound is
+// resolved every time, as without a Version.
+const maxCachedCallers = 4096
 
 // Resolver turns an authenticated client id into its space.Caller: its budget key and
 // every limit on it, by one evaluation of the quota flag per request or job, so that a
-// flag change applies to the next one. It is safe for concurrent use.
+// flag change applies to the next one; with a provider that says when its flags change
+// (ResolverOptions.Version, the file provider's), by one per id and change of the
+// flags, which applies a change to the next request as well. It is safe for
+// concurrent use.
 //
 // Parsing is not repeated per request: the parsed value is cached against the identity
 // of the value the provider returned (the map's address, kept alive by the cache so it
@@ -108,6 +125,17 @@ type Resolver struct {
 
 	seen atomic.Pointer[parsedQuotas] // the last value the provider returned, parsed
 	good atomic.Pointer[parsedQuotas] // the last good value; never nil
+
+	version func() uint64
+	cache   atomic.Pointer[callerCache] // the callers resolved under one flags version
+}
+
+// callerCache is the callers resolved under one version of the flags, by client id.
+// Each request of an id is handed a copy, with rates of its own.
+type callerCache struct {
+	version uint64
+	callers sync.Map // space.ClientID -> space.Caller
+	size    atomic.Int64
 }
 
 // parsedQuotas is one quota flag value and what parsing it gave. Never modified once
@@ -138,6 +166,7 @@ func NewResolver(opts ResolverOptions) *Resolver {
 		env:     opts.Env,
 		log:     opts.Logger,
 		metrics: newResolverMetrics(opts.Registerer),
+		version: opts.Version,
 	}
 	if r.env.ClientRate != nil {
 		rate := *r.env.ClientRate
@@ -158,7 +187,9 @@ func NewResolver(opts ResolverOptions) *Resolver {
 // Resolve returns the caller of the authenticated client id: the id itself, which owns
 // what the caller creates, and its budget key with every limit on it. It is the hot
 // path: one evaluation of the quota flag (two when the client's tier comes from the
-// tier flag), no parse unless the flag changed, no I/O of its own.
+// tier flag), no parse unless the flag changed, no I/O of its own; with a Version, no
+// evaluation either while the flags stay as they were for an id already resolved (a
+// flooding client is refused without one).
 //
 // The budget key is the id when the quota flag's "clients" names it; with a tier table
 // loaded, also when the id is bounded anyway (Env.OwnKeys) or the tier flag's rules
@@ -169,7 +200,46 @@ func NewResolver(opts ResolverOptions) *Resolver {
 //
 // With a tier table, every key is on exactly one tier (see tierOf).
 func (r *Resolver) Resolve(ctx context.Context, id space.ClientID) space.Caller {
-	p := r.quotas(ctx, id)
+	if r.version == nil {
+		c, _ := r.resolve(ctx, id)
+		return c
+	}
+	// The version is read before the flags: a caller kept under it was resolved from
+	// flags no older than it, and the next version forgets it.
+	v := r.version()
+	cache := r.cache.Load()
+	if cache == nil || cache.version != v {
+		cache = &callerCache{version: v}
+		r.cache.Store(cache)
+	}
+	if c, ok := cache.callers.Load(id); ok {
+		return own(c.(space.Caller))
+	}
+	c, keep := r.resolve(ctx, id)
+	if keep && cache.size.Add(1) <= maxCachedCallers {
+		cache.callers.Store(id, c)
+		return own(c)
+	}
+	return c
+}
+
+// own is c with rates and warnings of its own, as a resolution hands them out, so that
+// no request can change another's.
+func own(c space.Caller) space.Caller {
+	c.ClientRate, c.SoftRate = copyRate(c.ClientRate), copyRate(c.SoftRate)
+	if c.Warnings != nil {
+		c.Warnings = slices.Clone(c.Warnings)
+	}
+	return c
+}
+
+// resolve is one resolution of id from the flags, and whether the caller may be kept
+// for the flags' version: not when a fallback gave it (the last good quota flag after
+// a failure, the floor tier for a tier that could not be resolved, the env rate for a
+// malformed entry), which is counted, and maybe logged, at every resolution. A client
+// no tier is assigned to is on the floor tier by design, and is kept.
+func (r *Resolver) resolve(ctx context.Context, id space.ClientID) (space.Caller, bool) {
+	p, fresh := r.quotas(ctx, id)
 	key := space.Unknown
 	if id != "" && len(id) <= p.maxKeyLen {
 		if _, ok := p.q.Clients[space.ClientKey(id)]; ok {
@@ -185,7 +255,8 @@ func (r *Resolver) Resolve(ctx context.Context, id space.ClientID) space.Caller 
 	}
 	c := r.limits(p, key, t)
 	c.ID = id
-	return c
+	counted := t.source == space.TierFallback && t.reason != space.FallbackUnassigned
+	return c, fresh && !counted && c.RateSource != SourceMalformedFallback
 }
 
 // tierChoice is the tier a key is on and how it was chosen.
@@ -272,7 +343,7 @@ func (r *Resolver) Reservations() *space.Reservations {
 
 // Tiers returns the tier table in force: empty when the quota flag has none.
 func (r *Resolver) Tiers(ctx context.Context) TierTable {
-	p := r.quotas(ctx, "")
+	p, _ := r.quotas(ctx, "")
 	out := TierTable{Reservations: p.reservations}
 	if len(p.q.Tiers) == 0 {
 		return out
@@ -474,9 +545,9 @@ func rateString(r *space.Rate) string {
 // the last good one. The id is the evaluation's targetingKey: the file provider serves
 // one static value whoever asks, and a provider with targeting (flagd) can serve a
 // client a variant of its own with no change here.
-func (r *Resolver) quotas(ctx context.Context, id space.ClientID) *parsedQuotas {
+func (r *Resolver) quotas(ctx context.Context, id space.ClientID) (*parsedQuotas, bool) {
 	if r.client == nil {
-		return noQuotas
+		return noQuotas, true
 	}
 	ec := openfeature.EvaluationContext{}
 	if id != "" {
@@ -487,7 +558,7 @@ func (r *Resolver) quotas(ctx context.Context, id space.ClientID) *parsedQuotas 
 		// Absent, disabled, or a provider that has no value for it (the no-op provider):
 		// no flag is not a failure.
 		r.keep(noQuotas)
-		return noQuotas
+		return noQuotas, true
 	}
 	if err != nil {
 		r.metrics.evalError.Inc()
@@ -495,7 +566,7 @@ func (r *Resolver) quotas(ctx context.Context, id space.ClientID) *parsedQuotas 
 			r.log.Warn("quota flag: evaluation failed, using the last good value",
 				"flag", QuotaFlag, "error", err.Error(), "next_warning_in", WarnInterval.String())
 		}
-		return r.good.Load()
+		return r.good.Load(), false
 	}
 	p := r.parse(details.Value)
 	if p.err != nil {
@@ -504,10 +575,10 @@ func (r *Resolver) quotas(ctx context.Context, id space.ClientID) *parsedQuotas 
 			r.log.Warn("quota flag: the provider's value is malformed, using the last good value",
 				"flag", QuotaFlag, "error", p.err.Error(), "next_warning_in", WarnInterval.String())
 		}
-		return r.good.Load()
+		return r.good.Load(), false
 	}
 	r.keep(p)
-	return p
+	return p, true
 }
 
 // keep makes p the last good value; the store is skipped when it already is, so that

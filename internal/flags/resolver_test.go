@@ -2,9 +2,11 @@ package flags
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -474,6 +476,106 @@ func TestResolverPoolTargets(t *testing.T) {
 		f := setup(t, quotaFile(`{}`), withProvider(stub))
 		if _, err := f.resolver.PoolTargets(ctx); err == nil || !strings.Contains(err.Error(), WarmPoolFlag) {
 			t.Errorf("err = %v, want an error naming the flag", err)
+		}
+	})
+}
+
+// evaluations counts the flag evaluations of an OpenFeature client.
+type evaluations struct {
+	openfeature.UnimplementedHook
+	n atomic.Int64
+}
+
+func (e *evaluations) Before(context.Context, openfeature.HookContext, openfeature.HookHints) (*openfeature.EvaluationContext, error) {
+	e.n.Add(1)
+	return nil, nil
+}
+
+func TestResolverKeepsCallersPerFlagsVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("an id resolved once is not evaluated again until the flags change, and the change applies to the next request", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, quotaFile(`{"clients": {"acme": {"concurrency": 3}}}`))
+		count := &evaluations{}
+		f.client.AddHooks(count)
+		for range 10 {
+			if c := f.resolver.Resolve(ctx, "acme"); c.Concurrency != 3 {
+				t.Fatalf("acme = %+v", c)
+			}
+		}
+		if n := count.n.Load(); n != 1 {
+			t.Fatalf("%d evaluations for 10 requests of one id under one version, want 1", n)
+		}
+		f.update(`{"clients": {"acme": {"concurrency": 7}}}`)
+		if c := f.resolver.Resolve(ctx, "acme"); c.Concurrency != 7 {
+			t.Fatalf("after the change acme = %+v, want concurrency 7", c)
+		}
+		if n := count.n.Load(); n != 2 {
+			t.Fatalf("%d evaluations, want 2: one more after the change", n)
+		}
+	})
+
+	t.Run("a fallback is resolved and counted at every request", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, quotaFile(`{"tiers": {"free": {"refill_rps": 1, "burst": 5}}, "clients": {"acme": {"tier": "premium"}}}`), withEnv(tiersEnv()))
+		for range 3 {
+			if c := f.resolver.Resolve(ctx, "acme"); c.TierSource != space.TierFallback {
+				t.Fatalf("acme = %+v", c)
+			}
+		}
+		if n := f.counter("space_tier_fallback_total", map[string]string{"reason": "unknown_tier"}); n != 3 {
+			t.Fatalf("fallbacks counted %v, want 3", n)
+		}
+	})
+
+	t.Run("a client no tier is assigned to is kept like any other", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, quotaFile(`{"tiers": {"free": {"refill_rps": 1, "burst": 5}}, "clients": {"acme": {}}}`), withEnv(tiersEnv()))
+		count := &evaluations{}
+		f.client.AddHooks(count)
+		for range 3 {
+			f.resolver.Resolve(ctx, "acme")
+		}
+		if n := count.n.Load(); n != 2 { // the quota flag, then the tier flag, once
+			t.Fatalf("%d evaluations, want the 2 of one resolution", n)
+		}
+	})
+
+	t.Run("at most maxCachedCallers ids are kept; the others are resolved each time", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, quotaFile(`{"clients": {"acme": {}}}`))
+		for i := range maxCachedCallers + 50 {
+			f.resolver.Resolve(ctx, space.ClientID(fmt.Sprintf("id-%d", i)))
+		}
+		kept := 0
+		f.resolver.cache.Load().callers.Range(func(any, any) bool { kept++; return true })
+		if kept != maxCachedCallers {
+			t.Fatalf("%d callers kept, want %d", kept, maxCachedCallers)
+		}
+		count := &evaluations{}
+		f.client.AddHooks(count)
+		if c := f.resolver.Resolve(ctx, space.ClientID(fmt.Sprintf("id-%d", maxCachedCallers+10))); c.Key != space.Unknown {
+			t.Fatalf("an id past the bound = %+v", c)
+		}
+		if count.n.Load() != 1 {
+			t.Fatal("an id past the bound was not evaluated")
+		}
+	})
+
+	t.Run("without a version every request evaluates", func(t *testing.T) {
+		t.Parallel()
+		stub := &stubProvider{}
+		stub.set(decode(t, designExample))
+		f := setup(t, quotaFile(`{}`), withProvider(stub))
+		count := &evaluations{}
+		f.client.AddHooks(count)
+		for range 5 {
+			f.resolver.Resolve(ctx, "acme")
+		}
+		if n := count.n.Load(); n != 5 {
+			t.Fatalf("%d evaluations for 5 requests, want 5", n)
 		}
 	})
 }
