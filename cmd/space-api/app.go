@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -196,9 +197,19 @@ func newHTTPServer(h http.Handler, logger *slog.Logger, readHeaderTimeout time.D
 }
 
 // trackConn keeps inFlight: +1 when a connection starts a request, -1 when it leaves
-// that state.
+// that state. A connection's state is one atomic, stored when the connection is first
+// seen and swapped at each change after: a kept-alive connection changes state twice a
+// request, and storing into the map each time cost an allocation and a map write per
+// request.
 func (m *Main) trackConn(c net.Conn, state http.ConnState) {
-	prev, _ := m.connState.Load(c)
+	v, ok := m.connState.Load(c)
+	if !ok {
+		if state == http.StateClosed || state == http.StateHijacked {
+			return
+		}
+		v, _ = m.connState.LoadOrStore(c, new(atomic.Int32)) // http.StateNew is 0
+	}
+	prev := http.ConnState(v.(*atomic.Int32).Swap(int32(state)))
 	if prev == http.StateActive && state != http.StateActive {
 		m.inFlight.Dec()
 	}
@@ -207,8 +218,6 @@ func (m *Main) trackConn(c net.Conn, state http.ConnState) {
 	}
 	if state == http.StateClosed || state == http.StateHijacked {
 		m.connState.Delete(c)
-	} else {
-		m.connState.Store(c, state)
 	}
 }
 

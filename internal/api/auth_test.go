@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -165,6 +166,45 @@ func TestDecodeJSONIsStrict(t *testing.T) {
 		var b createBody
 		if err := decodeJSON(r, &b); err != nil || b.Metadata["team"] != "ml" || b.DiskGiB != 3 {
 			t.Fatalf("decode = %+v, %v", b, err)
+		}
+	})
+}
+
+// FuzzCreateBodyPlain holds createBody.decodePlain to the strict decoder: a body it
+// decodes, decodeJSONBody decodes without an error into the same create, and the
+// bodies a client usually sends take it.
+func FuzzCreateBodyPlain(f *testing.F) {
+	usual := []string{
+		`{"template":"python-3.12","cpu_millis":500,"memory_mib":1024,"disk_gib":5}`,
+		" {\n \"disk_gib\" : 10 ,\t\"template\":\"node-22\" } \r\n",
+		`{}`, `{"cpu_millis":-0}`, `{"template":""}`, `{"memory_mib":123456789012345678}`,
+	}
+	for _, seed := range usual {
+		f.Add(seed)
+	}
+	for _, seed := range []string{
+		`{"template":"a","template":"b"}`, `{"Template":"a"}`, `{"template":"a\"b"}`, `{"template":"é"}`,
+		`{"cpu_millis":1.0}`, `{"cpu_millis":1e3}`, `{"cpu_millis":01}`, `{"cpu_millis":1234567890123456789}`,
+		`{"metadata":{}}`, `{"template":null}`, `{"template":"a",}`, `{"template":"a"}x`, `[]`, `{"cpu_millis":-}`,
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		var fast createBody
+		if !fast.decodePlain([]byte(body)) {
+			for _, u := range usual {
+				if body == u {
+					t.Fatalf("the usual body %q is not decoded plainly", body)
+				}
+			}
+			return
+		}
+		var strict createBody
+		if err := decodeJSONBody([]byte(body), &strict); err != nil {
+			t.Fatalf("body %q: decoded plainly as %+v, the strict decoder refuses it: %v", body, fast, err)
+		}
+		if !reflect.DeepEqual(fast, strict) {
+			t.Fatalf("body %q: decoded plainly as %+v, strictly as %+v", body, fast, strict)
 		}
 	})
 }

@@ -14,6 +14,10 @@ import (
 // HeaderClientID is the header a trusted gateway sets to the caller's client id.
 const HeaderClientID = "X-Client-ID"
 
+// headerClientIDKey is HeaderClientID in its canonical form, which a Header map is
+// indexed by: looked up directly, it is not canonicalised (an allocation) per request.
+const headerClientIDKey = "X-Client-Id"
+
 // callerFrom returns the caller that identify resolved for the request. Every /v1
 // route runs behind identify, and the internal wake sets its owner's, so the zero
 // Caller it returns otherwise owns nothing and is capped as space.Unknown.
@@ -72,7 +76,7 @@ func (h *TrustedHeader) Authenticate(r *http.Request) (space.ClientID, error) {
 		}
 		return "", space.Errorf(space.EUNAUTHORIZED, "this request did not come through the authenticating gateway; %s is only believed from it", HeaderClientID)
 	}
-	values := r.Header.Values(HeaderClientID)
+	values := r.Header[headerClientIDKey]
 	switch {
 	case len(values) == 0 || len(values) == 1 && values[0] == "":
 		return "", space.Errorf(space.EUNAUTHORIZED, "the gateway sent no %s: the caller is not authenticated", HeaderClientID)

@@ -161,3 +161,25 @@ func FuzzCheckKeys(f *testing.F) {
 		sameVerdict(t, body)
 	})
 }
+
+func TestCheckJSONContentType(t *testing.T) {
+	t.Parallel()
+	for value, ok := range map[string]bool{
+		"application/json":                 true,
+		"Application/JSON":                 true,
+		"application/json; charset=utf-8":  true,
+		"application/json;charset=UTF-8":   true,
+		"application/json; charset=latin1": false,
+		"application/jsonp":                false,
+		"application/json ":                true, // a media type may be followed by space
+		"text/plain":                       false,
+		"":                                 false,
+	} {
+		if err := checkJSONContentType([]string{value}); (err == nil) != ok {
+			t.Errorf("Content-Type %q: %v, want accepted %v", value, err, ok)
+		}
+	}
+	if err := checkJSONContentType([]string{"application/json", "application/json"}); err == nil {
+		t.Error("two Content-Type fields accepted")
+	}
+}

@@ -164,7 +164,13 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 						s.writeError(ww, r, &space.Error{Code: space.EINTERNAL, Message: "internal error", Err: errors.New("panic")})
 					}
 				}
-				route := chi.RouteContext(r.Context()).RoutePattern()
+				// chi sets the pattern on the request it routed, which is this one as long
+				// as no middleware between here and the route copies it (none does); the
+				// route context has it too, at the cost of building it again.
+				route := r.Pattern
+				if route == "" {
+					route = chi.RouteContext(r.Context()).RoutePattern()
+				}
 				if route == "" {
 					route = "unmatched"
 				}

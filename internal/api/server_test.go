@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/textproto"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -114,4 +115,15 @@ func TestRequestSeries(t *testing.T) {
 			t.Fatalf("%v requests counted as other, want 3 (all: %v)", other, counts)
 		}
 	})
+}
+
+func TestHeaderKeysAreCanonical(t *testing.T) {
+	t.Parallel()
+	// Header maps are indexed by canonical keys: a key looked up or set directly that
+	// is not canonical would never match what net/http parsed.
+	for given, key := range map[string]string{HeaderClientID: headerClientIDKey, "X-Request-ID": headerRequestID} {
+		if c := textproto.CanonicalMIMEHeaderKey(given); c != key {
+			t.Errorf("%s is looked up as %q, its canonical form is %q", given, key, c)
+		}
+	}
 }
