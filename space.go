@@ -181,7 +181,9 @@ type Charger interface {
 	Charge(ctx context.Context, c Charge) (Charged, error)
 	// CachedRefusal returns the refusal a Charge now would meet when this replica
 	// knows it without asking the budget store (its refusal cache), or nil, in which
-	// case only a Charge can tell. It takes nothing; it lets a create be turned away
-	// before any other work.
+	// case only a Charge can tell. It takes nothing from the store; it lets a create be
+	// turned away before any other work. A create it lets through while a bucket is
+	// known nearly empty counts against the next ones, so that no more go on to the
+	// store than the bucket could serve.
 	CachedRefusal(c Charge) *LimitError
 }

@@ -137,6 +137,13 @@ type knownBucket struct {
 	Rate   space.Rate
 	Tokens float64
 	At     time.Time
+	// claimed is the tokens of the charges CachedRefusal let through to Redis since
+	// this state was learnt, while it was short (see CachedRefusal); the next state
+	// learnt starts again from none.
+	claimed atomic.Int64
+	// asked is when CachedRefusal last let a charge through to relearn this state once
+	// it was older than RefusalMaxAge (Unix nanoseconds; 0 never).
+	asked atomic.Int64
 }
 
 // BucketState is one bucket's side of a decision.
@@ -408,6 +415,18 @@ func (a *Admitter) plain(ctx context.Context, c space.Charge, cost string, sent 
 // tier: an upper bound of everything the tier's charge could draw on (its reserve, the
 // shared remainder, what other reserves could ever lend), so that a shared remainder
 // known empty never refuses a tier whose reserve holds tokens.
+//
+// A bucket last known short (too empty for the cost at the moment it was learnt) lets
+// through only the charges its refill since could serve: each charge it lets through
+// claims its cost from the upper bound, and a charge the claims leave short is refused
+// here too, until a decision teaches the replica the bucket afresh. Without it, the
+// moment a flooding client's next token is due, every create of the flood in flight
+// would take the whole create path (a lease, Postgres, the script) for one token:
+// thousands a second, of which one is admitted, and the slower the replica gets the
+// more of them go, until it is overloaded by refusals. A claim whose charge never
+// reaches Redis (refused by another limit on the way) is held until the next decision
+// of the bucket, or until the state is older than RefusalMaxAge: such a client, short
+// of both, may be told this bucket's refusal up to a token's refill early.
 func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 	if !a.enabled || a.shadow || a.maxAge <= 0 {
 		return nil
@@ -415,8 +434,10 @@ func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 	key, rate, cost := c.Key, c.Rate, c.Cost
 	now := a.now()
 	var le *space.LimitError
+	var client, cluster known
 	if rate != nil && key != "" {
-		le = a.knownShort(a.clientPrefix+string(key), *rate, cost, now, space.BucketClientActivation, key)
+		client = a.knownState(a.clientPrefix+string(key), *rate, cost, now)
+		le = client.refusal(space.BucketClientActivation, key)
 	}
 	clusterKey, clusterRate := a.clusterKey, a.cluster
 	if a.reservations != nil {
@@ -425,12 +446,22 @@ func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 			clusterKey, clusterRate = t.knownKey, t.drawable
 		}
 	}
-	if cluster := a.knownShort(clusterKey, clusterRate, cost+int(c.Floor), now, space.BucketClusterActivation, key); cluster != nil {
+	cluster = a.knownState(clusterKey, clusterRate, cost+int(c.Floor), now)
+	if refused := cluster.refusal(space.BucketClusterActivation, key); refused != nil {
 		if le == nil {
-			le = cluster
+			le = refused
 		} else {
 			// Both short: the client bucket is named, the retry waits for both.
-			le.RetryAfter = max(le.RetryAfter, cluster.RetryAfter)
+			le.RetryAfter = max(le.RetryAfter, refused.RetryAfter)
+		}
+	}
+	if le == nil {
+		// Neither is short by what refilled: the charge claims its tokens from each
+		// bucket that was, which refuses it if earlier claims took them.
+		if le = client.claim(cost, space.BucketClientActivation, key); le == nil {
+			if le = cluster.claim(cost, space.BucketClusterActivation, key); le != nil {
+				client.unclaim(cost)
+			}
 		}
 	}
 	if le != nil {
@@ -440,32 +471,84 @@ func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 	return le
 }
 
-// knownShort is the refusal of bucket key for cost at now, if its known state says it
-// cannot hold cost tokens yet.
-func (a *Admitter) knownShort(key string, rate space.Rate, cost int, now time.Time, bucket space.Bucket, client space.ClientKey) *space.LimitError {
+// known is what a replica knows of one bucket for one charge: nothing (k nil), or its
+// state and the most it can hold now.
+//
+// A state older than RefusalMaxAge is relearnt by the next charge, which is let
+// through to Redis whatever the state says; the charges that come while that one is
+// on its way are judged by the old state meanwhile (it is still an upper bound, unless
+// someone gave tokens back by hand, which the charge let through learns): otherwise a
+// client that floods again after a pause would send its whole flood to Redis and
+// Postgres at once. Another charge is let through if no decision came within another
+// RefusalMaxAge.
+type known struct {
+	k      *knownBucket
+	tokens float64 // the most the bucket holds now: the known tokens and all refill since
+	need   float64 // what the charge needs left in it: its cost, and a warm-up's floor
+}
+
+// knownState is what this replica knows of bucket key for a charge needing need tokens
+// at now: nothing when it has no state of the bucket under rate, or for the charge that
+// relearns one too old.
+func (a *Admitter) knownState(key string, rate space.Rate, need int, now time.Time) known {
 	v, ok := a.known.Load(key)
 	if !ok {
-		return nil
+		return known{}
 	}
 	k := v.(*atomic.Pointer[knownBucket]).Load()
 	if k == nil || k.Rate != rate {
-		return nil
+		return known{}
 	}
 	age := now.Sub(k.At)
 	if age > a.maxAge {
-		return nil
+		asked, at := k.asked.Load(), now.UnixNano()
+		if at-asked > int64(a.maxAge) && k.asked.CompareAndSwap(asked, at) {
+			return known{}
+		}
 	}
 	tokens := k.Tokens
 	if age > 0 {
 		tokens += age.Seconds() * rate.RefillRPS
 	}
-	tokens = math.Min(tokens, float64(rate.Burst))
-	need := float64(cost)
-	if tokens >= need {
+	return known{k: k, tokens: math.Min(tokens, float64(rate.Burst)), need: float64(need)}
+}
+
+// refusal is the bucket's refusal if it cannot hold what the charge needs yet.
+func (b known) refusal(bucket space.Bucket, client space.ClientKey) *space.LimitError {
+	if b.k == nil || b.tokens >= b.need {
 		return nil
 	}
-	limit := rate
-	return &space.LimitError{Bucket: bucket, Client: client, RetryAfter: micros((need - tokens) / rate.RefillRPS * 1e6), Limit: &limit, Remaining: tokens}
+	return b.limitError(bucket, client, b.tokens)
+}
+
+// claim takes cost from what a bucket last known short can serve now, for a charge
+// let through to Redis, and returns the refusal of a charge that earlier claims
+// leave short. A bucket not known, or known to have held the charge's need, claims
+// nothing.
+func (b known) claim(cost int, bucket space.Bucket, client space.ClientKey) *space.LimitError {
+	if b.k == nil || b.k.Tokens >= b.need {
+		return nil
+	}
+	claimed := b.k.claimed.Add(int64(cost))
+	if left := b.tokens - float64(claimed-int64(cost)); left < b.need {
+		b.k.claimed.Add(-int64(cost))
+		return b.limitError(bucket, client, left)
+	}
+	return nil
+}
+
+// unclaim gives back what claim took, for a charge refused by the other bucket.
+func (b known) unclaim(cost int) {
+	if b.k != nil && b.k.Tokens < b.need {
+		b.k.claimed.Add(-int64(cost))
+	}
+}
+
+// limitError is the refusal of a charge that finds left of what it needs.
+func (b known) limitError(bucket space.Bucket, client space.ClientKey, left float64) *space.LimitError {
+	limit := b.k.Rate
+	left = max(left, 0)
+	return &space.LimitError{Bucket: bucket, Client: client, RetryAfter: micros((b.need - left) / limit.RefillRPS * 1e6), Limit: &limit, Remaining: left}
 }
 
 // remember records what a decision found of the bucket under key, for CachedRefusal.
