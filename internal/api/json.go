@@ -24,27 +24,44 @@ import (
 // are not UTF-8 is a 400 naming its field, where encoding/json would silently replace
 // them.
 func decodeJSON(r *http.Request, v any) error {
-	body, err := readJSON(r)
+	body, done, err := readJSON(r)
 	if err != nil {
 		return err
 	}
+	defer done()
 	return decodeJSONBody(body, v)
 }
 
+// bodyBuffers holds the buffers request bodies are read into: what is decoded from a
+// body is copied out of it (strings are), so a buffer serves the next request once its
+// body is decoded.
+var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 // readJSON reads a JSON request's body: declared application/json (else 415), within
-// the limit, UTF-8 (else a 400 naming the field that is not).
-func readJSON(r *http.Request) ([]byte, error) {
+// the limit, UTF-8 (else a 400 naming the field that is not). The body is good until
+// done is called; nothing decoded from it may keep a reference into it.
+func readJSON(r *http.Request) (body []byte, done func(), err error) {
 	if err := checkJSONContentType(r.Header["Content-Type"]); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return nil, jsonError(err)
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	buf.Reset()
+	done = func() {
+		if buf.Cap() <= 64<<10 { // a body near the limit is not kept for the next one
+			bodyBuffers.Put(buf)
+		}
 	}
+	if _, err := buf.ReadFrom(r.Body); err != nil {
+		done()
+		return nil, nil, jsonError(err)
+	}
+	body = buf.Bytes()
 	if !utf8.Valid(body) {
-		return nil, space.FieldError(space.EINVALID, invalidUTF8Field(body), "is not valid UTF-8")
+		err := space.FieldError(space.EINVALID, invalidUTF8Field(body), "is not valid UTF-8")
+		done()
+		return nil, nil, err
 	}
-	return body, nil
+	return body, done, nil
 }
 
 // decodeJSONBody decodes body, read by readJSON, into v as decodeJSON does.

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/sandbox"
 )
 
 // keysByTokens is checkKeys written the plain way, with json.Decoder's token API: the
@@ -181,5 +184,33 @@ func TestCheckJSONContentType(t *testing.T) {
 	}
 	if err := checkJSONContentType([]string{"application/json", "application/json"}); err == nil {
 		t.Error("two Content-Type fields accepted")
+	}
+}
+
+func TestDecodedCreatesOwnWhatTheyHold(t *testing.T) {
+	t.Parallel()
+	// Bodies are read into pooled buffers: what a create decoded must stay its own
+	// once its buffer has served the next ones, on the plain path and the strict one.
+	var got []sandbox.CreateRequest
+	for i := range 64 {
+		body := fmt.Sprintf(`{"template":"t-%03d","cpu_millis":%d,"memory_mib":1,"disk_gib":1}`, i, i+1)
+		if i%2 == 1 {
+			body = fmt.Sprintf(`{"template":"t-%03d","cpu_millis":%d,"memory_mib":1,"disk_gib":1,"metadata":{"k":"v-%03d"}}`, i, i+1, i)
+		}
+		r := httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		req, err := createRequest(r)
+		if err != nil {
+			t.Fatalf("body %s: %v", body, err)
+		}
+		got = append(got, req)
+	}
+	for i, req := range got {
+		if want := fmt.Sprintf("t-%03d", i); req.Shape.Template != want || req.Shape.CPUMillis != i+1 {
+			t.Fatalf("create %d now holds %+v, want template %s", i, req.Shape, want)
+		}
+		if want := fmt.Sprintf("v-%03d", i); i%2 == 1 && req.Metadata["k"] != want {
+			t.Fatalf("create %d now holds metadata %v, want k=%s", i, req.Metadata, want)
+		}
 	}
 }

@@ -179,24 +179,33 @@ func appendProblem(b []byte, p Problem) []byte {
 // escaped; a string with anything else (a control character, HTML's <, > and &, which
 // the encoder escapes, or any non-ASCII byte) is handed to encoding/json itself.
 func appendJSONString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c > 0x7e || c == '<' || c == '>' || c == '&' {
-			q, _ := json.Marshal(s)
-			return append(b, q...)
-		}
-	}
+	begin := len(b)
 	b = append(b, '"')
-	start := 0
+	from := 0
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c == '"' || c == '\\' {
-			b = append(b, s[start:i]...)
+		switch c := s[i]; {
+		case plainJSON[c]:
+		case c == '"' || c == '\\':
+			b = append(b, s[from:i]...)
 			b = append(b, '\\', c)
-			start = i + 1
+			from = i + 1
+		default:
+			q, _ := json.Marshal(s)
+			return append(b[:begin], q...)
 		}
 	}
-	b = append(b, s[start:]...)
+	b = append(b, s[from:]...)
 	return append(b, '"')
 }
+
+// plainJSON holds the bytes encoding/json writes as they are in a string: printable
+// ASCII but the quote, the backslash and HTML's <, > and &.
+var plainJSON = func() (t [256]bool) {
+	for c := 0x20; c <= 0x7e; c++ {
+		t[c] = c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+	}
+	return t
+}()
 
 // NeverRetryAfter is the Retry-After of a bucket that never refills (rate 0): its
 // true answer is "never", and a day keeps clients' arithmetic sane. Every finite
