@@ -40,54 +40,37 @@ if n == '1' then n = 1 elseif n == '0' then n = 0 else n = tonumber(n) end
 local take = n > 0
 if not take then n = 1 end
 local sunpack, spack, format, ceil = struct.unpack, struct.pack, string.format, math.ceil
-local layout = ARGV[3]
-local hasClient = string.sub(layout, 1, 1) == 'c'
-local hasSoft = string.sub(layout, 2, 2) == 's'
-local hasOwn = string.sub(layout, 3, 3) == 'o'
+-- One call for the three bytes of the layout: 99 'c', 115 's', 111 'o'.
+local l1, l2, l3 = string.byte(ARGV[3], 1, 3)
+local hasClient, hasSoft, hasOwn = l1 == 99, l2 == 115, l3 == 111
 local args = ARGV[2]
 local pos = 1
 local floor = 0
 if ARGV[4] then floor = tonumber(ARGV[4]) end
 local stored = redis.call('MGET', unpack(KEYS))
 
--- state returns the tokens of bucket i at rate r and burst b now, its stored expiry
--- (nil for a missing key: a full bucket), the fourth double (0 when absent, -huge for
--- a missing key: a reserve never asked for) and the time it was counted at.
-local function state(i, r, b)
-  local s = stored[i]
-  if not s then return b, nil, -math.huge, now end
-  local t, at, e, x = nil, nil, nil, 0
-  if #s >= 32 then
-    t, at, e, x = sunpack('<dddd', s)
-  elseif #s >= 24 then
-    t, at, e = sunpack('<ddd', s)
-  elseif #s == 16 then
-    t, at = sunpack('<dd', s)
-    e = 0
-  else
-    return b, nil, -math.huge, now
-  end
-  if now > at then t = t + (now - at) * r end
-  if t > b then t = b end
-  return t, e, x, at
-end
-
--- ttl is how long, in ms, a key refilling over us microseconds lives: at least 1 ms,
--- at most 10^12 s (what PX accepts, whatever the rate).
-local function ttl(us)
-  local x = ceil(us / 1000)
-  if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
-  return x
-end
-
--- kept is whether a key stored with expiry e outlives the refill of a bucket of burst b
--- at r holding t: a take then keeps the key's expiry (SET ... KEEPTTL), as bucket.lua
--- does, and sets a new one (burst/refill) only when it falls short.
-local function kept(e, t, b, r) return e ~= nil and e >= now + (b - t) / r end
-
+-- A key's state is its tokens at rate r and burst b now, its stored expiry (nil for a
+-- missing key: a full bucket), the fourth double (0 when absent, -huge for a missing
+-- key: a reserve never asked for) and the time it was counted at; read inline for the
+-- buckets every charge has (a function made per call costs more than the reading).
 local rs, bs
 rs, bs, pos = sunpack('<dd', args, pos)
-local ts, es = state(1, rs, bs)
+local ts, es = bs, nil
+do
+  local s = stored[1]
+  local t, at, e
+  if s and #s >= 24 then
+    t, at, e = sunpack('<ddd', s)
+  elseif s and #s == 16 then
+    t, at = sunpack('<dd', s)
+    e = 0
+  end
+  if t then
+    if now > at then t = t + (now - at) * rs end
+    if t > bs then t = bs end
+    ts, es = t, e
+  end
+end
 local i = 1
 
 local ci, tc, ec, rc, bc, rsoft, bsoft, tsoft = nil, nil, nil, nil, nil, nil, nil, nil
@@ -95,12 +78,26 @@ if hasClient then
   i = i + 1
   ci = i
   rc, bc, pos = sunpack('<dd', args, pos)
-  local x, at
-  tc, ec, x, at = state(ci, rc, bc)
+  local s = stored[ci]
+  local t, at, e, x
+  if s and #s >= 32 then
+    t, at, e, x = sunpack('<dddd', s)
+  elseif s and #s >= 24 then
+    t, at, e = sunpack('<ddd', s)
+  elseif s and #s == 16 then
+    t, at = sunpack('<dd', s)
+    e = 0
+  end
+  tc, ec = bc, nil
+  if t then
+    if now > at then t = t + (now - at) * rc end
+    if t > bc then t = bc end
+    tc, ec = t, e
+  end
   if hasSoft then
     rsoft, bsoft, pos = sunpack('<dd', args, pos)
     tsoft = bsoft
-    if stored[ci] and #stored[ci] >= 32 then
+    if x then
       tsoft = x
       if now > at then tsoft = tsoft + (now - at) * rsoft end
       if tsoft > bsoft then tsoft = bsoft end
@@ -113,16 +110,52 @@ if hasOwn then
   i = i + 1
   oi = i
   ro, bo, pos = sunpack('<dd', args, pos)
-  to, eo, lo = state(oi, ro, bo)
+  local s = stored[oi]
+  local t, at, e, x
+  if s and #s >= 32 then
+    t, at, e, x = sunpack('<dddd', s)
+  elseif s and #s >= 24 then
+    t, at, e = sunpack('<ddd', s)
+    x = 0
+  elseif s and #s == 16 then
+    t, at = sunpack('<dd', s)
+    e, x = 0, 0
+  end
+  to, eo, lo = bo, nil, -math.huge
+  if t then
+    if now > at then t = t + (now - at) * ro end
+    if t > bo then t = bo end
+    to, eo, lo = t, e, x
+  end
 end
 
 -- The other reserves: key index, tokens, rate, burst, lendable, last asked, expiry.
-local others = {}
-for j = i + 1, #KEYS do
-  local r, b, l
-  r, b, l, pos = sunpack('<ddd', args, pos)
-  local t, e, last = state(j, r, b)
-  others[#others + 1] = {j, t, r, b, l, last, e}
+-- Made only when there are some: most charges have none to borrow from.
+local others, nothers = nil, #KEYS - i
+if nothers > 0 then
+  others = {}
+  for j = i + 1, #KEYS do
+    local r, b, l
+    r, b, l, pos = sunpack('<ddd', args, pos)
+    local s = stored[j]
+    local t, at, e, last = b, nil, nil, -math.huge
+    if s and #s >= 32 then
+      t, at, e, last = sunpack('<dddd', s)
+    elseif s and #s >= 24 then
+      t, at, e = sunpack('<ddd', s)
+      last = 0
+    elseif s and #s == 16 then
+      t, at = sunpack('<dd', s)
+      e, last = 0, 0
+    end
+    if at then
+      if now > at then t = t + (now - at) * r end
+      if t > b then t = b end
+    else
+      t = b
+    end
+    others[#others + 1] = {j, t, r, b, l, last, e}
+  end
 end
 
 local clientOK = (not hasClient) or tc >= n
@@ -133,7 +166,7 @@ elseif ts - floor >= n then
   from, source = 1, 1
 elseif floor == 0 then
   local best = -1
-  for k = 1, #others do
+  for k = 1, nothers do
     local o = others[k]
     local keep = (1 - o[5]) * o[4]
     local spare = o[2] - keep - n
@@ -156,20 +189,25 @@ if clientOK and from then
   end
 end
 
+-- A take keeps a key's expiry (SET ... KEEPTTL) while the stored one (e) outlives the
+-- refill of what is left, e >= now + (burst - tokens) / refill, as bucket.lua does, and
+-- sets a new one (burst/refill) only when it falls short.
 if take and admitted == 1 then
   if hasClient then
     tc = tc - n
     -- The key outlives both refills: the soft one may be the slower.
-    if kept(ec, tc, bc, rc) and not (hasSoft and not kept(ec, tsoft, bsoft, rsoft)) then
+    if (ec ~= nil and ec >= now + (bc - tc) / rc) and not (hasSoft and not (ec ~= nil and ec >= now + (bsoft - tsoft) / rsoft)) then
       if hasSoft then
         redis.call('SET', KEYS[ci], spack('<dddd', tc, now, ec, tsoft), 'KEEPTTL')
       else
         redis.call('SET', KEYS[ci], spack('<ddd', tc, now, ec), 'KEEPTTL')
       end
     else
-      local x = ttl(bc / rc)
+      local x = ceil((bc / rc) / 1000)
+      if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
       if hasSoft then
-        local xs = ttl(bsoft / rsoft)
+        local xs = ceil((bsoft / rsoft) / 1000)
+        if not (xs < 1e15) then xs = 1e15 elseif xs < 1 then xs = 1 end
         if x < xs then x = xs end
         redis.call('SET', KEYS[ci], spack('<dddd', tc, now, now + x * 1000, tsoft), 'PX', format('%d', x))
       else
@@ -179,28 +217,31 @@ if take and admitted == 1 then
   end
   if source == 1 then
     ts = ts - n
-    if kept(es, ts, bs, rs) then
+    if (es ~= nil and es >= now + (bs - ts) / rs) then
       redis.call('SET', KEYS[1], spack('<ddd', ts, now, es), 'KEEPTTL')
     else
-      local x = ttl(bs / rs)
+      local x = ceil((bs / rs) / 1000)
+      if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
       redis.call('SET', KEYS[1], spack('<ddd', ts, now, now + x * 1000), 'PX', format('%d', x))
     end
   elseif source == 2 then
     to = to - n
-    if kept(eo, to, bo, ro) then
+    if (eo ~= nil and eo >= now + (bo - to) / ro) then
       redis.call('SET', KEYS[oi], spack('<dddd', to, now, eo, now), 'KEEPTTL')
     else
-      local x = ttl(bo / ro)
+      local x = ceil((bo / ro) / 1000)
+      if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
       redis.call('SET', KEYS[oi], spack('<dddd', to, now, now + x * 1000, now), 'PX', format('%d', x))
     end
     lo = now
   else
     local o = others[from]
     o[2] = o[2] - n
-    if kept(o[7], o[2], o[4], o[3]) then
+    if (o[7] ~= nil and o[7] >= now + (o[4] - o[2]) / o[3]) then
       redis.call('SET', KEYS[o[1]], spack('<dddd', o[2], now, o[7], o[6]), 'KEEPTTL')
     else
-      local x = ttl(o[4] / o[3])
+      local x = ceil((o[4] / o[3]) / 1000)
+      if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
       redis.call('SET', KEYS[o[1]], spack('<dddd', o[2], now, now + x * 1000, o[6]), 'PX', format('%d', x))
     end
   end
@@ -211,10 +252,11 @@ end
 -- when the token did not come from the reserve itself (that write records it), and at
 -- most sixteen times per interval.
 if take and hasOwn and clientOK and source ~= 2 and now - lo > bo / ro / 16 then
-  if kept(eo, to, bo, ro) then
+  if (eo ~= nil and eo >= now + (bo - to) / ro) then
     redis.call('SET', KEYS[oi], spack('<dddd', to, now, eo, now), 'KEEPTTL')
   else
-    local x = ttl(bo / ro)
+    local x = ceil((bo / ro) / 1000)
+    if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
     redis.call('SET', KEYS[oi], spack('<dddd', to, now, now + x * 1000, now), 'PX', format('%d', x))
   end
 end
@@ -232,7 +274,8 @@ if take and admitted == 0 then
     local full = refill
     if not (full < 1e17) then full = 1e17 end
     if ec < now + full then
-      local x = ttl(refill)
+      local x = ceil((refill) / 1000)
+      if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
       if hasSoft then
         redis.call('SET', KEYS[ci], spack('<dddd', tc, now, now + x * 1000, tsoft), 'PX', format('%d', x))
       else
@@ -245,7 +288,8 @@ if take and admitted == 0 then
     local full = refill
     if not (full < 1e17) then full = 1e17 end
     if es < now + full then
-      local x = ttl(refill)
+      local x = ceil((refill) / 1000)
+      if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
       redis.call('SET', KEYS[1], spack('<ddd', ts, now, now + x * 1000), 'PX', format('%d', x))
     end
   end
@@ -262,7 +306,7 @@ if hasOwn then
   if to < n then w = (n - to) / ro end
   if w < wait then wait = w end
 end
-for k = 1, #others do
+for k = 1, nothers do
   local o = others[k]
   if o[5] > 0 and floor == 0 then
     local keep = (1 - o[5]) * o[4]
