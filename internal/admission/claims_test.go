@@ -10,57 +10,66 @@ import (
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
+// drained is an Admitter on a replica clock the test moves, trusting what it learnt for
+// maxAge (0: the tests' hour), whose acme bucket of r it has just seen drained, and how
+// acme asks it for a charge of one token.
+func drained(t *testing.T, maxAge time.Duration, r *space.Rate) (*bundle, *testenv.Clock, func() *space.LimitError) {
+	t.Helper()
+	c := testenv.NewClock(time.Unix(1_000_000, 0))
+	opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000})
+	opts.Now = c.Now
+	if maxAge > 0 {
+		opts.RefusalMaxAge = maxAge
+	}
+	b := setup(t, testenv.Redis(t), opts)
+	b.drain("acme", r)
+	return b, c, func() *space.LimitError { return b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1}) }
+}
+
 // TestKnownShortBucketsLetThroughWhatTheirRefillServes holds CachedRefusal's claims: a
 // bucket last known short lets through to Redis only the charges its refill since can
 // serve, however many ask at once.
 func TestKnownShortBucketsLetThroughWhatTheirRefillServes(t *testing.T) {
 	t.Parallel()
 
-	// short is an Admitter on a replica clock the test moves, whose acme bucket of 3
-	// refilling one token every 10 s has just been drained.
-	short := func(t *testing.T) (*bundle, *testenv.Clock, *space.Rate) {
-		t.Helper()
-		c := testenv.NewClock(time.Unix(1_000_000, 0))
-		opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000})
-		opts.Now = c.Now
-		b := setup(t, testenv.Redis(t), opts)
-		r := rate(0.1, 3)
-		b.drain("acme", r)
-		return b, c, r
+	// short's acme bucket of 3 refills one token every 10 s.
+	r := rate(0.1, 3)
+	short := func(t *testing.T) (*bundle, *testenv.Clock, func() *space.LimitError) {
+		return drained(t, 0, r)
 	}
-	ask := func(b *bundle, r *space.Rate) *space.LimitError {
+	askAcme := func(b *bundle, r *space.Rate) *space.LimitError {
 		return b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1})
 	}
 
 	t.Run("once a token is due one charge goes to Redis, and the next is refused until another is", func(t *testing.T) {
 		t.Parallel()
-		b, c, r := short(t)
+		_, c, ask := short(t)
 		c.Advance(10*time.Second + time.Millisecond)
-		if le := ask(b, r); le != nil {
+		if le := ask(); le != nil {
 			t.Fatalf("the charge the refill serves was refused: %+v", le)
 		}
-		le := ask(b, r)
+		le := ask()
 		if le == nil || le.Bucket != space.BucketClientActivation || le.RetryAfter < 9*time.Second || le.RetryAfter > 10*time.Second {
 			t.Fatalf("the second charge = %+v, want refused for the next token, about 10 s", le)
 		}
 		c.Advance(10 * time.Second)
-		if le := ask(b, r); le != nil {
+		if le := ask(); le != nil {
 			t.Fatalf("refused once the next token was due: %+v", le)
 		}
-		if ask(b, r) == nil {
+		if ask() == nil {
 			t.Fatal("a third charge was let through for two tokens")
 		}
 	})
 
 	t.Run("many asking at once are let through no more than the tokens due", func(t *testing.T) {
 		t.Parallel()
-		b, c, r := short(t)
+		_, c, ask := short(t)
 		c.Advance(30*time.Second + time.Millisecond) // the whole burst of 3 is due
 		var through atomic.Int64
 		var wg sync.WaitGroup
 		for range 64 {
 			wg.Go(func() {
-				if ask(b, r) == nil {
+				if ask() == nil {
 					through.Add(1)
 				}
 			})
@@ -73,9 +82,9 @@ func TestKnownShortBucketsLetThroughWhatTheirRefillServes(t *testing.T) {
 
 	t.Run("a decision starts the claims again from what Redis says", func(t *testing.T) {
 		t.Parallel()
-		b, c, r := short(t)
+		b, c, ask := short(t)
 		c.Advance(10*time.Second + time.Millisecond)
-		if ask(b, r) != nil || ask(b, r) == nil {
+		if ask() != nil || ask() == nil {
 			t.Fatal("want one let through, then one refused")
 		}
 		// The charge let through reaches Redis. The replica's clock ran ahead of
@@ -85,7 +94,7 @@ func TestKnownShortBucketsLetThroughWhatTheirRefillServes(t *testing.T) {
 			t.Fatalf("Redis admitted %+v", d)
 		}
 		c.Advance(10*time.Second + time.Millisecond)
-		if le := ask(b, r); le != nil {
+		if le := ask(); le != nil {
 			t.Fatalf("refused a token due after the decision: %+v", le)
 		}
 	})
@@ -99,7 +108,7 @@ func TestKnownShortBucketsLetThroughWhatTheirRefillServes(t *testing.T) {
 		r := rate(neverRefills, 50)
 		b.admit("acme", r) // 49 left
 		for i := range 100 {
-			if le := ask(b, r); le != nil {
+			if le := askAcme(b, r); le != nil {
 				t.Fatalf("charge %d refused with 49 tokens known: %+v", i, le)
 			}
 		}
@@ -115,7 +124,7 @@ func TestKnownShortBucketsLetThroughWhatTheirRefillServes(t *testing.T) {
 		b.admit("acme", r)
 		b.admit("initech", r)                        // the cluster's and both clients' buckets empty, all known short
 		c.Advance(10*time.Second + time.Millisecond) // a token due in each
-		if ask(b, r) != nil {
+		if askAcme(b, r) != nil {
 			t.Fatal("acme's charge, which both refills serve, was refused")
 		}
 		le := b.adm.CachedRefusal(space.Charge{Key: "initech", Rate: r, Cost: 1})
@@ -141,31 +150,22 @@ func TestKnownShortBucketsLetThroughWhatTheirRefillServes(t *testing.T) {
 func TestAStaleStateIsRelearntByOneCharge(t *testing.T) {
 	t.Parallel()
 
-	// stale is an Admitter that trusts what it learnt for a second, whose acme bucket
-	// of 2 refilling one token every 100 s it has just seen drained.
-	stale := func(t *testing.T) (*bundle, *testenv.Clock, *space.Rate) {
-		t.Helper()
-		c := testenv.NewClock(time.Unix(1_000_000, 0))
-		opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000})
-		opts.Now, opts.RefusalMaxAge = c.Now, time.Second
-		b := setup(t, testenv.Redis(t), opts)
-		r := rate(0.01, 2)
-		b.drain("acme", r)
-		return b, c, r
-	}
-	ask := func(b *bundle, r *space.Rate) *space.LimitError {
-		return b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1})
+	// stale trusts what it learnt for a second; its acme bucket of 2 refills one token
+	// every 100 s.
+	r := rate(0.01, 2)
+	stale := func(t *testing.T) (*bundle, *testenv.Clock, func() *space.LimitError) {
+		return drained(t, time.Second, r)
 	}
 
 	t.Run("past RefusalMaxAge one charge asks Redis, and those meanwhile are judged by what was known", func(t *testing.T) {
 		t.Parallel()
-		b, c, r := stale(t)
+		_, c, ask := stale(t)
 		c.Advance(time.Second + time.Millisecond)
-		if le := ask(b, r); le != nil {
+		if le := ask(); le != nil {
 			t.Fatalf("the charge that relearns the bucket was refused: %+v", le)
 		}
 		for range 5 {
-			if le := ask(b, r); le == nil || le.Bucket != space.BucketClientActivation {
+			if le := ask(); le == nil || le.Bucket != space.BucketClientActivation {
 				t.Fatalf("a charge while the bucket is relearnt = %+v, want refused by the old state", le)
 			}
 		}
@@ -173,31 +173,31 @@ func TestAStaleStateIsRelearntByOneCharge(t *testing.T) {
 
 	t.Run("a bucket reset by hand is learnt by that charge, and the others follow", func(t *testing.T) {
 		t.Parallel()
-		b, c, r := stale(t)
+		b, c, ask := stale(t)
 		if err := b.rdb.Del(b.ctx, b.clientKey("acme")).Err(); err != nil {
 			t.Fatal(err)
 		}
 		c.Advance(time.Second + time.Millisecond)
-		if ask(b, r) != nil {
+		if ask() != nil {
 			t.Fatal("the relearning charge was refused")
 		}
 		if d := b.admit("acme", r); !d.Admitted {
 			t.Fatalf("Redis refused a bucket reset by hand: %+v", d)
 		}
-		if le := ask(b, r); le != nil {
+		if le := ask(); le != nil {
 			t.Fatalf("refused with the token the reset gave back: %+v", le)
 		}
 	})
 
 	t.Run("if the relearning charge never comes back, another asks a RefusalMaxAge later", func(t *testing.T) {
 		t.Parallel()
-		b, c, r := stale(t)
+		_, c, ask := stale(t)
 		c.Advance(time.Second + time.Millisecond)
-		if ask(b, r) != nil || ask(b, r) == nil {
+		if ask() != nil || ask() == nil {
 			t.Fatal("want one charge through, then the next refused")
 		}
 		c.Advance(time.Second + time.Millisecond)
-		if le := ask(b, r); le != nil {
+		if le := ask(); le != nil {
 			t.Fatalf("no charge asked Redis a RefusalMaxAge after the last: %+v", le)
 		}
 	})

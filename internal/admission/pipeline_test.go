@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -139,6 +140,21 @@ func (b *coalescerBundle) idle() bool {
 	return p.running == 0 && len(p.queue) == 0
 }
 
+// settled checks what the coalescer sent, once every call has returned: pipelines of
+// the sizes want, acme's client bucket holding tokens, and nothing in flight or queued.
+func (b *coalescerBundle) settled(want []int, tokens float64, why string) {
+	b.t.Helper()
+	if got := b.gate.sizes(); !slices.Equal(got, want) {
+		b.t.Fatalf("pipelines of %v, want %v: %s", got, want, why)
+	}
+	if s := b.stored(b.clientKey("acme")); !near(s.tokens, tokens, 1e-6) {
+		b.t.Fatalf("the client bucket holds %v, want %v: %s", s.tokens, tokens, why)
+	}
+	if !b.idle() {
+		b.t.Fatal("the coalescer is not idle after every call returned")
+	}
+}
+
 // bothTopologies runs test on the standalone Redis and on the cluster, in parallel.
 func bothTopologies(t *testing.T, test func(t *testing.T, cluster bool)) {
 	t.Helper()
@@ -182,18 +198,10 @@ func TestCoalescer(t *testing.T) {
 			if admitted != 21 {
 				t.Fatalf("admitted %d of 21", admitted)
 			}
-			if got := b.gate.sizes(); len(got) != 1 || got[0] != 20 {
-				t.Fatalf("pipelines of %v, want one of the 20 that waited", got)
-			}
 			if singles := b.gate.singles.Load(); singles != 1 {
 				t.Fatalf("%d scripts went on their own, want the first alone", singles)
 			}
-			if s := b.stored(b.clientKey("acme")); !near(s.tokens, 79, 1e-6) {
-				t.Fatalf("the client bucket holds %v, want 79: each call of the pipeline took its token", s.tokens)
-			}
-			if !b.idle() {
-				t.Fatal("the coalescer is not idle after every call returned")
-			}
+			b.settled([]int{20}, 79, "the 20 that waited go as one, each taking its token")
 		})
 	})
 
@@ -249,15 +257,7 @@ func TestCoalescer(t *testing.T) {
 		if d := <-first; !d.Admitted {
 			t.Fatalf("the first decision = %+v", d)
 		}
-		if got := b.gate.sizes(); len(got) != 0 {
-			t.Fatalf("pipelines of %v after the only waiting call gave up, want none", got)
-		}
-		if s := b.stored(b.clientKey("acme")); !near(s.tokens, 99, 1e-6) {
-			t.Fatalf("the client bucket holds %v, want 99: the call given up took nothing", s.tokens)
-		}
-		if !b.idle() {
-			t.Fatal("the coalescer is not idle")
-		}
+		b.settled(nil, 99, "the only waiting call gave up, and took nothing")
 	})
 
 	t.Run("scripts a server lost are sent again with their source", func(t *testing.T) {
@@ -293,13 +293,7 @@ func TestCoalescer(t *testing.T) {
 		if admitted.Load() != 6 {
 			t.Fatalf("admitted %d of 6 after SCRIPT FLUSH", admitted.Load())
 		}
-		// The five went as EVALSHA, were refused NOSCRIPT, and went again as EVAL.
-		if got := b.gate.sizes(); len(got) != 2 || got[0] != 5 || got[1] != 5 {
-			t.Fatalf("pipelines of %v, want 5 refused then the 5 again", got)
-		}
-		if s := b.stored(b.clientKey("acme")); !near(s.tokens, 94, 1e-6) {
-			t.Fatalf("the client bucket holds %v, want 94", s.tokens)
-		}
+		b.settled([]int{5, 5}, 94, "the five went as EVALSHA, were refused NOSCRIPT, and went again as EVAL")
 	})
 
 	t.Run("callers giving up at any moment never stall the others", func(t *testing.T) {
