@@ -208,9 +208,21 @@ func (r *Resolver) Resolve(ctx context.Context, id space.ClientID) space.Caller 
 	// flags no older than it, and the next version forgets it.
 	v := r.version()
 	cache := r.cache.Load()
-	if cache == nil || cache.version != v {
-		cache = &callerCache{version: v}
-		r.cache.Store(cache)
+	for cache == nil || cache.version < v {
+		// Only a newer version replaces the cache: a request that read the version just
+		// before a reload must not throw away what the requests after it keep.
+		fresh := &callerCache{version: v}
+		if r.cache.CompareAndSwap(cache, fresh) {
+			cache = fresh
+			break
+		}
+		cache = r.cache.Load()
+	}
+	if cache.version != v {
+		// This request read the version before a reload the cache has seen: resolved
+		// from the flags as they are, and not kept.
+		c, _ := r.resolve(ctx, id)
+		return c
 	}
 	if c, ok := cache.callers.Load(id); ok {
 		return own(c.(space.Caller))

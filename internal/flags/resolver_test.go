@@ -564,6 +564,29 @@ func TestResolverKeepsCallersPerFlagsVersion(t *testing.T) {
 		}
 	})
 
+	t.Run("a request that read the version before a reload keeps nothing and takes nothing away", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, quotaFile(`{"clients": {"acme": {}}}`))
+		var version atomic.Uint64
+		version.Store(2)
+		f.resolver.version = version.Load
+		f.resolver.Resolve(ctx, "acme")
+		version.Store(1) // as read by a request that began before the reload
+		if c := f.resolver.Resolve(ctx, "globex"); c.Key != space.Unknown {
+			t.Fatalf("globex = %+v", c)
+		}
+		cache := f.resolver.cache.Load()
+		if cache.version != 2 {
+			t.Fatalf("the cache is of version %d, want 2: an older reader replaced it", cache.version)
+		}
+		if _, ok := cache.callers.Load(space.ClientID("acme")); !ok {
+			t.Fatal("acme, resolved under version 2, is no longer kept")
+		}
+		if _, ok := cache.callers.Load(space.ClientID("globex")); ok {
+			t.Fatal("globex, resolved by a reader of version 1, is kept under version 2")
+		}
+	})
+
 	t.Run("without a version every request evaluates", func(t *testing.T) {
 		t.Parallel()
 		stub := &stubProvider{}
