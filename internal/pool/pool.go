@@ -89,40 +89,81 @@ func New(opts Options) *Pool {
 	return p
 }
 
-// Claim marks the oldest ready slot of exactly shape, warmed from template version,
-// as claimed by sandboxID, inside tx, and returns it; nil when there is none. A slot of
-// another version (the template changed since it was warmed) is never claimed: the
-// replenisher retires it. SKIP LOCKED lets concurrent claims pass each other instead
-// of queueing on one row, and never hands one slot to two claims.
-func (p *Pool) Claim(ctx context.Context, tx pgx.Tx, shape space.Shape, version, sandboxID string) (*Slot, error) {
-	slot := &Slot{Shape: shape, Version: version}
-	err := tx.QueryRow(ctx, `UPDATE pool_slots SET state = 'claimed', sandbox_id = $6, updated_at = now()
-		WHERE id = (
-			SELECT id FROM pool_slots
-			WHERE state = 'ready' AND template = $1 AND cpu_millis = $2 AND memory_mib = $3 AND disk_gib = $4
-				AND template_version = $5
-			ORDER BY created_at
-			LIMIT 1
-			FOR UPDATE SKIP LOCKED
-		)
-		RETURNING id::text, coalesce(substrate_ref, '')`,
-		shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB, version, sandboxID,
-	).Scan(&slot.ID, &slot.Ref)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("claim slot: %w", err)
-	}
-	// A miss is demand as much as a hit: it is what a pool too small for its shape
-	// turns away.
+// claimSQL marks the oldest ready slot of exactly a shape, warmed from a template
+// version, as claimed by sandbox $6, provided that sandbox's row exists: a claim sent
+// in one round trip behind the insert of its row claims nothing when the insert made
+// no row (a live cap refused it). A slot of another version (the template changed
+// since it was warmed) is never claimed: the replenisher retires it. SKIP LOCKED lets
+// concurrent claims pass each other instead of queueing on one row, and never hands
+// one slot to two claims.
+const claimSQL = `UPDATE pool_slots SET state = 'claimed', sandbox_id = $6, updated_at = now()
+	WHERE id = (
+		SELECT id FROM pool_slots
+		WHERE state = 'ready' AND template = $1 AND cpu_millis = $2 AND memory_mib = $3 AND disk_gib = $4
+			AND template_version = $5
+		ORDER BY created_at
+		LIMIT 1
+		FOR UPDATE SKIP LOCKED
+	) AND EXISTS (SELECT 1 FROM sandboxes WHERE id = $6)
+	RETURNING id::text, coalesce(substrate_ref, '')`
+
+// A Claim is a warm slot's claim queued on a batch (QueueClaim): its result is read,
+// and counted, once the batch has run.
+type Claim struct {
+	p    *Pool
+	slot *Slot
+	hit  bool
+}
+
+// QueueClaim queues on b the claim of the oldest ready slot of exactly shape, warmed
+// from template version, for sandboxID (see claimSQL), so that a reservation can send
+// its row and its claim in one round trip, one transaction.
+func (p *Pool) QueueClaim(b *pgx.Batch, shape space.Shape, version, sandboxID string) *Claim {
+	c := &Claim{p: p, slot: &Slot{Shape: shape, Version: version}}
+	b.Queue(claimSQL, shape.Template, shape.CPUMillis, shape.MemoryMiB, shape.DiskGiB, version, sandboxID).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&c.slot.ID, &c.slot.Ref)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil
+		case err != nil:
+			return fmt.Errorf("claim slot: %w", err)
+		}
+		c.hit = true
+		return nil
+	})
+	return c
+}
+
+// Slot returns the claimed slot, nil for a miss, once the batch that carried the claim
+// has run without error (its transaction committed), and counts the claim: a miss is
+// demand as much as a hit, since it is what a pool too small for its shape turns away.
+// Call it once.
+func (c *Claim) Slot() *Slot {
+	p, shape := c.p, c.slot.Shape
 	p.countDemand(shape)
+	// Both of a template's series exist from its first claim, so that its warm-hit
+	// ratio reads 0, not nothing, until its first hit.
 	hit, miss := p.byTmpl.WithLabelValues(shape.Template, "hit"), p.byTmpl.WithLabelValues(shape.Template, "miss")
-	if err != nil {
+	if !c.hit {
 		p.claims.WithLabelValues("miss").Inc()
 		miss.Inc()
-		return nil, nil
+		return nil
 	}
 	p.claims.WithLabelValues("hit").Inc()
 	hit.Inc()
-	return slot, nil
+	return c.slot
+}
+
+// Claim claims, inside tx, the oldest ready slot of exactly shape, warmed from template
+// version, for sandboxID, whose row tx has made (see claimSQL); nil when there is none.
+// The claim is counted when tx's statements ran, whether or not it commits.
+func (p *Pool) Claim(ctx context.Context, tx pgx.Tx, shape space.Shape, version, sandboxID string) (*Slot, error) {
+	b := &pgx.Batch{}
+	c := p.QueueClaim(b, shape, version, sandboxID)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	return c.Slot(), nil
 }
 
 // Consume removes a claimed slot once its sandbox has adopted it: the slot is now the

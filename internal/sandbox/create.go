@@ -12,6 +12,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/idempotency"
+	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/substrate"
 )
 
@@ -322,19 +323,23 @@ type creation struct {
 func (c *creation) kind() string                  { return "create" }
 func (c *creation) transient() space.SandboxState { return space.StateStarting }
 func (c *creation) abandonable() bool             { return c.unclaimable }
-func (c *creation) warm() bool                    { return true }
 
-func (c *creation) reserve(ctx context.Context, tx pgx.Tx) (*space.Sandbox, substrate.Template, error) {
+func (c *creation) reserve(ctx context.Context, caller space.Caller) (*space.Sandbox, substrate.Template, *pool.Slot, error) {
 	if c.retry {
-		var err error
-		c.failedWith, err = reviveSandbox(ctx, tx, c.sb)
-		return c.sb, c.tmpl, err
+		return c.s.reserveTx(ctx, caller, true, func(tx pgx.Tx) (*space.Sandbox, substrate.Template, error) {
+			var err error
+			c.failedWith, err = reviveSandbox(ctx, tx, c.sb)
+			return c.sb, c.tmpl, err
+		})
 	}
-	err := insertSandbox(ctx, tx, c.sb)
+	slot, err := c.s.reserveNew(ctx, caller, c.sb, c.tmpl)
 	if c.fixedID && isUniqueViolation(err) {
-		return nil, c.tmpl, settling(c.sb.ID, "another attempt of this create is starting it")
+		return nil, c.tmpl, nil, settling(c.sb.ID, "another attempt of this create is starting it")
 	}
-	return c.sb, c.tmpl, err
+	if err != nil {
+		return nil, c.tmpl, nil, err
+	}
+	return c.sb, c.tmpl, slot, nil
 }
 
 func (c *creation) undo(ctx context.Context, sb *space.Sandbox) error {

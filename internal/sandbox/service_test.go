@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/space-sandbox/space"
@@ -300,6 +301,48 @@ func TestCreate(t *testing.T) {
 		}
 		if b.readySlots(t) != 1 || len(b.events.list()) != 0 {
 			t.Fatalf("over the cap: ready slots %d, events %v; want the slot untouched and nothing charged", b.readySlots(t), b.events.list())
+		}
+	})
+
+	t.Run("an attempt that loses the race to insert its fixed id keeps no slot claim", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.addReadySlots(t, python, 1)
+		id := uuid.NewString()
+		// Another attempt's row, inserted and not yet committed: the create's lookup
+		// does not see it, and its insert waits on it, then fails.
+		other, err := b.db.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Rollback(b.ctx)
+		if _, err := other.Exec(b.ctx, `INSERT INTO sandboxes (id, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib)
+			VALUES ($1, 'acme', 'acme', 'starting', $2, $3, $4, $5)`, id, python.Template, python.CPUMillis, python.MemoryMiB, python.DiskGiB); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python, ID: id})
+			done <- err
+		}()
+		testenv.Eventually(t, 10*time.Second, "the create's insert waits on the other attempt's row", func() bool {
+			var waiting int
+			err := b.db.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO sandboxes%'`).Scan(&waiting)
+			return err == nil && waiting == 1
+		})
+		if err := other.Commit(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, sandbox.ErrSettling) {
+			t.Fatalf("create = %v, want ErrSettling", err)
+		}
+		// The claim went in the transaction of the failed insert: rolled back with it.
+		if n := b.readySlots(t); n != 1 {
+			t.Fatalf("%d ready slots, want the one slot still ready", n)
+		}
+		if got := b.events.list(); len(got) != 0 {
+			t.Fatalf("events = %v, want nothing charged or started", got)
 		}
 	})
 

@@ -51,32 +51,84 @@ func checkLiveCap(ctx context.Context, tx pgx.Tx, client space.ClientKey, cap in
 	}
 	var live int
 	b := &pgx.Batch{}
-	b.Queue("SELECT pg_advisory_xact_lock(hashtextextended('space:live:' || $1, 0))", string(client)).Exec(func(pgconn.CommandTag) error { return nil })
-	queueLiveCount(b, client, cap, &live)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("lock client and count live sandboxes: %w", err)
-	}
-	if live >= cap {
-		return &space.LimitError{Bucket: space.BucketLiveSandboxCap, Client: client, Cap: cap, RetryAfter: time.Second}
-	}
-	return nil
-}
-
-// liveCountSQL counts a budget key's live sandboxes up to a cap: the LIMIT keeps the
-// count cheap for a key far over its cap.
-const liveCountSQL = `SELECT count(*) FROM (
-		SELECT 1 FROM sandboxes WHERE budget_key = $1 AND state IN ('starting', 'running', 'pausing', 'restoring') LIMIT $2
-	) live`
-
-// queueLiveCount queues on b the count of client's live sandboxes up to cap, into
-// *live.
-func queueLiveCount(b *pgx.Batch, client space.ClientKey, cap int, live *int) {
-	b.Queue(liveCountSQL, string(client), cap).QueryRow(func(row pgx.Row) error {
-		if err := row.Scan(live); err != nil {
+	queueLiveLock(b, client)
+	b.Queue(`SELECT count(*) FROM (`+liveSQL+`) live`, string(client), cap).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(&live); err != nil {
 			return fmt.Errorf("count live sandboxes: %w", err)
 		}
 		return nil
 	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("lock client and count live sandboxes: %w", err)
+	}
+	if live >= cap {
+		return liveCapError(client, cap)
+	}
+	return nil
+}
+
+func liveCapError(client space.ClientKey, cap int) error {
+	return &space.LimitError{Bucket: space.BucketLiveSandboxCap, Client: client, Cap: cap, RetryAfter: time.Second}
+}
+
+// queueLiveLock queues on b the budget key's advisory lock, held to the end of the
+// transaction (see checkLiveCap).
+func queueLiveLock(b *pgx.Batch, client space.ClientKey) {
+	b.Queue("SELECT pg_advisory_xact_lock(hashtextextended('space:live:' || $1, 0))", string(client)).Exec(func(pgconn.CommandTag) error { return nil })
+}
+
+// liveSQL is a budget key's ($1) live sandboxes, up to a cap ($2): the LIMIT keeps the
+// count cheap for a key far over its cap.
+const (
+	liveStates = `state IN ('starting', 'running', 'pausing', 'restoring')`
+	liveSQL    = `SELECT 1 FROM sandboxes WHERE budget_key = $1 AND ` + liveStates + ` LIMIT $2`
+)
+
+// insertSQL makes a sandbox's row; insertUnderCapSQL the same row only while its
+// budget key holds fewer than $13 live sandboxes, counted after the key's lock.
+const (
+	insertColumns = `sandboxes (id, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata, answered)`
+	insertSQL     = `INSERT INTO ` + insertColumns + `
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING created_at, updated_at`
+	insertUnderCapSQL = `INSERT INTO ` + insertColumns + `
+		SELECT $1::uuid, $2::text, $3::text, $4::text, $5::text, $6::text, $7::integer, $8::integer, $9::integer, $10::boolean, $11::jsonb, $12::boolean
+		WHERE (SELECT count(*) FROM (SELECT 1 FROM sandboxes WHERE budget_key = $3::text AND ` + liveStates + `
+			LIMIT $13::integer) live) < $13::integer
+		RETURNING created_at, updated_at`
+)
+
+// insertArgs are insertSQL's arguments for sb.
+func insertArgs(sb *space.Sandbox) ([]any, error) {
+	meta, err := metadataJSON(sb.Metadata)
+	if err != nil {
+		return nil, err
+	}
+	return []any{sb.ID, string(sb.Client), string(sb.BudgetKey), string(sb.State), sb.Template, sb.TemplateVersion,
+		sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta, sb.Answered}, nil
+}
+
+// queueInsert queues on b the insert of sb's row, under the live cap when cap > 0 (the
+// budget key's lock, then the insert of a row only under the cap: *capped is set when
+// it made none), and fills in sb's times.
+func queueInsert(b *pgx.Batch, sb *space.Sandbox, cap int, capped *bool) error {
+	args, err := insertArgs(sb)
+	if err != nil {
+		return err
+	}
+	sql := insertSQL
+	if cap > 0 {
+		queueLiveLock(b, sb.BudgetKey)
+		sql, args = insertUnderCapSQL, append(args, cap)
+	}
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&sb.CreatedAt, &sb.UpdatedAt)
+		if cap > 0 && errors.Is(err, pgx.ErrNoRows) {
+			*capped = true
+			return nil
+		}
+		return err
+	})
+	return nil
 }
 
 // metadataJSON is a sandbox's metadata as stored: an object, never null.
@@ -89,17 +141,6 @@ func metadataJSON(m map[string]string) ([]byte, error) {
 		return nil, fmt.Errorf("metadata: %w", err)
 	}
 	return b, nil
-}
-
-func insertSandbox(ctx context.Context, q store.Querier, sb *space.Sandbox) error {
-	meta, err := metadataJSON(sb.Metadata)
-	if err != nil {
-		return err
-	}
-	return q.QueryRow(ctx, `INSERT INTO sandboxes (id, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata, answered)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING created_at, updated_at`,
-		sb.ID, string(sb.Client), string(sb.BudgetKey), string(sb.State), sb.Template, sb.TemplateVersion, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta, sb.Answered,
-	).Scan(&sb.CreatedAt, &sb.UpdatedAt)
 }
 
 // reviveSandbox moves sb's failed row back to starting for a retried create, with the

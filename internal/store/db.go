@@ -57,6 +57,14 @@ func (db *DB) Tx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return Classify(pgx.BeginFunc(ctx, db.pool, fn))
 }
 
+// Batch sends b's statements in one round trip and reads every result (b's callbacks
+// run in order); its error is the first of them, classified. With no BEGIN in b, its
+// statements run as one transaction (an implicit one, committed at the batch's end):
+// one that fails rolls back those before it, and those after it do not run.
+func (db *DB) Batch(ctx context.Context, b *pgx.Batch) error {
+	return Classify(db.pool.SendBatch(ctx, b).Close())
+}
+
 type classifiedRow struct{ pgx.Row }
 
 func (r classifiedRow) Scan(dest ...any) error { return Classify(r.Row.Scan(dest...)) }
