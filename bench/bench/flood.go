@@ -132,7 +132,7 @@ func runFlood(ctx context.Context, env *Env, runs int, sz sizes) (*FloodResult, 
 		res.GoodTotal += good.Requests
 		res.FloodSent += flood.Requests
 	}
-	if res.Neighbour, err = runNeighbour(ctx, env, srv, runs, sz); err != nil {
+	if res.Neighbour, err = runNeighbour(ctx, env, srv, rs.Addr, runs, sz); err != nil {
 		return nil, err
 	}
 	env.logf("flood: done")

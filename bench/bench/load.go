@@ -37,6 +37,22 @@ type loadResult struct {
 	Outcomes  map[string]int
 	latencies map[string][]time.Duration
 	all       []time.Duration
+	// sent is each answer's latency with when its request was sent, from the first.
+	sent []sentLatency
+}
+
+type sentLatency struct{ at, latency time.Duration }
+
+// latencyWithin is the p-th percentile latency of the requests sent in [from, to)
+// after the stream's first (to 0: to its end).
+func (r *loadResult) latencyWithin(from, to time.Duration, p float64) time.Duration {
+	var ls []time.Duration
+	for _, s := range r.sent {
+		if s.at >= from && (to == 0 || s.at < to) {
+			ls = append(ls, s.latency)
+		}
+	}
+	return percentile(ls, p)
 }
 
 // rps is the rate of answers with the given outcome prefix ("" for all).
@@ -105,6 +121,7 @@ func (l load) run(ctx context.Context) *loadResult {
 		res.Outcomes[outcome]++
 		res.latencies[outcome] = append(res.latencies[outcome], r.Latency)
 		res.all = append(res.all, r.Latency)
+		res.sent = append(res.sent, sentLatency{at: time.Duration(r.Timestamp.UnixNano()), latency: r.Latency})
 		if first.IsZero() || r.Timestamp.Before(first) {
 			first = r.Timestamp
 		}
@@ -113,6 +130,9 @@ func (l load) run(ctx context.Context) *loadResult {
 		}
 	}
 	res.Elapsed = last.Sub(first)
+	for i := range res.sent {
+		res.sent[i].at -= time.Duration(first.UnixNano())
+	}
 	return res
 }
 

@@ -146,9 +146,16 @@ func (r *Report) Summary() string {
 			summarize(f.GoodSuccess).format("%.1f%%"), summarize(f.GoodP50).format("%.2f"), summarize(f.GoodP99).format("%.2f"),
 			summarize(f.CallsPerRequest).format("%.2f"), summarize(f.RedisUsecPerRequest).format("%.1f"))
 		if n := f.Neighbour; n != nil {
-			fmt.Fprintf(&b, "  flood: quiet neighbour at %d/s, p99 ms alone %s, beside %d/s %s (%s), beside wrk's %s/s %s (%s)\n", n.QuietSend,
-				summarize(n.AloneP99).format("%.2f"), n.FixedFlood, summarize(n.FixedP99).format("%.2f"), ratioStats(n.FixedP99, n.AloneP99).format("%.2f×"),
-				summarize(n.SaturatedFloodRPS).format("%.0f"), summarize(n.SaturatedP99).format("%.2f"), ratioStats(n.SaturatedP99, n.AloneP99).format("%.2f×"))
+			for _, a := range []struct {
+				name string
+				arms NeighbourArms
+			}{{"space-api", n.Space}, {"peer chi + redis_rate", n.Peer}} {
+				fmt.Fprintf(&b, "  flood: quiet neighbour at %d/s on %s, p99 ms alone %s, beside %d/s %s (%s; its first %s, the flooder's burst: %s), beside wrk's %s %s\n",
+					n.QuietSend, a.name, summarize(a.arms.Alone).format("%.2f"), n.FixedFlood, summarize(a.arms.Fixed).format("%.2f"),
+					ratioStats(a.arms.Fixed, a.arms.Alone).format("%.2f×"), n.Settle, summarize(a.arms.Burst).format("%.2f"),
+					summarize(a.arms.Saturated).format("%.2f"), ratioStats(a.arms.Saturated, a.arms.Alone).format("%.2f×"))
+			}
+			fmt.Fprintf(&b, "  flood: the quiet client's answers from space-api: %s\n", outcomes(n.Outcomes))
 		}
 	}
 	if k := r.Keys; k != nil {
@@ -370,13 +377,22 @@ func (r *Report) Markdown(command string) string {
 		w("All answers: well-behaved %s; flooding %s. Commands counted are those a client sends (`EVALSHA` of the concurrency lease and of the admission decision, `ZREM` of the lease), not those the scripts run inside Redis; the well-behaved client's creates, %.1f%% of the total, cost the same three.\n\n",
 			outcomes(f.GoodOutcomes), outcomes(f.FloodOutcomes), 100*float64(f.GoodTotal)/float64(max(f.GoodTotal+f.FloodSent, 1)))
 		if n := f.Neighbour; n != nil {
-			w("A quiet neighbour: `bench-quiet` sends %d creates/s (a quarter of its rate) for %s alone, then beside `bench-flood` sending %d/s (open loop), then beside `bench-flood` as fast as wrk goes (1 thread, %d connections, closed loop); the three back to back in each run, on the same server.\n\n",
-				n.QuietSend, n.Duration, n.FixedFlood, n.Connections)
-			w("| | alone | beside %d/s | beside wrk |\n|---|---:|---:|---:|\n", n.FixedFlood)
-			w("| quiet client p99 ms | %s | %s | %s |\n", summarize(n.AloneP99).format("%.2f"), summarize(n.FixedP99).format("%.2f"), summarize(n.SaturatedP99).format("%.2f"))
-			w("| ratio to alone (within each run) | 1 | %s | %s |\n", ratioStats(n.FixedP99, n.AloneP99).format("%.2f×"), ratioStats(n.SaturatedP99, n.AloneP99).format("%.2f×"))
-			w("| flooder's answers/s | – | %s | %s |\n", summarize(n.FixedFloodRPS).format("%.0f"), summarize(n.SaturatedFloodRPS).format("%.0f"))
-			w("| quiet client's creates answered 201 (worst arm) | %s | | |\n\n", summarize(n.Success).format("%.1f%%"))
+			w("A quiet neighbour: `bench-quiet` sends %d creates/s (a quarter of its rate) for %s alone, then beside `bench-flood` sending %d/s (open loop), then beside `bench-flood` as fast as wrk goes (1 thread, %d connections, closed loop); the three back to back in each run, on the same server, then on the peer (chi + redis_rate, each client its own limit: the flooder's rate and burst, the quiet client's). The fixed flood starts with the flooder's bucket full: the quiet client's creates of its first %s are beside the flooder's burst of admitted creates, reported apart; the arm's p99 is that of the %s after, beside the flood over its rate.\n\n",
+				n.QuietSend, n.Duration, n.FixedFlood, n.Connections, n.Settle, n.Duration)
+			w("| quiet client p99 ms | alone | beside %d/s | ratio | beside the flooder's burst (first %s) | beside wrk | ratio |\n|---|---:|---:|---:|---:|---:|---:|\n", n.FixedFlood, n.Settle)
+			for _, a := range []struct {
+				name string
+				arms NeighbourArms
+			}{{"space-api", n.Space}, {"peer: chi + redis_rate", n.Peer}} {
+				w("| %s | %s | %s | %s | %s | %s | %s |\n", a.name, summarize(a.arms.Alone).format("%.2f"), summarize(a.arms.Fixed).format("%.2f"),
+					ratioStats(a.arms.Fixed, a.arms.Alone).format("%.2f×"), summarize(a.arms.Burst).format("%.2f"),
+					summarize(a.arms.Saturated).format("%.2f"), ratioStats(a.arms.Saturated, a.arms.Alone).format("%.2f×"))
+			}
+			w("\n| space-api | |\n|---|---:|\n")
+			w("| flooder's answers/s, fixed flood | %s |\n", summarize(n.FixedFloodRPS).format("%.0f"))
+			w("| flooder's answers/s, wrk | %s |\n", summarize(n.SaturatedFloodRPS).format("%.0f"))
+			w("| quiet client's creates answered 201 (worst arm) | %s |\n\n", summarize(n.Success).format("%.1f%%"))
+			w("The quiet client's answers from space-api, every arm and run: %s.\n\n", outcomes(n.Outcomes))
 		}
 	}
 

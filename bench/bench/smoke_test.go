@@ -126,12 +126,13 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("the targets lack the ratio to chi + redis_rate: %+v", servers.Targets())
 		}
 	})
-	t.Run("the quiet neighbour is measured alone and beside both floods, every run", func(t *testing.T) {
+	t.Run("the quiet neighbour is measured alone and beside both floods, every run, on space-api and the peer", func(t *testing.T) {
 		n := servers.Flood.Neighbour
 		if n == nil {
 			t.Fatal("the flood scenario has no quiet neighbour")
 		}
-		for name, v := range map[string][]float64{"alone": n.AloneP99, "fixed": n.FixedP99, "saturated": n.SaturatedP99,
+		for name, v := range map[string][]float64{"alone": n.Space.Alone, "burst": n.Space.Burst, "fixed": n.Space.Fixed, "saturated": n.Space.Saturated,
+			"peer alone": n.Peer.Alone, "peer burst": n.Peer.Burst, "peer fixed": n.Peer.Fixed, "peer saturated": n.Peer.Saturated,
 			"fixed flood rps": n.FixedFloodRPS, "saturating flood rps": n.SaturatedFloodRPS} {
 			if len(v) != 1 || !(v[0] > 0) {
 				t.Errorf("quiet neighbour %s: %v", name, v)
