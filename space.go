@@ -182,8 +182,14 @@ type Charger interface {
 	// CachedRefusal returns the refusal a Charge now would meet when this replica
 	// knows it without asking the budget store (its refusal cache), or nil, in which
 	// case only a Charge can tell. It takes nothing from the store; it lets a create be
-	// turned away before any other work. A create it lets through while a bucket is
-	// known nearly empty counts against the next ones, so that no more go on to the
-	// store than the bucket could serve.
-	CachedRefusal(c Charge) *LimitError
+	// turned away before any other work. A create it lets through holds its cost
+	// against what the replica knows of the buckets until its Charge is decided, so
+	// that no more go on to the store than the buckets could serve: the Hold, given
+	// back by Release once the charge is decided or the create ends without one.
+	CachedRefusal(c Charge) (Hold, *LimitError)
 }
+
+// A Hold is what a create let through by Charger.CachedRefusal holds of the buckets
+// it was judged by. Release gives it back; it is safe to call more than once, and
+// after the charge it was held for. A nil Hold holds nothing.
+type Hold interface{ Release() }

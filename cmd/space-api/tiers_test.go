@@ -123,7 +123,9 @@ func (s *server) measure(client string) tierNumbers {
 		mu.Lock()
 		defer mu.Unlock()
 		leases = n
-		return int(n)+codes[string(space.BucketClientConcurrency)] == inFlight
+		// A create over the cap is refused by it, or, once the bucket's tokens are
+		// known held by the creates on their way, by the bucket from memory.
+		return int(n)+codes[string(space.BucketClientConcurrency)]+codes[string(space.BucketClientActivation)] == inFlight
 	})
 	release()
 	held.Wait()

@@ -127,6 +127,11 @@ type Admitter struct {
 	known  sync.Map // string (Redis key) -> *atomic.Pointer[knownBucket]
 	now    func() time.Time
 	maxAge time.Duration
+	// learning holds, per bucket being learnt by a charge on its way (see
+	// CachedRefusal), a channel closed when it is learnt; learnWait (the Redis
+	// timeout) bounds how long other charges wait for it.
+	learning  sync.Map // string (Redis key) -> chan struct{}
+	learnWait time.Duration
 }
 
 // knownBucket is one bucket as a decision found it: at most Tokens at time At (the
@@ -137,9 +142,9 @@ type knownBucket struct {
 	Rate   space.Rate
 	Tokens float64
 	At     time.Time
-	// claimed is the tokens of the charges CachedRefusal let through to Redis since
-	// this state was learnt, while it was short (see CachedRefusal); the next state
-	// learnt starts again from none.
+	// claimed is the tokens held by the charges CachedRefusal let through to Redis
+	// since this state was learnt and not yet released (see CachedRefusal); the next
+	// state learnt starts again from none.
 	claimed atomic.Int64
 	// asked is when CachedRefusal last let a charge through to relearn this state once
 	// it was older than RefusalMaxAge (Unix nanoseconds; 0 never).
@@ -237,6 +242,7 @@ func New(opts Options) (*Admitter, error) {
 	return &Admitter{
 		now:          now,
 		maxAge:       opts.RefusalMaxAge,
+		learnWait:    opts.Timeout,
 		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove),
 		enabled:      opts.Enabled,
 		failClosed:   opts.FailClosed,
@@ -401,7 +407,7 @@ func (a *Admitter) plain(ctx context.Context, c space.Charge, cost string, sent 
 // costs no Redis call (envoyproxy/ratelimit's local cache of keys over the limit, with
 // the time a key stays over it counted from the bucket's own refill).
 //
-// It only ever refuses; nil means "ask Redis" (Charge does). A bucket is known
+// It only ever refuses; no refusal means "ask Redis" (Charge does). A bucket is known
 // under the rate it was decided with: a flag that changes the client's rate, exempts
 // it or moves it on or off the allowlist makes the entry not apply, so the next create
 // is Redis's. The known tokens are an upper bound as long as other replicas only take
@@ -416,27 +422,29 @@ func (a *Admitter) plain(ctx context.Context, c space.Charge, cost string, sent 
 // shared remainder, what other reserves could ever lend), so that a shared remainder
 // known empty never refuses a tier whose reserve holds tokens.
 //
-// A bucket last known short (too empty for the cost at the moment it was learnt) lets
-// through only the charges its refill since could serve: each charge it lets through
-// claims its cost from the upper bound, and a charge the claims leave short is refused
-// here too, until a decision teaches the replica the bucket afresh. Without it, the
-// moment a flooding client's next token is due, every create of the flood in flight
-// would take the whole create path (a lease, Postgres, the script) for one token:
-// thousands a second, of which one is admitted, and the slower the replica gets the
-// more of them go, until it is overloaded by refusals. A claim whose charge never
-// reaches Redis (refused by another limit on the way) is held until the next decision
-// of the bucket, or until the state is older than RefusalMaxAge: such a client, short
-// of both, may be told this bucket's refusal up to a token's refill early.
-func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
+// A charge it lets through holds its cost against that upper bound (the Hold) until
+// the flow releases it, once the charge is decided or the create ends without one;
+// a charge the holds leave short is refused here too, until a decision teaches the
+// replica the bucket afresh. Without it, a flood that finds its bucket holding N
+// tokens would send every create in flight down the whole create path (a lease,
+// Postgres, the script) until the first refusal came back: thousands a second for N
+// tokens, and the slower the replica gets the more of them go, until it is
+// overloaded by refusals and its Redis calls time out.
+//
+// A bucket this replica knows nothing of yet (its first charge, or a new rate) is
+// learnt by one charge at a time: the first is let through, and those that come while
+// it is on its way wait for what it learns (at most the Redis timeout), then are
+// judged by it, so that a flood's first contact with a replica is no herd either.
+func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError) {
 	if !a.enabled || a.shadow || a.maxAge <= 0 {
-		return nil
+		return nil, nil
 	}
 	key, rate, cost := c.Key, c.Rate, c.Cost
-	now := a.now()
+	h := &hold{a: a, cost: int64(cost)}
 	var le *space.LimitError
 	var client, cluster known
 	if rate != nil && key != "" {
-		client = a.knownState(a.clientPrefix+string(key), *rate, cost, now)
+		client = a.knownState(a.clientPrefix+string(key), *rate, cost, h)
 		le = client.refusal(space.BucketClientActivation, key)
 	}
 	clusterKey, clusterRate := a.clusterKey, a.cluster
@@ -446,7 +454,7 @@ func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 			clusterKey, clusterRate = t.knownKey, t.drawable
 		}
 	}
-	cluster = a.knownState(clusterKey, clusterRate, cost+int(c.Floor), now)
+	cluster = a.knownState(clusterKey, clusterRate, cost+int(c.Floor), h)
 	if refused := cluster.refusal(space.BucketClusterActivation, key); refused != nil {
 		if le == nil {
 			le = refused
@@ -456,19 +464,55 @@ func (a *Admitter) CachedRefusal(c space.Charge) *space.LimitError {
 		}
 	}
 	if le == nil {
-		// Neither is short by what refilled: the charge claims its tokens from each
-		// bucket that was, which refuses it if earlier claims took them.
-		if le = client.claim(cost, space.BucketClientActivation, key); le == nil {
-			if le = cluster.claim(cost, space.BucketClusterActivation, key); le != nil {
-				client.unclaim(cost)
-			}
+		// Neither is short by what refilled: the charge holds its tokens in each
+		// bucket, which refuses it if earlier holds took them.
+		if le = client.claim(h, space.BucketClientActivation, key); le == nil {
+			le = cluster.claim(h, space.BucketClusterActivation, key)
 		}
 	}
 	if le != nil {
+		h.Release()
 		a.metrics.count(decisionRejected, le.Bucket, c.Tier)
 		a.metrics.refusedLocally(le.Bucket)
+		return nil, le
 	}
-	return le
+	return h, nil
+}
+
+// hold is a let-through charge's Hold: its cost claimed from the buckets it was
+// judged by, and the buckets it is the learner of.
+type hold struct {
+	a    *Admitter
+	cost int64
+	// claimed are the states the cost was claimed from (at most two: client and
+	// cluster); learns the keys this charge learns for the others (see learner).
+	claimed  [2]*knownBucket
+	nclaimed int
+	learns   [2]learnt
+	nlearns  int
+	released atomic.Bool
+}
+
+type learnt struct {
+	key  string
+	done chan struct{}
+}
+
+// Release implements space.Hold: the claims are given back (to states a decision
+// may since have replaced, which is harmless) and the charges waiting for what this
+// one learns go on.
+func (h *hold) Release() {
+	if h == nil || h.released.Swap(true) {
+		return
+	}
+	for _, k := range h.claimed[:h.nclaimed] {
+		k.claimed.Add(-h.cost)
+	}
+	for _, l := range h.learns[:h.nlearns] {
+		if h.a.learning.CompareAndDelete(l.key, l.done) {
+			close(l.done)
+		}
+	}
 }
 
 // known is what a replica knows of one bucket for one charge: nothing (k nil), or its
@@ -487,18 +531,38 @@ type known struct {
 	need   float64 // what the charge needs left in it: its cost, and a warm-up's floor
 }
 
-// knownState is what this replica knows of bucket key for a charge needing need tokens
-// at now: nothing when it has no state of the bucket under rate, or for the charge that
-// relearns one too old.
-func (a *Admitter) knownState(key string, rate space.Rate, need int, now time.Time) known {
-	v, ok := a.known.Load(key)
-	if !ok {
-		return known{}
-	}
-	k := v.(*atomic.Pointer[knownBucket]).Load()
+// knownState is what this replica knows of bucket key for a charge h needing need
+// tokens: nothing for the charge that relearns a state too old, or that learns a
+// bucket not known under rate (then h is its learner); a charge that comes while a
+// learner is on its way waits for what it learns (see learner) and is judged by it.
+func (a *Admitter) knownState(key string, rate space.Rate, need int, h *hold) known {
+	k := a.state(key)
 	if k == nil || k.Rate != rate {
-		return known{}
+		var waited *time.Timer
+		for k == nil || k.Rate != rate {
+			done, learner := a.learner(key)
+			if learner {
+				h.learns[h.nlearns] = learnt{key: key, done: done}
+				h.nlearns++
+				return known{}
+			}
+			if waited == nil {
+				waited = time.NewTimer(a.learnWait)
+				defer waited.Stop()
+			}
+			select {
+			case <-done:
+			case <-waited.C:
+				// The learner is slow (its create still on its way to the charge, or
+				// Redis failing): this charge goes on unjudged, as before any state.
+				return known{}
+			}
+			// Learnt, or the learner gave up without a decision (refused on its
+			// way): judged by what was learnt, or the next learner.
+			k = a.state(key)
+		}
 	}
+	now := a.now()
 	age := now.Sub(k.At)
 	if age > a.maxAge {
 		asked, at := k.asked.Load(), now.UnixNano()
@@ -513,6 +577,24 @@ func (a *Admitter) knownState(key string, rate space.Rate, need int, now time.Ti
 	return known{k: k, tokens: math.Min(tokens, float64(rate.Burst)), need: float64(need)}
 }
 
+// state is the last state learnt of bucket key, nil when none.
+func (a *Admitter) state(key string) *knownBucket {
+	v, ok := a.known.Load(key)
+	if !ok {
+		return nil
+	}
+	return v.(*atomic.Pointer[knownBucket]).Load()
+}
+
+// learner registers the caller as the learner of bucket key, unless another charge
+// already is: done is closed once a decision of key is remembered or the learner's
+// hold is released, whichever comes first.
+func (a *Admitter) learner(key string) (done chan struct{}, learner bool) {
+	ch := make(chan struct{})
+	v, loaded := a.learning.LoadOrStore(key, ch)
+	return v.(chan struct{}), !loaded
+}
+
 // refusal is the bucket's refusal if it cannot hold what the charge needs yet.
 func (b known) refusal(bucket space.Bucket, client space.ClientKey) *space.LimitError {
 	if b.k == nil || b.tokens >= b.need {
@@ -521,27 +603,21 @@ func (b known) refusal(bucket space.Bucket, client space.ClientKey) *space.Limit
 	return b.limitError(bucket, client, b.tokens)
 }
 
-// claim takes cost from what a bucket last known short can serve now, for a charge
-// let through to Redis, and returns the refusal of a charge that earlier claims
-// leave short. A bucket not known, or known to have held the charge's need, claims
-// nothing.
-func (b known) claim(cost int, bucket space.Bucket, client space.ClientKey) *space.LimitError {
-	if b.k == nil || b.k.Tokens >= b.need {
+// claim takes h's cost from what a known bucket can serve now, for a charge let
+// through to Redis, and returns the refusal of a charge that earlier claims leave
+// short. A bucket not known claims nothing.
+func (b known) claim(h *hold, bucket space.Bucket, client space.ClientKey) *space.LimitError {
+	if b.k == nil {
 		return nil
 	}
-	claimed := b.k.claimed.Add(int64(cost))
-	if left := b.tokens - float64(claimed-int64(cost)); left < b.need {
-		b.k.claimed.Add(-int64(cost))
+	claimed := b.k.claimed.Add(h.cost)
+	if left := b.tokens - float64(claimed-h.cost); left < b.need {
+		b.k.claimed.Add(-h.cost)
 		return b.limitError(bucket, client, left)
 	}
+	h.claimed[h.nclaimed] = b.k
+	h.nclaimed++
 	return nil
-}
-
-// unclaim gives back what claim took, for a charge refused by the other bucket.
-func (b known) unclaim(cost int) {
-	if b.k != nil && b.k.Tokens < b.need {
-		b.k.claimed.Add(-int64(cost))
-	}
 }
 
 // limitError is the refusal of a charge that finds left of what it needs.
@@ -558,6 +634,9 @@ func (a *Admitter) remember(key string, st BucketState, at time.Time) {
 		v, _ = a.known.LoadOrStore(key, &atomic.Pointer[knownBucket]{})
 	}
 	v.(*atomic.Pointer[knownBucket]).Store(&knownBucket{Rate: st.Rate, Tokens: st.Remaining, At: at})
+	if done, ok := a.learning.LoadAndDelete(key); ok {
+		close(done.(chan struct{}))
+	}
 }
 
 // Peek reports the buckets as a charge of one token would find them now, without

@@ -44,7 +44,7 @@ func BenchmarkAdmit(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				if c.refused {
-					if a.CachedRefusal(space.Charge{Key: "acme", Rate: &rate, Cost: 1}) == nil {
+					if refusal(a, space.Charge{Key: "acme", Rate: &rate, Cost: 1}) == nil {
 						b.Fatal("Refused = nil on a bucket known empty")
 					}
 					continue

@@ -18,7 +18,7 @@ func TestRefusalsAreCountedAlike(t *testing.T) {
 	t.Parallel()
 	// The flow asks the cache once, then charges (internal/sandbox's create).
 	flow := func(b *bundle, c space.Charge) error {
-		if le := b.adm.CachedRefusal(c); le != nil {
+		if le := refusal(b.adm, c); le != nil {
 			return le
 		}
 		_, err := b.adm.Charge(b.ctx, c)

@@ -223,3 +223,23 @@ func (b *bundle) charge(client space.ClientKey, r *space.Rate, cost int) error {
 	_, err := b.adm.Charge(b.ctx, space.Charge{Key: client, Rate: r, Cost: cost})
 	return err
 }
+
+// refusal is a create asking a's refusal cache for c that ends there: what it is let
+// through with is given back at once.
+func refusal(a *Admitter, c space.Charge) *space.LimitError {
+	h, le := a.CachedRefusal(c)
+	if h != nil {
+		h.Release()
+	}
+	return le
+}
+
+// onItsWay is a create asking a's refusal cache for c that goes on to its charge: what
+// it is let through with stays held until the test ends.
+func onItsWay(t *testing.T, a *Admitter, c space.Charge) *space.LimitError {
+	h, le := a.CachedRefusal(c)
+	if h != nil {
+		t.Cleanup(h.Release)
+	}
+	return le
+}

@@ -34,7 +34,7 @@ func TestRefusedWithoutRedis(t *testing.T) {
 		before := b.stored(b.clientKey("acme")).raw
 		scripts := metricValue(t, b.reg, "space_sandbox_admission_script_seconds")
 		rejected := b.decisions(decisionRejected, space.BucketClientActivation)
-		le := b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1})
+		le := refusal(b.adm, space.Charge{Key: "acme", Rate: r, Cost: 1})
 		redisLE := d.LimitError("acme")
 		if le == nil || le.Bucket != redisLE.Bucket || le.Client != "acme" || *le.Limit != *redisLE.Limit ||
 			le.RetryAfter < 9*time.Second || le.RetryAfter > redisLE.RetryAfter+time.Second {
@@ -61,18 +61,18 @@ func TestRefusedWithoutRedis(t *testing.T) {
 		t.Parallel()
 		b, c, r := known(t)
 		b.drain("acme", r)
-		le := b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1})
+		le := refusal(b.adm, space.Charge{Key: "acme", Rate: r, Cost: 1})
 		if le == nil {
 			t.Fatal("not refused right after the drain")
 		}
 		// Known tokens are at most what Redis holds, so the local refill time T is no
 		// later than Redis's: at T itself the cache still refuses, past it never.
 		c.Advance(le.RetryAfter - time.Millisecond)
-		if b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1}) == nil {
+		if refusal(b.adm, space.Charge{Key: "acme", Rate: r, Cost: 1}) == nil {
 			t.Fatal("admitted before the refill")
 		}
 		c.Advance(2 * time.Millisecond)
-		if le := b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1}); le != nil {
+		if le := refusal(b.adm, space.Charge{Key: "acme", Rate: r, Cost: 1}); le != nil {
 			t.Fatalf("refused past the refill: %+v", le)
 		}
 	})
@@ -81,17 +81,17 @@ func TestRefusedWithoutRedis(t *testing.T) {
 		t.Parallel()
 		b, _, r := known(t)
 		b.drain("acme", r)
-		if b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1}) == nil {
+		if refusal(b.adm, space.Charge{Key: "acme", Rate: r, Cost: 1}) == nil {
 			t.Fatal("not refused")
 		}
 		raised := rate(100, 50)
-		if le := b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: raised, Cost: 1}); le != nil {
+		if le := refusal(b.adm, space.Charge{Key: "acme", Rate: raised, Cost: 1}); le != nil {
 			t.Fatalf("refused under a raised rate: %+v", le)
 		}
-		if le := b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: nil, Cost: 1}); le != nil {
+		if le := refusal(b.adm, space.Charge{Key: "acme", Rate: nil, Cost: 1}); le != nil {
 			t.Fatalf("an exempt client refused: %+v", le)
 		}
-		if le := b.adm.CachedRefusal(space.Charge{Key: "globex", Rate: r, Cost: 1}); le != nil {
+		if le := refusal(b.adm, space.Charge{Key: "globex", Rate: r, Cost: 1}); le != nil {
 			t.Fatalf("another key refused: %+v", le)
 		}
 	})
@@ -105,13 +105,13 @@ func TestRefusedWithoutRedis(t *testing.T) {
 		if d := b.admit("acme", nil); !d.Admitted {
 			t.Fatal("the cluster's one token was refused")
 		}
-		le := b.adm.CachedRefusal(space.Charge{Key: "globex", Rate: nil, Cost: 1})
+		le := refusal(b.adm, space.Charge{Key: "globex", Rate: nil, Cost: 1})
 		if le == nil || le.Bucket != space.BucketClusterActivation || le.RetryAfter < 99*time.Second {
 			t.Fatalf("Refused = %+v, want the cluster's refusal for 100s", le)
 		}
 		r := rate(neverRefills, 1)
 		b.admit("initech", r) // refused by the cluster, learns initech's full bucket
-		if le := b.adm.CachedRefusal(space.Charge{Key: "initech", Rate: r, Cost: 1}); le == nil || le.Bucket != space.BucketClusterActivation {
+		if le := refusal(b.adm, space.Charge{Key: "initech", Rate: r, Cost: 1}); le == nil || le.Bucket != space.BucketClusterActivation {
 			t.Fatalf("Refused = %+v, want the cluster named while initech holds a token", le)
 		}
 	})
@@ -125,11 +125,11 @@ func TestRefusedWithoutRedis(t *testing.T) {
 		shadow := setup(t, rdb, opts)
 		shadow.admit("acme", r)
 		shadow.admit("acme", r)
-		if le := shadow.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1}); le != nil {
+		if le := refusal(shadow.adm, space.Charge{Key: "acme", Rate: r, Cost: 1}); le != nil {
 			t.Fatal("shadow mode refused: it admits every rejection")
 		}
 		off := setup(t, rdb, Options{Cluster: space.Rate{RefillRPS: neverRefills, Burst: 1}})
-		if le := off.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1}); le != nil {
+		if le := refusal(off.adm, space.Charge{Key: "acme", Rate: r, Cost: 1}); le != nil {
 			t.Fatal("a disabled Admitter refused")
 		}
 	})
@@ -152,11 +152,11 @@ func TestRefusedWithoutRedis(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.Advance(999 * time.Millisecond)
-			if le := b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1}); le == nil {
+			if le := refusal(b.adm, space.Charge{Key: "acme", Rate: r, Cost: 1}); le == nil {
 				t.Fatal("not refused from memory within the bound: the cache is not on")
 			}
 			c.Advance(2 * time.Millisecond)
-			if le := b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1}); le != nil {
+			if le := refusal(b.adm, space.Charge{Key: "acme", Rate: r, Cost: 1}); le != nil {
 				t.Fatalf("refused from memory %v after it was learnt, past the bound of 1s: %+v", time.Second+time.Millisecond, le)
 			}
 			for i := range 3 {
@@ -174,7 +174,7 @@ func TestRefusedWithoutRedis(t *testing.T) {
 		b := setup(t, testenv.Redis(t), opts)
 		r := rate(neverRefills, 1)
 		b.drain("acme", r)
-		if le := b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: r, Cost: 1}); le != nil {
+		if le := refusal(b.adm, space.Charge{Key: "acme", Rate: r, Cost: 1}); le != nil {
 			t.Fatalf("refused from memory with the cache off: %+v", le)
 		}
 		if err := b.charge("acme", r, 1); space.ErrorCode(err) != space.ELIMITED {

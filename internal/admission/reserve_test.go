@@ -179,10 +179,10 @@ func TestReservedCapacity(t *testing.T) {
 		if got, _ := b.drainAs("initech", "free"); got["shared"] != 6 {
 			t.Fatalf("free drew %v", got)
 		}
-		if le := b.adm.CachedRefusal(space.Charge{Key: "initech", Rate: rate(neverRefills, 100), Tier: "free", Cost: 1}); le == nil || le.Bucket != space.BucketClusterActivation {
+		if le := refusal(b.adm, space.Charge{Key: "initech", Rate: rate(neverRefills, 100), Tier: "free", Cost: 1}); le == nil || le.Bucket != space.BucketClusterActivation {
 			t.Fatalf("free, which can draw on nothing now, is not refused from memory: %+v", le)
 		}
-		if le := b.adm.CachedRefusal(space.Charge{Key: "acme", Rate: rate(neverRefills, 100), Tier: "pro", Cost: 1}); le != nil {
+		if le := refusal(b.adm, space.Charge{Key: "acme", Rate: rate(neverRefills, 100), Tier: "pro", Cost: 1}); le != nil {
 			t.Fatalf("pro refused from memory while its reserve holds 4: %+v", le)
 		}
 		if d := b.chargeAs("acme", "pro"); !d.Admitted || d.Source != "reserve" {

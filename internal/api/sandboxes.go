@@ -208,6 +208,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	var plan sandbox.Plan
 	if err == nil {
 		plan, err = s.sandboxes.Plan(caller, req)
+		// A create refused on its way to Create (its concurrency cap) gives back what
+		// the plan holds; Create releases it itself.
+		defer plan.Release()
 		if code := space.ErrorCode(err); code == space.ELIMITED || code == space.EUNPROCESSABLE {
 			s.writeError(w, r, err)
 			return

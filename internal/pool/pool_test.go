@@ -35,7 +35,7 @@ type charger struct {
 }
 
 // CachedRefusal knows nothing ahead: every charge is the test's to decide.
-func (c *charger) CachedRefusal(space.Charge) *space.LimitError { return nil }
+func (c *charger) CachedRefusal(space.Charge) (space.Hold, *space.LimitError) { return nil, nil }
 
 func (c *charger) Charge(_ context.Context, ch space.Charge) (space.Charged, error) {
 	client, rate := ch.Key, ch.Rate

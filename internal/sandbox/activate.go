@@ -61,17 +61,24 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	// The caller's own context tells, at the end, whether anyone is still waiting for
 	// the answer; the work itself runs detached from it.
 	callerCtx := ctx
+	// A caller already gone reserves nothing. A reservation once sent is read to its
+	// end whether or not the caller still waits: cut short, it could commit unseen
+	// and leave a starting row that nothing starts, for the reconciler to fail.
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// From the reservation on, the activation runs to its end even if the caller
+	// hangs up, so that no sandbox is left half made. The substrate's own timeout
+	// bounds it, and the reconciler settles the sandbox after that bound should this
+	// replica die.
+	ctx, cancel := s.detached(ctx)
+	defer cancel()
 	sb, tmpl, slot, err := a.reserve(ctx, caller)
 	if err != nil {
 		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
 		return nil, err
 	}
 
-	// From here the sandbox exists: finish the activation even if the caller hangs up,
-	// so that no sandbox is left half made. The substrate's own timeout bounds it, and
-	// the reconciler settles the sandbox after that bound should this replica die.
-	ctx, cancel := s.detached(ctx)
-	defer cancel()
 	spec := substrate.Spec{SandboxID: sb.ID, Client: sb.Client, Shape: sb.Shape, Template: tmpl}
 
 	if slot != nil {

@@ -80,6 +80,19 @@ type Plan struct {
 	// refusalAsked is true when Plan asked for a refusal known from memory; Create
 	// asks after its lookups otherwise.
 	refusalAsked bool
+	// hold is what the refusal cache let this create through with (see
+	// space.Charger): held until Create has charged, or the create ends without.
+	hold space.Hold
+}
+
+// Release gives back what the plan holds of the buckets' known tokens (see
+// space.Charger.CachedRefusal). Create releases it itself; whoever makes a Plan and
+// may not pass it to Create (a create refused by its concurrency cap after it was
+// planned) releases it too. Releasing twice is harmless.
+func (p Plan) Release() {
+	if p.hold != nil {
+		p.hold.Release()
+	}
 }
 
 // Plan checks a create once, in the order its caller is answered:
@@ -117,7 +130,7 @@ func (s *Service) Plan(caller space.Caller, req CreateRequest) (Plan, error) {
 	}
 	if !req.Async && req.ID == "" && req.IdempotencyKey == "" {
 		p.refusalAsked = true
-		if err := s.knownRefusal(p, began); err != nil {
+		if err := s.knownRefusal(&p, began); err != nil {
 			return p, err
 		}
 	}
@@ -164,12 +177,15 @@ func whose(c space.Caller) string {
 // and the Charger's refusal cache already knows that a charge of the template's cost
 // would be refused. The live cap is not looked at: a create over it and over its rate
 // may be told either reason. Anything else returns nil, and the charge asks Redis.
-func (s *Service) knownRefusal(p Plan, began time.Time) error {
+//
+// A create it lets through holds its cost in p (Plan.Release) until it is charged.
+func (s *Service) knownRefusal(p *Plan, began time.Time) error {
 	if s.opts.View == nil || !s.opts.View.Cold(p.Request.Shape) {
 		return nil
 	}
-	le := s.opts.Charger.CachedRefusal(p.Caller.Charge(p.Template.ActivationCost()))
+	hold, le := s.opts.Charger.CachedRefusal(p.Caller.Charge(p.Template.ActivationCost()))
 	if le == nil {
+		p.hold = hold
 		return nil
 	}
 	s.metrics.refused("create", le, s.opts.Now().Sub(began))
@@ -197,12 +213,13 @@ const syncCreate = "create (synchronous)"
 //     settled the row; any other state, an earlier attempt made it, and it is
 //     returned as it is. An id of another client's sandbox is ECONFLICT.
 func (s *Service) Create(ctx context.Context, p Plan) (*space.Sandbox, error) {
+	defer func() { p.Release() }() // the hold p has by the end: Plan's, or one asked below
 	req := p.Request
 	if req.IdempotencyKey != "" {
 		if req.ID != "" {
 			return nil, errors.New("create: an idempotency key and a fixed id are exclusive")
 		}
-		id, asked, err := s.claimKey(ctx, p)
+		id, asked, err := s.claimKey(ctx, &p)
 		if err != nil {
 			return nil, err
 		}
@@ -229,7 +246,7 @@ func (s *Service) Create(ctx context.Context, p Plan) (*space.Sandbox, error) {
 		// A retry of a failed row takes the usual path, so that the row keeps the
 		// history of its refused retries.
 		if !retry && !p.refusalAsked {
-			if err := s.knownRefusal(p, s.opts.Now()); err != nil {
+			if err := s.knownRefusal(&p, s.opts.Now()); err != nil {
 				return nil, err
 			}
 		}
@@ -254,7 +271,7 @@ func (s *Service) Create(ctx context.Context, p Plan) (*space.Sandbox, error) {
 // A new request is asked for a known refusal before it claims anything (asked is then
 // true), so that a refused one leaves the key free for its retry; a repeat is not: its
 // answer is what the first made, even while the client is refused.
-func (s *Service) claimKey(ctx context.Context, p Plan) (id string, asked bool, err error) {
+func (s *Service) claimKey(ctx context.Context, p *Plan) (id string, asked bool, err error) {
 	body, err := p.Request.Encode()
 	if err != nil {
 		return "", false, err

@@ -25,12 +25,12 @@ func (c benchCharger) Charge(_ context.Context, ch space.Charge) (space.Charged,
 	return space.Charged{}, nil
 }
 
-func (c benchCharger) CachedRefusal(ch space.Charge) *space.LimitError {
+func (c benchCharger) CachedRefusal(ch space.Charge) (space.Hold, *space.LimitError) {
 	client, rate := ch.Key, ch.Rate
 	if !c.known {
-		return nil
+		return nil, nil
 	}
-	return &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Hour, Limit: rate}
+	return nil, &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Hour, Limit: rate}
 }
 
 // BenchmarkCreate is the flow of a create on the services' Postgres, the charge

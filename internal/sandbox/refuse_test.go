@@ -55,13 +55,9 @@ func setupRefusing(t *testing.T) (*bundle, *view) {
 		}})
 	go v.Run(b.ctx)
 	<-v.changes // the first sync
-	b.svc = sandbox.New(sandbox.Options{
-		DB: b.db, Pool: b.pool, Substrate: b.sim, Charger: b.charger, View: v.View,
-		Catalog: sandbox.Catalog{Templates: substrate.Templates{
-			python.Template: {Name: python.Template, Image: "python:3.12-slim", MaxDiskGiB: 50},
-			node.Template:   {Name: node.Template, Image: "node:22-slim"},
-		}, Max: space.Shape{CPUMillis: 8000, MemoryMiB: 16384, DiskGiB: 100}},
-	})
+	opts := b.options()
+	opts.View = v.View
+	b.svc = sandbox.New(opts)
 	return b, v
 }
 
@@ -113,6 +109,52 @@ func TestEarlyRefusal(t *testing.T) {
 		}
 		if n := b.inserted(t); n != 0 {
 			t.Fatalf("%d rows reserved for refused creates", n)
+		}
+	})
+
+	t.Run("every create let through gives back its hold, however it ends", func(t *testing.T) {
+		t.Parallel()
+		b, v := setupRefusing(t)
+		capped := acme()
+		capped.ID, capped.Key, capped.LiveSandboxes = "initech", "initech", 1
+		v.waitCold(python)
+		for _, tc := range []struct {
+			name   string
+			caller space.Caller
+			req    sandbox.CreateRequest
+			reject bool
+			ok     bool
+		}{
+			{"admitted cold", acme(), sandbox.CreateRequest{Shape: python}, false, true},
+			{"refused by the charge", acme(), sandbox.CreateRequest{Shape: python}, true, false},
+			{"the first under the live cap", capped, sandbox.CreateRequest{Shape: python}, false, true},
+			{"refused by the live cap", capped, sandbox.CreateRequest{Shape: python}, false, false},
+			{"under an idempotency key", acme(), sandbox.CreateRequest{Shape: python, IdempotencyKey: "k-1"}, false, true},
+			{"a repeat under the key", acme(), sandbox.CreateRequest{Shape: python, IdempotencyKey: "k-1"}, false, true},
+			{"with a fixed id", acme(), sandbox.CreateRequest{Shape: python, ID: "00000000-0000-4000-8000-00000000c0de"}, false, true},
+		} {
+			b.charger.reject = func(space.ClientKey) bool { return tc.reject }
+			_, err := create(b.svc, b.ctx, tc.caller, tc.req)
+			if (err == nil) != tc.ok {
+				t.Fatalf("%s: err = %v, want ok %v", tc.name, err, tc.ok)
+			}
+			if n := b.charger.held.Load(); n != 0 {
+				t.Fatalf("%s: %d holds not given back", tc.name, n)
+			}
+		}
+		// A plan that never reaches Create (its caller refused by the concurrency cap
+		// in between) is released by whoever planned it.
+		p, err := b.svc.Plan(acme(), sandbox.CreateRequest{Shape: python})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := b.charger.held.Load(); n != 1 {
+			t.Fatalf("a plan let through holds %d, want 1", n)
+		}
+		p.Release()
+		p.Release()
+		if n := b.charger.held.Load(); n != 0 {
+			t.Fatalf("released twice: %d held, want 0", n)
 		}
 	})
 

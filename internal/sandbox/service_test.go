@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,17 +52,32 @@ type charger struct {
 	reject func(client space.ClientKey) bool
 	known  func(client space.ClientKey) bool
 	calls  map[space.ClientKey]int
+	// held counts the holds CachedRefusal gave and nobody released yet.
+	held atomic.Int64
 }
 
-func (c *charger) CachedRefusal(ch space.Charge) *space.LimitError {
+func (c *charger) CachedRefusal(ch space.Charge) (space.Hold, *space.LimitError) {
 	client, rate := ch.Key, ch.Rate
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.known == nil || !c.known(client) {
-		return nil
+		c.held.Add(1)
+		return &fakeHold{held: &c.held}, nil
 	}
 	c.events.add("refuse:" + string(client))
-	return &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Second, Limit: rate}
+	return nil, &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Second, Limit: rate}
+}
+
+// fakeHold counts itself in held until it is released.
+type fakeHold struct {
+	held     *atomic.Int64
+	released atomic.Bool
+}
+
+func (h *fakeHold) Release() {
+	if !h.released.Swap(true) {
+		h.held.Add(-1)
+	}
 }
 
 func (c *charger) Charge(_ context.Context, ch space.Charge) (space.Charged, error) {
@@ -113,16 +129,21 @@ func setup(t *testing.T) *bundle {
 	}})
 	b.charger = &charger{events: b.events}
 	b.pool = pool.New(pool.Options{DB: b.db, Substrate: b.sim})
+	b.svc = sandbox.New(b.options())
+	return b
+}
+
+// options are the Service's options on b's parts.
+func (b *bundle) options() sandbox.Options {
 	templates := substrate.Templates{
 		python.Template: {Name: python.Template, Image: "python:3.12-slim", MaxDiskGiB: 50},
 		node.Template:   {Name: node.Template, Image: "node:22-slim"},
 	}
-	b.svc = sandbox.New(sandbox.Options{
+	return sandbox.Options{
 		DB: b.db, Pool: b.pool, Substrate: b.sim, Charger: b.charger,
 		Catalog:        sandbox.Catalog{Templates: templates, Max: space.Shape{CPUMillis: 8000, MemoryMiB: 16384, DiskGiB: 100}},
 		IdempotencyTTL: config.Default().IdempotencyKeyTTL,
-	})
-	return b
+	}
 }
 
 func (b *bundle) setFail(f func(c substrate.Call) error) {

@@ -167,9 +167,9 @@ func TestUnansweredCreates(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		req := sandbox.CreateRequest{Shape: python, IdempotencyKey: "retry-me"}
-		id, _ := leaving(t, b, req)
+		id, lerr := leaving(t, b, req)
 		if sb := b.get(t, id); sb.State != space.StateRunning {
-			t.Fatalf("keyed sandbox %s, want running for its retry", sb.State)
+			t.Fatalf("keyed sandbox %s (%v), want running for its retry", sb.State, lerr)
 		}
 		sb, err := create(b.svc, b.ctx, acme(), req)
 		if err != nil || sb.ID != id || sb.State != space.StateRunning {
