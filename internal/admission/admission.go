@@ -127,11 +127,6 @@ type Admitter struct {
 	known  sync.Map // string (Redis key) -> *atomic.Pointer[knownBucket]
 	now    func() time.Time
 	maxAge time.Duration
-	// learning holds, per bucket being learnt by a charge on its way (see
-	// CachedRefusal), a channel closed when it is learnt; learnWait (the Redis
-	// timeout) bounds how long other charges wait for it.
-	learning  sync.Map // string (Redis key) -> chan struct{}
-	learnWait time.Duration
 }
 
 // knownBucket is one bucket as a decision found it: at most Tokens at time At (the
@@ -242,7 +237,6 @@ func New(opts Options) (*Admitter, error) {
 	return &Admitter{
 		now:          now,
 		maxAge:       opts.RefusalMaxAge,
-		learnWait:    opts.Timeout,
 		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove),
 		enabled:      opts.Enabled,
 		failClosed:   opts.FailClosed,
@@ -431,20 +425,22 @@ func (a *Admitter) plain(ctx context.Context, c space.Charge, cost string, sent 
 // tokens, and the slower the replica gets the more of them go, until it is
 // overloaded by refusals and its Redis calls time out.
 //
-// A bucket this replica knows nothing of yet (its first charge, or a new rate) is
-// learnt by one charge at a time: the first is let through, and those that come while
-// it is on its way wait for what it learns (at most the Redis timeout), then are
-// judged by it, so that a flood's first contact with a replica is no herd either.
+// A bucket this replica knows nothing of yet (its first charge, or a new rate) lets
+// every charge through until the first decision comes back. Making the others wait
+// for that one was built and measured: a cold replica under an open-loop flood of
+// 2,500/s then answered late, the load generator opened connections for the answers
+// it waited for, and the replica's Redis calls timed out (1,400 to 1,800 decisions
+// failed open in the flood's first second, against none without the wait).
 func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError) {
 	if !a.enabled || a.shadow || a.maxAge <= 0 {
 		return nil, nil
 	}
 	key, rate, cost := c.Key, c.Rate, c.Cost
-	h := &hold{a: a, cost: int64(cost)}
+	h := &hold{cost: int64(cost)}
 	var le *space.LimitError
 	var client, cluster known
 	if rate != nil && key != "" {
-		client = a.knownState(a.clientPrefix+string(key), *rate, cost, h)
+		client = a.knownState(a.clientPrefix+string(key), *rate, cost)
 		le = client.refusal(space.BucketClientActivation, key)
 	}
 	clusterKey, clusterRate := a.clusterKey, a.cluster
@@ -454,7 +450,7 @@ func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError)
 			clusterKey, clusterRate = t.knownKey, t.drawable
 		}
 	}
-	cluster = a.knownState(clusterKey, clusterRate, cost+int(c.Floor), h)
+	cluster = a.knownState(clusterKey, clusterRate, cost+int(c.Floor))
 	if refused := cluster.refusal(space.BucketClusterActivation, key); refused != nil {
 		if le == nil {
 			le = refused
@@ -480,38 +476,22 @@ func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError)
 }
 
 // hold is a let-through charge's Hold: its cost claimed from the buckets it was
-// judged by, and the buckets it is the learner of.
+// judged by (at most two: client and cluster).
 type hold struct {
-	a    *Admitter
-	cost int64
-	// claimed are the states the cost was claimed from (at most two: client and
-	// cluster); learns the keys this charge learns for the others (see learner).
+	cost     int64
 	claimed  [2]*knownBucket
 	nclaimed int
-	learns   [2]learnt
-	nlearns  int
 	released atomic.Bool
 }
 
-type learnt struct {
-	key  string
-	done chan struct{}
-}
-
-// Release implements space.Hold: the claims are given back (to states a decision
-// may since have replaced, which is harmless) and the charges waiting for what this
-// one learns go on.
+// Release implements space.Hold: the claims are given back, to states a decision may
+// since have replaced, which is harmless.
 func (h *hold) Release() {
 	if h == nil || h.released.Swap(true) {
 		return
 	}
 	for _, k := range h.claimed[:h.nclaimed] {
 		k.claimed.Add(-h.cost)
-	}
-	for _, l := range h.learns[:h.nlearns] {
-		if h.a.learning.CompareAndDelete(l.key, l.done) {
-			close(l.done)
-		}
 	}
 }
 
@@ -531,36 +511,13 @@ type known struct {
 	need   float64 // what the charge needs left in it: its cost, and a warm-up's floor
 }
 
-// knownState is what this replica knows of bucket key for a charge h needing need
-// tokens: nothing for the charge that relearns a state too old, or that learns a
-// bucket not known under rate (then h is its learner); a charge that comes while a
-// learner is on its way waits for what it learns (see learner) and is judged by it.
-func (a *Admitter) knownState(key string, rate space.Rate, need int, h *hold) known {
+// knownState is what this replica knows of bucket key for a charge needing need
+// tokens at now: nothing when it has no state of the bucket under rate, or for the
+// charge that relearns one too old.
+func (a *Admitter) knownState(key string, rate space.Rate, need int) known {
 	k := a.state(key)
 	if k == nil || k.Rate != rate {
-		var waited *time.Timer
-		for k == nil || k.Rate != rate {
-			done, learner := a.learner(key)
-			if learner {
-				h.learns[h.nlearns] = learnt{key: key, done: done}
-				h.nlearns++
-				return known{}
-			}
-			if waited == nil {
-				waited = time.NewTimer(a.learnWait)
-				defer waited.Stop()
-			}
-			select {
-			case <-done:
-			case <-waited.C:
-				// The learner is slow (its create still on its way to the charge, or
-				// Redis failing): this charge goes on unjudged, as before any state.
-				return known{}
-			}
-			// Learnt, or the learner gave up without a decision (refused on its
-			// way): judged by what was learnt, or the next learner.
-			k = a.state(key)
-		}
+		return known{}
 	}
 	now := a.now()
 	age := now.Sub(k.At)
@@ -584,15 +541,6 @@ func (a *Admitter) state(key string) *knownBucket {
 		return nil
 	}
 	return v.(*atomic.Pointer[knownBucket]).Load()
-}
-
-// learner registers the caller as the learner of bucket key, unless another charge
-// already is: done is closed once a decision of key is remembered or the learner's
-// hold is released, whichever comes first.
-func (a *Admitter) learner(key string) (done chan struct{}, learner bool) {
-	ch := make(chan struct{})
-	v, loaded := a.learning.LoadOrStore(key, ch)
-	return v.(chan struct{}), !loaded
 }
 
 // refusal is the bucket's refusal if it cannot hold what the charge needs yet.
@@ -634,9 +582,6 @@ func (a *Admitter) remember(key string, st BucketState, at time.Time) {
 		v, _ = a.known.LoadOrStore(key, &atomic.Pointer[knownBucket]{})
 	}
 	v.(*atomic.Pointer[knownBucket]).Store(&knownBucket{Rate: st.Rate, Tokens: st.Remaining, At: at})
-	if done, ok := a.learning.LoadAndDelete(key); ok {
-		close(done.(chan struct{}))
-	}
 }
 
 // Peek reports the buckets as a charge of one token would find them now, without

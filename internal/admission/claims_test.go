@@ -219,88 +219,28 @@ func TestAStaleStateIsRelearntByOneCharge(t *testing.T) {
 	})
 }
 
-// TestABucketFirstMetIsLearntByOneCharge holds CachedRefusal's learner: the charges
-// that meet a bucket this replica knows nothing of while one of them is on its way to
-// Redis wait for what it learns, and are judged by it.
-func TestABucketFirstMetIsLearntByOneCharge(t *testing.T) {
+// TestABucketFirstMetIsHeldToItsFirstDecision: a bucket this replica has no state of
+// lets charges through (only Redis can tell), and from its first decision on holds
+// them to what that decision found.
+func TestABucketFirstMetIsHeldToItsFirstDecision(t *testing.T) {
 	t.Parallel()
-	r := rate(neverRefills, 3)
-	acme := space.Charge{Key: "acme", Rate: r, Cost: 1}
-
-	t.Run("many meeting it at once send no more charges to Redis than it holds", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000}))
-		var through, admitted atomic.Int64
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for range 64 {
-			wg.Go(func() {
-				<-start
-				h, le := b.adm.CachedRefusal(acme)
-				if le != nil {
-					return
-				}
-				defer h.Release()
-				through.Add(1)
-				if _, err := b.adm.Charge(b.ctx, acme); err == nil {
-					admitted.Add(1)
-				}
-			})
+	b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000}))
+	acme := space.Charge{Key: "acme", Rate: rate(neverRefills, 3), Cost: 1}
+	for i := range 5 {
+		if le := onItsWay(t, b.adm, acme); le != nil {
+			t.Fatalf("charge %d refused before anything was learnt: %+v", i, le)
 		}
-		close(start)
-		wg.Wait()
-		// The learner's decision leaves 2, which the waiters claim. A decision of one
-		// of theirs that lands while another is on its way starts the claims again
-		// from what Redis says (the charges still on their way uncounted: the bound
-		// errs towards asking Redis, never towards refusing), so a few more than 3
-		// may go on, 2 + 1 at most after the learner's 1; never the 64.
-		if got := through.Load(); got < 3 || got > 6 {
-			t.Fatalf("%d of 64 let through to a bucket of 3 met for the first time, want 3 to 6", got)
+	}
+	if _, err := b.adm.Charge(b.ctx, acme); err != nil {
+		t.Fatal(err)
+	}
+	// 2 left: two more go on, the next is refused from memory.
+	for i := range 2 {
+		if le := onItsWay(t, b.adm, acme); le != nil {
+			t.Fatalf("charge %d after the decision refused with 2 known: %+v", i, le)
 		}
-		if got := admitted.Load(); got != 3 {
-			t.Fatalf("Redis admitted %d, want 3", got)
-		}
-	})
-
-	t.Run("a learner that ends without a charge hands the learning on", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000}))
-		first, le := b.adm.CachedRefusal(acme)
-		if le != nil {
-			t.Fatal(le)
-		}
-		next := make(chan space.Hold)
-		go func() {
-			h, le := b.adm.CachedRefusal(acme)
-			if le != nil {
-				t.Error(le)
-			}
-			next <- h
-		}()
-		first.Release() // refused on its way: nothing learnt
-		h := <-next
-		defer h.Release()
-		if hh, ok := h.(*hold); !ok || hh.nlearns == 0 {
-			t.Fatalf("the waiting charge = %+v, want it the next learner", h)
-		}
-	})
-
-	t.Run("a learner slower than the Redis timeout lets the others go on unjudged", func(t *testing.T) {
-		t.Parallel()
-		opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000})
-		opts.Timeout = 50 * time.Millisecond
-		b := setup(t, testenv.Redis(t), opts)
-		slow, le := b.adm.CachedRefusal(acme)
-		if le != nil {
-			t.Fatal(le)
-		}
-		defer slow.Release()
-		h, le := b.adm.CachedRefusal(acme)
-		if le != nil {
-			t.Fatalf("refused while nothing was learnt: %+v", le)
-		}
-		if hh := h.(*hold); hh.nlearns != 0 || hh.nclaimed != 0 {
-			t.Fatalf("the charge after the wait = %+v, want neither learner nor claim", hh)
-		}
-	})
+	}
+	if le := onItsWay(t, b.adm, acme); le == nil || le.Bucket != space.BucketClientActivation {
+		t.Fatalf("a third charge for 2 tokens = %+v, want refused", le)
+	}
 }
