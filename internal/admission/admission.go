@@ -436,7 +436,6 @@ func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError)
 		return nil, nil
 	}
 	key, rate, cost := c.Key, c.Rate, c.Cost
-	h := &hold{cost: int64(cost)}
 	var le *space.LimitError
 	var client, cluster known
 	if rate != nil && key != "" {
@@ -462,36 +461,48 @@ func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError)
 	if le == nil {
 		// Neither is short by what refilled: the charge holds its tokens in each
 		// bucket, which refuses it if earlier holds took them.
-		if le = client.claim(h, space.BucketClientActivation, key); le == nil {
-			le = cluster.claim(h, space.BucketClusterActivation, key)
+		var fromClient, fromCluster *knownBucket
+		if fromClient, le = client.claim(cost, space.BucketClientActivation, key); le == nil {
+			if fromCluster, le = cluster.claim(cost, space.BucketClusterActivation, key); le == nil {
+				return holding(cost, fromClient, fromCluster), nil
+			}
+			if fromClient != nil {
+				fromClient.claimed.Add(-int64(cost))
+			}
 		}
 	}
-	if le != nil {
-		h.Release()
-		a.metrics.count(decisionRejected, le.Bucket, c.Tier)
-		a.metrics.refusedLocally(le.Bucket)
-		return nil, le
-	}
-	return h, nil
+	a.metrics.count(decisionRejected, le.Bucket, c.Tier)
+	a.metrics.refusedLocally(le.Bucket)
+	return nil, le
 }
 
-// hold is a let-through charge's Hold: its cost claimed from the buckets it was
-// judged by (at most two: client and cluster).
+// hold is a let-through charge's Hold: its cost claimed from the client's and the
+// cluster's known states (either nil when not known).
 type hold struct {
-	cost     int64
-	claimed  [2]*knownBucket
-	nclaimed int
-	released atomic.Bool
+	cost            int64
+	client, cluster *knownBucket
+	released        atomic.Bool
+}
+
+// holding is the Hold of a charge of cost claimed from client and cluster: nil (no
+// allocation) when neither was known, so nothing is held.
+func holding(cost int, client, cluster *knownBucket) space.Hold {
+	if client == nil && cluster == nil {
+		return nil
+	}
+	return &hold{cost: int64(cost), client: client, cluster: cluster}
 }
 
 // Release implements space.Hold: the claims are given back, to states a decision may
 // since have replaced, which is harmless.
 func (h *hold) Release() {
-	if h == nil || h.released.Swap(true) {
+	if h.released.Swap(true) {
 		return
 	}
-	for _, k := range h.claimed[:h.nclaimed] {
-		k.claimed.Add(-h.cost)
+	for _, k := range [2]*knownBucket{h.client, h.cluster} {
+		if k != nil {
+			k.claimed.Add(-h.cost)
+		}
 	}
 }
 
@@ -551,21 +562,19 @@ func (b known) refusal(bucket space.Bucket, client space.ClientKey) *space.Limit
 	return b.limitError(bucket, client, b.tokens)
 }
 
-// claim takes h's cost from what a known bucket can serve now, for a charge let
-// through to Redis, and returns the refusal of a charge that earlier claims leave
-// short. A bucket not known claims nothing.
-func (b known) claim(h *hold, bucket space.Bucket, client space.ClientKey) *space.LimitError {
+// claim takes cost from what a known bucket can serve now, for a charge let through
+// to Redis, and returns the state it claimed from, or the refusal of a charge that
+// earlier claims leave short. A bucket not known claims nothing.
+func (b known) claim(cost int, bucket space.Bucket, client space.ClientKey) (*knownBucket, *space.LimitError) {
 	if b.k == nil {
-		return nil
+		return nil, nil
 	}
-	claimed := b.k.claimed.Add(h.cost)
-	if left := b.tokens - float64(claimed-h.cost); left < b.need {
-		b.k.claimed.Add(-h.cost)
-		return b.limitError(bucket, client, left)
+	claimed := b.k.claimed.Add(int64(cost))
+	if left := b.tokens - float64(claimed-int64(cost)); left < b.need {
+		b.k.claimed.Add(-int64(cost))
+		return nil, b.limitError(bucket, client, left)
 	}
-	h.claimed[h.nclaimed] = b.k
-	h.nclaimed++
-	return nil
+	return b.k, nil
 }
 
 // limitError is the refusal of a charge that finds left of what it needs.
