@@ -30,9 +30,9 @@ type activation interface {
 	// reserve, in one transaction, checks the live cap, creates the sandbox's row or
 	// moves it into its transient state, and claims a ready warm slot of exactly its
 	// shape and template version, unless the substrate cannot start this kind in one
-	// (a restore without substrate.WarmRestorer: a slot would only be burnt); it returns the sandbox with the
-	// template it runs and the slot, nil on a miss. Its error aborts the activation
-	// with nothing reserved.
+	// (a restore without substrate.WarmRestorer: a slot would only be burnt). It
+	// returns the sandbox with the template it runs and the slot, nil on a miss; its
+	// error aborts the activation with nothing reserved.
 	reserve(ctx context.Context, caller space.Caller) (*space.Sandbox, substrate.Template, *pool.Slot, error)
 	// undo takes the reservation back when the charge is refused (429, 503).
 	undo(ctx context.Context, sb *space.Sandbox) error
@@ -158,9 +158,9 @@ func (s *Service) reserveTx(ctx context.Context, caller space.Caller, warm bool,
 // reserveNew is a new create's reservation in one round trip, one transaction (a
 // batch with no BEGIN runs as one): under a live cap the budget key's lock, then the
 // row, inserted only under the cap; then the warm claim, which claims nothing for a
-// row that was not made. It saves a create three round trips to Postgres of the five
-// reserveTx takes (begin, row, claim, commit; and the lock and count), each of which
-// on a busy machine waits its turn on the cores as well as the network.
+// row that was not made. One round trip where reserveTx takes four (begin, row,
+// claim, commit) or, under a cap, five (and the lock and count), each of which on a
+// busy machine waits its turn on the cores as well as on the network.
 func (s *Service) reserveNew(ctx context.Context, caller space.Caller, sb *space.Sandbox, tmpl substrate.Template) (*pool.Slot, error) {
 	b := &pgx.Batch{}
 	var capped bool
