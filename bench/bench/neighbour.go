@@ -77,6 +77,17 @@ func runNeighbour(ctx context.Context, env *Env, srv *apiServer, redisAddr strin
 	return res, nil
 }
 
+// namedArms are one server's arms under the name the report gives it.
+type namedArms struct {
+	name string
+	arms NeighbourArms
+}
+
+// servers are space-api's arms and the peer's.
+func (n *NeighbourResult) servers() []namedArms {
+	return []namedArms{{"space-api", n.Space}, {"peer: chi + redis_rate", n.Peer}}
+}
+
 // neighbourRun is one run's quiet-client p99s, ms.
 type neighbourRun struct{ alone, burst, fixed, saturated float64 }
 

@@ -146,10 +146,7 @@ func (r *Report) Summary() string {
 			summarize(f.GoodSuccess).format("%.1f%%"), summarize(f.GoodP50).format("%.2f"), summarize(f.GoodP99).format("%.2f"),
 			summarize(f.CallsPerRequest).format("%.2f"), summarize(f.RedisUsecPerRequest).format("%.1f"))
 		if n := f.Neighbour; n != nil {
-			for _, a := range []struct {
-				name string
-				arms NeighbourArms
-			}{{"space-api", n.Space}, {"peer chi + redis_rate", n.Peer}} {
+			for _, a := range n.servers() {
 				fmt.Fprintf(&b, "  flood: quiet neighbour at %d/s on %s, p99 ms alone %s, beside %d/s %s (%s; its first %s, the flooder's burst: %s), beside wrk's %s %s\n",
 					n.QuietSend, a.name, summarize(a.arms.Alone).format("%.2f"), n.FixedFlood, summarize(a.arms.Fixed).format("%.2f"),
 					ratioStats(a.arms.Fixed, a.arms.Alone).format("%.2f×"), n.Settle, summarize(a.arms.Burst).format("%.2f"),
@@ -380,10 +377,7 @@ func (r *Report) Markdown(command string) string {
 			w("A quiet neighbour: `bench-quiet` sends %d creates/s (a quarter of its rate) for %s alone, then beside `bench-flood` sending %d/s (open loop), then beside `bench-flood` as fast as wrk goes (1 thread, %d connections, closed loop); the three back to back in each run, on the same server, then on the peer (chi + redis_rate, each client its own limit: the flooder's rate and burst, the quiet client's). The fixed flood starts with the flooder's bucket full: the quiet client's creates of its first %s are beside the flooder's burst of admitted creates, reported apart; the arm's p99 is that of the %s after, beside the flood over its rate.\n\n",
 				n.QuietSend, n.Duration, n.FixedFlood, n.Connections, n.Settle, n.Duration)
 			w("| quiet client p99 ms | alone | beside %d/s | ratio | beside the flooder's burst (first %s) | beside wrk | ratio |\n|---|---:|---:|---:|---:|---:|---:|\n", n.FixedFlood, n.Settle)
-			for _, a := range []struct {
-				name string
-				arms NeighbourArms
-			}{{"space-api", n.Space}, {"peer: chi + redis_rate", n.Peer}} {
+			for _, a := range n.servers() {
 				w("| %s | %s | %s | %s | %s | %s | %s |\n", a.name, summarize(a.arms.Alone).format("%.2f"), summarize(a.arms.Fixed).format("%.2f"),
 					ratioStats(a.arms.Fixed, a.arms.Alone).format("%.2f×"), summarize(a.arms.Burst).format("%.2f"),
 					summarize(a.arms.Saturated).format("%.2f"), ratioStats(a.arms.Saturated, a.arms.Alone).format("%.2f×"))

@@ -436,10 +436,11 @@ func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError)
 		return nil, nil
 	}
 	key, rate, cost := c.Key, c.Rate, c.Cost
+	now := a.now()
 	var le *space.LimitError
 	var client, cluster known
 	if rate != nil && key != "" {
-		client = a.knownState(a.clientPrefix+string(key), *rate, cost)
+		client = a.knownState(a.clientPrefix+string(key), *rate, cost, now)
 		le = client.refusal(space.BucketClientActivation, key)
 	}
 	clusterKey, clusterRate := a.clusterKey, a.cluster
@@ -449,7 +450,7 @@ func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError)
 			clusterKey, clusterRate = t.knownKey, t.drawable
 		}
 	}
-	cluster = a.knownState(clusterKey, clusterRate, cost+int(c.Floor))
+	cluster = a.knownState(clusterKey, clusterRate, cost+int(c.Floor), now)
 	if refused := cluster.refusal(space.BucketClusterActivation, key); refused != nil {
 		if le == nil {
 			le = refused
@@ -525,12 +526,15 @@ type known struct {
 // knownState is what this replica knows of bucket key for a charge needing need
 // tokens at now: nothing when it has no state of the bucket under rate, or for the
 // charge that relearns one too old.
-func (a *Admitter) knownState(key string, rate space.Rate, need int) known {
-	k := a.state(key)
+func (a *Admitter) knownState(key string, rate space.Rate, need int, now time.Time) known {
+	v, ok := a.known.Load(key)
+	if !ok {
+		return known{}
+	}
+	k := v.(*atomic.Pointer[knownBucket]).Load()
 	if k == nil || k.Rate != rate {
 		return known{}
 	}
-	now := a.now()
 	age := now.Sub(k.At)
 	if age > a.maxAge {
 		asked, at := k.asked.Load(), now.UnixNano()
@@ -543,15 +547,6 @@ func (a *Admitter) knownState(key string, rate space.Rate, need int) known {
 		tokens += age.Seconds() * rate.RefillRPS
 	}
 	return known{k: k, tokens: math.Min(tokens, float64(rate.Burst)), need: float64(need)}
-}
-
-// state is the last state learnt of bucket key, nil when none.
-func (a *Admitter) state(key string) *knownBucket {
-	v, ok := a.known.Load(key)
-	if !ok {
-		return nil
-	}
-	return v.(*atomic.Pointer[knownBucket]).Load()
 }
 
 // refusal is the bucket's refusal if it cannot hold what the charge needs yet.

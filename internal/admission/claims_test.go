@@ -15,9 +15,7 @@ import (
 // acme asks it for a charge of one token.
 func drained(t *testing.T, maxAge time.Duration, r *space.Rate) (*bundle, *testenv.Clock, func() *space.LimitError) {
 	t.Helper()
-	c := testenv.NewClock(time.Unix(1_000_000, 0))
-	opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000})
-	opts.Now = c.Now
+	opts, c := clocked(enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000}))
 	if maxAge > 0 {
 		opts.RefusalMaxAge = maxAge
 	}
@@ -101,9 +99,7 @@ func TestKnownShortBucketsLetThroughWhatTheirRefillServes(t *testing.T) {
 
 	t.Run("a bucket known to hold tokens lets that many charges on their way, and a released hold one more", func(t *testing.T) {
 		t.Parallel()
-		c := testenv.NewClock(time.Unix(1_000_000, 0))
-		opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000})
-		opts.Now = c.Now
+		opts, _ := clocked(enabled(space.Rate{RefillRPS: neverRefills, Burst: 1000}))
 		b := setup(t, testenv.Redis(t), opts)
 		r := rate(neverRefills, 50)
 		b.admit("acme", r) // 49 left
@@ -132,9 +128,7 @@ func TestKnownShortBucketsLetThroughWhatTheirRefillServes(t *testing.T) {
 
 	t.Run("a charge the cluster bucket refuses gives back what it claimed of the client's", func(t *testing.T) {
 		t.Parallel()
-		c := testenv.NewClock(time.Unix(1_000_000, 0))
-		opts := enabled(space.Rate{RefillRPS: 0.1, Burst: 2})
-		opts.Now = c.Now
+		opts, c := clocked(enabled(space.Rate{RefillRPS: 0.1, Burst: 2}))
 		b := setup(t, testenv.Redis(t), opts)
 		r := rate(0.1, 1)
 		b.admit("acme", r)

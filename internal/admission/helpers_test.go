@@ -243,3 +243,10 @@ func onItsWay(t *testing.T, a *Admitter, c space.Charge) *space.LimitError {
 	}
 	return le
 }
+
+// clocked is opts on a replica clock the test moves, and the clock.
+func clocked(opts Options) (Options, *testenv.Clock) {
+	c := testenv.NewClock(time.Unix(1_000_000, 0))
+	opts.Now = c.Now
+	return opts, c
+}

@@ -17,9 +17,7 @@ func TestRefusedWithoutRedis(t *testing.T) {
 	// refills one token every 10s.
 	known := func(t *testing.T) (*bundle, *testenv.Clock, *space.Rate) {
 		t.Helper()
-		c := testenv.NewClock(time.Unix(1_000_000, 0))
-		opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 100})
-		opts.Now = c.Now
+		opts, c := clocked(enabled(space.Rate{RefillRPS: neverRefills, Burst: 100}))
 		return setup(t, testenv.Redis(t), opts), c, rate(0.1, 2)
 	}
 
@@ -98,9 +96,7 @@ func TestRefusedWithoutRedis(t *testing.T) {
 
 	t.Run("the cluster bucket known empty refuses every cold create, and a client short too names the client", func(t *testing.T) {
 		t.Parallel()
-		c := testenv.NewClock(time.Unix(1_000_000, 0))
-		opts := enabled(space.Rate{RefillRPS: 0.01, Burst: 1})
-		opts.Now = c.Now
+		opts, _ := clocked(enabled(space.Rate{RefillRPS: 0.01, Burst: 1}))
 		b := setup(t, testenv.Redis(t), opts)
 		if d := b.admit("acme", nil); !d.Admitted {
 			t.Fatal("the cluster's one token was refused")
@@ -137,9 +133,7 @@ func TestRefusedWithoutRedis(t *testing.T) {
 	for _, refill := range []float64{0, 0.1} {
 		t.Run(fmt.Sprintf("a bucket reset by hand is admitted once what was known of it is older than the bound (refill %g/s)", refill), func(t *testing.T) {
 			t.Parallel()
-			c := testenv.NewClock(time.Unix(1_000_000, 0))
-			opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 100})
-			opts.Now = c.Now
+			opts, c := clocked(enabled(space.Rate{RefillRPS: neverRefills, Burst: 100}))
 			opts.RefusalMaxAge = time.Second
 			b := setup(t, testenv.Redis(t), opts)
 			r := rate(refill, 3)
