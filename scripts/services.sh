@@ -184,11 +184,16 @@ on_exit() {
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # free_ports prints $1 ports, consecutive, that nothing listens on, nor on each port
-# plus 10000 (a Redis Cluster node's bus port), below the kernel's ephemeral range.
+# plus 10000 (a Redis Cluster node's bus port), all below the kernel's ephemeral range
+# (the bus ports too: a port the kernel hands to an outgoing connection, which no
+# listener shows, would make a node fail to bind its bus).
 free_ports() {
-  local n=$1 base i ok
+  local n=$1 base i ok low=32768 span
+  [ -r /proc/sys/net/ipv4/ip_local_port_range ] && read -r low _ </proc/sys/net/ipv4/ip_local_port_range
+  span=$((low - 10000 - 12000 - n))
+  [ "$span" -gt 100 ] || die "the kernel's ephemeral ports start at $low: too low to place the services' ports (and bus ports, +10000) below them"
   for _ in $(seq 1 200); do
-    base=$((20000 + RANDOM % 9000))
+    base=$((12000 + RANDOM % span))
     ok=1
     for i in $(seq 0 $((n - 1))); do
       if port_taken $((base + i)) || port_taken $((base + i + 10000)); then ok=0; break; fi

@@ -653,7 +653,7 @@ func clusterPorts(t *testing.T) []string {
 	var ports []string
 	seen := map[int]bool{}
 	for len(ports) < 3 {
-		p := 20000 + rand.IntN(9000)
+		p := 12000 + rand.IntN(10000) // bus ports 22000–31999, below 32768
 		if seen[p] {
 			continue
 		}
