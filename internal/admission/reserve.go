@@ -112,24 +112,25 @@ func (a *Admitter) reserved(ctx context.Context, c space.Charge, res *space.Rese
 	t := p.of(c.Tier)
 	keys := make([]string, 0, 2+len(t.keys))
 	keys = append(keys, a.clusterKey)
-	layout := []byte("---")
-	args := make([]byte, 0, 48+len(t.args))
+	// The layout's three bytes lead the packed rates (reserve.lua, ARGV[2]).
+	args := make([]byte, 3, 3+48+len(t.args))
+	copy(args, "---")
 	args = append(args, p.shared...)
 	if c.Rate != nil {
 		keys = append(keys, a.clientPrefix+string(c.Key))
-		layout[0] = 'c'
+		args[0] = 'c'
 		args = append(args, argsOf(*c.Rate)...)
 		if c.Soft != nil {
-			layout[1] = 's'
+			args[1] = 's'
 			args = append(args, argsOf(*c.Soft)...)
 		}
 	}
 	if t.own {
-		layout[2] = 'o'
+		args[2] = 'o'
 	}
 	keys = append(keys, t.keys...)
 	args = append(args, t.args...)
-	argv := []any{cost, string(args), string(layout)}
+	argv := []any{cost, string(args)}
 	if c.Floor > 0 && c.Rate == nil {
 		argv = append(argv, strconv.FormatInt(c.Floor, 10))
 	}

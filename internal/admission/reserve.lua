@@ -5,17 +5,18 @@
 -- nothing. Every key is in the cluster key's Redis Cluster slot.
 --
 -- KEYS[1]   the shared remainder: the cluster key, at the cluster rate minus the reserves
--- KEYS[2]   the client bucket, when ARGV[3] says so
--- KEYS[..]  the tier's own reserve, when ARGV[3] says so
+-- KEYS[2]   the client bucket, when the layout (ARGV[2]) says so
+-- KEYS[..]  the tier's own reserve, when the layout says so
 -- KEYS[..]  every other tier's reserve, to borrow from
 -- ARGV[1]   the cost n ("0" only looks, taking nothing)
--- ARGV[2]   packed little-endian doubles: refill (tokens per microsecond) and burst of
---           the shared remainder; of the client bucket; of its soft limit; of the own
---           reserve (each when present); then refill, burst and lendable fraction of
---           each other reserve
--- ARGV[3]   three bytes: 'c' or '-' (a client bucket), 's' or '-' (a soft limit),
---           'o' or '-' (an own reserve)
--- ARGV[4]   optional: a floor the take must leave in the shared remainder, for a
+-- ARGV[2]   the layout, three bytes: 'c' or '-' (a client bucket), 's' or '-' (a soft
+--           limit), 'o' or '-' (an own reserve); then packed little-endian doubles:
+--           refill (tokens per microsecond) and burst of the shared remainder; of the
+--           client bucket; of its soft limit; of the own reserve (each when present);
+--           then refill, burst and lendable fraction of each other reserve. One
+--           argument rather than two: each argument of a call costs Redis about 1.9k
+--           instructions, more than reading three bytes off the front of this one.
+-- ARGV[3]   optional: a floor the take must leave in the shared remainder, for a
 --           warm-up, which then neither borrows nor takes from any reserve
 --
 -- State: the shared remainder and a client bucket as bucket.lua writes them ('<ddd',
@@ -40,13 +41,13 @@ if n == '1' then n = 1 elseif n == '0' then n = 0 else n = tonumber(n) end
 local take = n > 0
 if not take then n = 1 end
 local sunpack, spack, format, ceil = struct.unpack, struct.pack, string.format, math.ceil
--- One call for the three bytes of the layout: 99 'c', 115 's', 111 'o'.
-local l1, l2, l3 = string.byte(ARGV[3], 1, 3)
-local hasClient, hasSoft, hasOwn = l1 == 99, l2 == 115, l3 == 111
 local args = ARGV[2]
-local pos = 1
+-- One call for the three bytes of the layout: 99 'c', 115 's', 111 'o'.
+local l1, l2, l3 = string.byte(args, 1, 3)
+local hasClient, hasSoft, hasOwn = l1 == 99, l2 == 115, l3 == 111
+local pos = 4
 local floor = 0
-if ARGV[4] then floor = tonumber(ARGV[4]) end
+if ARGV[3] then floor = tonumber(ARGV[3]) end
 local stored = redis.call('MGET', unpack(KEYS))
 
 -- A key's state is its tokens at rate r and burst b now, its stored expiry (nil for a
