@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: the benchmarks of docs/benchmarks.md, against the local services.
 # Starts them (scripts/services.sh up, idempotent), makes sure wrk is installed
-# (bench/wrk.sh), builds bin/space-api and the driver (bench/cmd/space-bench, in the
+# (bench/tools.sh: wrk and valgrind), builds bin/space-api and the driver (bench/cmd/space-bench, in the
 # bench module: a module of its own, so that the product's go.mod carries no load
 # generator and no peer limiter), and runs the driver, which prints a plain-text
 # summary and rewrites its section of docs/benchmarks.md. About 7 minutes on 2 cores.
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 scripts/services.sh up
 eval "$(scripts/services.sh env)"
 export SPACE_DATABASE_URL SPACE_REDIS_ADDRS SPACE_TEST_DATABASE_URL SPACE_TEST_REDIS_ADDR SPACE_TEST_REDIS_CLUSTER_ADDRS
-bench/wrk.sh
+bench/tools.sh
 
 go build -o bin/space-api ./cmd/space-api
 (cd bench && go build -o ../bin/space-bench ./cmd/space-bench)

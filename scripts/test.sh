@@ -61,9 +61,9 @@ if [ -z "${TESTFLAGS:-}" ]; then
   echo "== bench (bench/: every scenario of \`make bench\` once, tiny sizes, so the driver cannot rot)"
   # A module of its own too. No -race: TestSmoke's cost is building space-api and
   # driving it, and the code it checks is a driver that runs each path once. wrk is the
-  # load generator of its refusal comparison (bench/wrk.sh installs it as root, or
-  # says how).
-  bench/wrk.sh
+  # load generator of its refusal comparison, valgrind counts Redis's instructions for
+  # its script cost (bench/tools.sh installs both as root, or says how).
+  bench/tools.sh
   (cd bench && go test -count=1 -timeout 20m ./...)
   echo "== openapi client (tools/openapi: generates a Go client from api/openapi.yaml and compiles it)"
   # A module of its own too, so that oapi-codegen stays out of space-api's go.mod (lint.sh

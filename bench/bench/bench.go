@@ -95,8 +95,10 @@ func (c Config) wants(name string) bool {
 
 // sizes are the durations and counts of a run.
 type sizes struct {
-	scriptCalls  int           // decisions per script-cost cell
-	decisionsDur time.Duration // per decisions/s cell
+	scriptCalls int // decisions per script-cost cell
+	// instructionCalls are the decisions per cell under callgrind, about 1 ms each.
+	instructionCalls int
+	decisionsDur     time.Duration // per decisions/s cell
 
 	httpDur        time.Duration // per HTTP closed-loop run
 	httpWarmUp     time.Duration // unmeasured load before each kind's runs
@@ -125,7 +127,7 @@ type sizes struct {
 func sizesFor(quick bool) sizes {
 	if quick {
 		return sizes{
-			scriptCalls: 200, decisionsDur: 100 * time.Millisecond,
+			scriptCalls: 200, instructionCalls: 50, decisionsDur: 100 * time.Millisecond,
 			httpDur: 300 * time.Millisecond, httpWarmUp: 100 * time.Millisecond, httpWorkers: 4, warmTarget: 40,
 			onOffRate: 50, onOffDur: 200 * time.Millisecond, onOffRounds: 1,
 			floodRate: 5, goodRate: 4, floodDur: 600 * time.Millisecond, quietSend: 20, fixedFlood: 200,
@@ -135,7 +137,7 @@ func sizesFor(quick bool) sizes {
 		}
 	}
 	return sizes{
-		scriptCalls: 10000, decisionsDur: time.Second,
+		scriptCalls: 10000, instructionCalls: 2000, decisionsDur: time.Second,
 		httpDur: 2 * time.Second, httpWarmUp: time.Second, httpWorkers: 16, warmTarget: 2000,
 		onOffRate: 150, onOffDur: time.Second, onOffRounds: 4,
 		floodRate: 50, goodRate: 20, floodDur: 4 * time.Second, quietSend: 100, fixedFlood: 5000,

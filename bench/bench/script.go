@@ -188,12 +188,18 @@ type ScriptCell struct {
 	// CPUUsec is the Redis main thread's CPU time per decision (getrusage, the
 	// network handling of each call included), which preemption does not inflate.
 	CPUUsec []float64
+	// Instructions is what Redis ran per decision under callgrind, the network
+	// handling of each call included: the one figure the load does not move.
+	Instructions float64
 }
 
 // ScriptResult is the script-cost scenario.
 type ScriptResult struct {
 	Calls int // decisions per cell and run
-	Cells []*ScriptCell
+	// InstructionCalls is the decisions per cell under callgrind (one run: the count
+	// does not depend on the load).
+	InstructionCalls int
+	Cells            []*ScriptCell
 }
 
 // Cell returns the cell of impl on path.
@@ -271,6 +277,9 @@ func runScript(ctx context.Context, env *Env, runs int, sz sizes) (*ScriptResult
 			c.CPUUsec = append(c.CPUUsec, float64((cpuAfter-cpuBefore).Microseconds())/float64(sz.scriptCalls))
 		}
 		env.logf("script: run %d/%d done", run+1, runs)
+	}
+	if err := countInstructions(ctx, env, res, sz.instructionCalls); err != nil {
+		return nil, err
 	}
 	return res, nil
 }

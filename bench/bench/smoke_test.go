@@ -71,6 +71,24 @@ func TestSmoke(t *testing.T) {
 			if len(c.Usec) != 1 || !(c.Usec[0] > 0) {
 				t.Errorf("%s/%s: Redis µs per call %v", c.Impl, c.Path, c.Usec)
 			}
+			if !(c.Instructions > 0) {
+				t.Errorf("%s/%s: Redis instructions per call %v", c.Impl, c.Path, c.Instructions)
+			}
+		}
+	})
+	// Instruction counts do not depend on the load, so their order can be asserted:
+	// each pair differs by far more than the count moves between runs (a few percent).
+	t.Run("a call that does more costs Redis more instructions", func(t *testing.T) {
+		s := redisOnly.Script
+		for _, tc := range []struct{ name, lessImpl, lessPath, moreImpl, morePath string }{
+			{"a refusal writes nothing", implSpace, "reject", implSpace, "allow"},
+			{"one key is less than two", implSpaceOneKey, "allow", implSpace, "allow"},
+			{"a tier's reserve is one key more", implSpace, "allow", implSpaceReserved, "allow"},
+		} {
+			less, more := s.Cell(tc.lessImpl, tc.lessPath).Instructions, s.Cell(tc.moreImpl, tc.morePath).Instructions
+			if !(less < more) {
+				t.Errorf("%s: %s/%s %.0f instructions, %s/%s %.0f", tc.name, tc.lessImpl, tc.lessPath, less, tc.moreImpl, tc.morePath, more)
+			}
 		}
 	})
 	t.Run("decisions are made on standalone Redis and on the cluster", func(t *testing.T) {

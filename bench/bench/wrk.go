@@ -86,7 +86,7 @@ func wrkSeconds(d time.Duration) string {
 func (e *Env) runWrk(ctx context.Context, l wrkLoad) (*wrkResult, error) {
 	bin, err := exec.LookPath("wrk")
 	if err != nil {
-		return nil, fmt.Errorf("wrk is not on PATH: run bench/wrk.sh (as root it installs the Debian package wrk; otherwise: sudo apt-get install -y wrk): %w", err)
+		return nil, fmt.Errorf("wrk is not on PATH: %s: %w", toolsHint, err)
 	}
 	script := filepath.Join(e.Dir, "wrk-"+l.Client+".lua")
 	if err := os.WriteFile(script, fmt.Appendf(nil, wrkScript, l.Body, l.Client, wrkMarker), 0o600); err != nil {

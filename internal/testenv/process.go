@@ -22,6 +22,10 @@ import (
 // answers within milliseconds, but a loaded 2-core machine can stall it for seconds.
 const redisStartTimeout = 10 * time.Second
 
+// wrappedStartTimeout is redisStartTimeout for a server run under a wrapper
+// (RedisServerOptions.Wrapper): under valgrind it starts tens of times slower.
+const wrappedStartTimeout = time.Minute
+
 // FreeLoopbackAddr returns a 127.0.0.1 address whose port nobody listened on a moment
 // ago. Another process may take it before the caller listens; callers that cannot
 // retry accept that small race.
@@ -62,6 +66,10 @@ type RedisServerOptions struct {
 	// Client are the options (Addr aside) of the client that checks the server
 	// answers: the password or the TLS configuration the server wants.
 	Client redis.Options
+	// Wrapper, when set, is a command the server runs under, redis-server and its
+	// arguments appended: e.g. valgrind and its options, for a measurement of the
+	// instructions Redis runs. A wrapped server is given a minute to answer.
+	Wrapper []string
 }
 
 // RedisTLSFiles are a TLS server's PEM files.
@@ -120,6 +128,11 @@ func (p *RedisProcess) Start(ctx context.Context) error {
 	args = append(args, "--save", "", "--appendonly", "no", "--dir", p.Dir, "--logfile", logPath)
 	args = append(args, p.opts.Args...)
 	cmd := exec.Command("redis-server", args...)
+	timeout := redisStartTimeout
+	if w := p.opts.Wrapper; len(w) > 0 {
+		cmd = exec.Command(w[0], append(append(w[1:len(w):len(w)], "redis-server"), args...)...)
+		timeout = wrappedStartTimeout
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server on %s: %w", p.Addr, err)
 	}
@@ -131,13 +144,21 @@ func (p *RedisProcess) Start(ctx context.Context) error {
 	copts.Addr, copts.MaxRetries = p.Addr, -1
 	client := redis.NewClient(&copts)
 	defer client.Close()
-	deadline := time.Now().Add(redisStartTimeout)
+	deadline := time.Now().Add(timeout)
 	for {
-		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		err := client.Ping(pctx).Err()
-		cancel()
-		if err == nil {
-			return nil
+		// PING only once the port accepts a connection: go-redis logs every dial
+		// its pool fails, and a server under a wrapper listens seconds late.
+		var err error
+		if conn, derr := net.DialTimeout("tcp", p.Addr, 200*time.Millisecond); derr != nil {
+			err = derr
+		} else {
+			_ = conn.Close()
+			pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			err = client.Ping(pctx).Err()
+			cancel()
+			if err == nil {
+				return nil
+			}
 		}
 		select {
 		case <-done:
@@ -147,10 +168,22 @@ func (p *RedisProcess) Start(ctx context.Context) error {
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			p.killLocked()
-			return fmt.Errorf("redis-server on %s did not answer within %s: %w", p.Addr, redisStartTimeout, err)
+			return fmt.Errorf("redis-server on %s did not answer within %s: %w", p.Addr, timeout, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Pid is the server's process id, or 0 when it is not running. Under a wrapper it is
+// the wrapper's, which for valgrind is the server's own (valgrind runs it in its
+// process).
+func (p *RedisProcess) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
 }
 
 // Stop kills the server and waits for it to exit; its address then refuses
