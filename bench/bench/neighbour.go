@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -25,53 +24,37 @@ type NeighbourResult struct {
 	Duration    string
 	Settle      time.Duration
 
-	// The quiet client's p99 ms per run, against space-api and against the peer
-	// (chi + redis_rate, the same limits per client, the same floods).
+	// What space-api and the peer (chi + redis_rate, the same limits per client, the
+	// same floods) did.
 	Space, Peer NeighbourArms
-	// Success is the quiet client's share of creates answered 201 by space-api, the
-	// worst of the three arms, per run.
-	Success []float64
-	// FixedFloodRPS and SaturatedFloodRPS are the flooder's answers per second from
-	// space-api.
-	FixedFloodRPS, SaturatedFloodRPS []float64
-	// Outcomes are the quiet client's answers from space-api, all arms and runs.
-	Outcomes map[string]int
 }
 
-// NeighbourArms are one server's quiet-client p99s (ms) per run, by arm.
+// NeighbourArms are one server's figures per run: the quiet client's p99 (ms) by arm,
+// its worst success, the flooder's answers per second.
 type NeighbourArms struct {
 	Alone, Burst, Fixed, Saturated []float64
+	// Success is the quiet client's share of creates answered 201, the worst of the
+	// three arms.
+	Success []float64
+	// FixedFloodRPS and SaturatedFloodRPS are the flooder's answers per second.
+	FixedFloodRPS, SaturatedFloodRPS []float64
+	// Outcomes are the quiet client's answers, all arms and runs.
+	Outcomes map[string]int
 }
 
 // runNeighbour measures the quiet neighbour on srv, whose flags give bench-quiet a
 // rate far above what it sends and bench-flood the flood scenario's rate, then the
-// same arms on the peer (chi + redis_rate on redisAddr, with the same two limits).
-func runNeighbour(ctx context.Context, env *Env, srv *apiServer, redisAddr string, runs int, sz sizes) (*NeighbourResult, error) {
+// same arms on peer (chi + redis_rate, with the same limits).
+func runNeighbour(ctx context.Context, env *Env, srv, peer *apiServer, runs int, sz sizes) (*NeighbourResult, error) {
 	res := &NeighbourResult{QuietSend: sz.quietSend, FixedFlood: sz.fixedFlood, Connections: sz.httpWorkers,
-		Duration: sz.floodDur.String(), Settle: sz.floodDur / 8, Outcomes: map[string]int{}}
-	limit := func(client string, rate float64) string {
-		r := strconv.Itoa(int(rate))
-		return "-limit=" + client + ":" + r + ":" + r + ":1s"
-	}
-	peer, err := env.startPeer(ctx, peerRedisRate, redisAddr, limit("bench-flood", sz.floodRate), limit("bench-quiet", float64(4*sz.quietSend)))
-	if err != nil {
-		return nil, err
-	}
-	defer peer.stop()
+		Duration: sz.floodDur.String(), Settle: sz.floodDur / 8}
 	for range runs {
-		arms, success, fixedRPS, saturatedRPS, err := res.arms(ctx, env, srv, sz, res.Outcomes)
-		if err != nil {
+		if err := res.arms(ctx, env, srv, sz, &res.Space); err != nil {
 			return nil, err
 		}
-		res.Space.add(arms)
-		res.Success = append(res.Success, success)
-		res.FixedFloodRPS = append(res.FixedFloodRPS, fixedRPS)
-		res.SaturatedFloodRPS = append(res.SaturatedFloodRPS, saturatedRPS)
-		arms, _, _, _, err = res.arms(ctx, env, peer, sz, nil)
-		if err != nil {
+		if err := res.arms(ctx, env, peer, sz, &res.Peer); err != nil {
 			return nil, err
 		}
-		res.Peer.add(arms)
 	}
 	env.logf("flood: quiet neighbour done")
 	return res, nil
@@ -88,22 +71,10 @@ func (n *NeighbourResult) servers() []namedArms {
 	return []namedArms{{"space-api", n.Space}, {"peer: chi + redis_rate", n.Peer}}
 }
 
-// neighbourRun is one run's quiet-client p99s, ms.
-type neighbourRun struct{ alone, burst, fixed, saturated float64 }
-
-func (a *NeighbourArms) add(r neighbourRun) {
-	a.Alone = append(a.Alone, r.alone)
-	a.Burst = append(a.Burst, r.burst)
-	a.Fixed = append(a.Fixed, r.fixed)
-	a.Saturated = append(a.Saturated, r.saturated)
-}
-
 // arms runs the three arms once against srv: the quiet client alone, beside the fixed
-// flood (the quiet client's creates split at Settle), beside wrk's flood. It returns
-// the p99s, the quiet client's worst success (% answered 201) and the flooder's
-// answers/s in the two floods, and adds the quiet client's answers to outcomes (when
-// not nil).
-func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, sz sizes, outcomes map[string]int) (r neighbourRun, success, fixedRPS, saturatedRPS float64, err error) {
+// flood (the quiet client's creates split at Settle), beside wrk's flood; and adds the
+// run's figures to to.
+func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, sz sizes, to *NeighbourArms) error {
 	quiet := load{Name: "quiet", URL: srv.PublicURL, Client: "bench-quiet", Body: coldBody, Rate: sz.quietSend, Duration: sz.floodDur}
 	succeeded := func(l *loadResult) float64 { return 100 * float64(l.count("201")) / float64(max(l.Requests, 1)) }
 	alone := quiet.run(ctx)
@@ -137,29 +108,30 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, sz
 	})
 	wg.Wait()
 	if wrkErr != nil {
-		return r, 0, 0, 0, wrkErr
+		return wrkErr
 	}
 	if err := srv.alive(); err != nil {
-		return r, 0, 0, 0, err
+		return err
 	}
 	if alone.Requests == 0 || fixed.Requests == 0 || saturated.Requests == 0 {
-		return r, 0, 0, 0, fmt.Errorf("neighbour: the quiet client sent nothing")
+		return fmt.Errorf("neighbour: the quiet client sent nothing")
 	}
-	r = neighbourRun{
-		alone:     ms(alone.latency("", 99)),
-		burst:     ms(fixed.latencyWithin(0, n.Settle, 99)),
-		fixed:     ms(fixed.latencyWithin(n.Settle, 0, 99)),
-		saturated: ms(saturated.latency("", 99)),
+	to.Alone = append(to.Alone, ms(alone.latency("", 99)))
+	to.Burst = append(to.Burst, ms(fixed.latencyWithin(0, n.Settle, 99)))
+	to.Fixed = append(to.Fixed, ms(fixed.latencyWithin(n.Settle, 0, 99)))
+	to.Saturated = append(to.Saturated, ms(saturated.latency("", 99)))
+	to.Success = append(to.Success, min(succeeded(alone), succeeded(fixed), succeeded(saturated)))
+	to.FixedFloodRPS = append(to.FixedFloodRPS, flood.rps(""))
+	to.SaturatedFloodRPS = append(to.SaturatedFloodRPS, float64(wrk.Requests)/max(wrk.Elapsed.Seconds(), 1e-9))
+	if to.Outcomes == nil {
+		to.Outcomes = map[string]int{}
 	}
-	success = min(succeeded(alone), succeeded(fixed), succeeded(saturated))
 	for _, l := range []*loadResult{alone, fixed, saturated} {
 		for k, v := range l.Outcomes {
-			if outcomes != nil {
-				outcomes[k] += v
-			}
+			to.Outcomes[k] += v
 		}
 	}
-	return r, success, flood.rps(""), float64(wrk.Requests) / max(wrk.Elapsed.Seconds(), 1e-9), nil
+	return nil
 }
 
 // targets are the quiet neighbour's goals: its p99 within 1.25× of its own alone
@@ -167,7 +139,7 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, sz
 // and every create answered 201.
 func (n *NeighbourResult) targets() []Target {
 	fixed, saturated := ratioStats(n.Space.Fixed, n.Space.Alone), ratioStats(n.Space.Saturated, n.Space.Alone)
-	success := summarize(n.Success)
+	success := summarize(n.Space.Success)
 	return []Target{
 		{fmt.Sprintf("a quiet neighbour's p99 ≤ 1.25× its own alone, beside a %d/s flood", n.FixedFlood), fixed.format("%.2f×"), fixed.Median <= 1.25},
 		{"a quiet neighbour's p99 ≤ 2× its own alone, beside a flood as fast as wrk goes", saturated.format("%.2f×"), saturated.Median <= 2},

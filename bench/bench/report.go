@@ -77,7 +77,7 @@ func (r *Report) Targets() []Target {
 		}
 	}
 	if f := r.Flood; f != nil {
-		st := summarize(f.GoodSuccess)
+		st := summarize(f.Space.GoodSuccess)
 		ts = append(ts, Target{"the well-behaved client keeps 100% success during the flood", st.format("%.1f%%"), st.Min >= 100})
 		if n := f.Neighbour; n != nil {
 			ts = append(ts, n.targets()...)
@@ -147,9 +147,11 @@ func (r *Report) Summary() string {
 			summarize(h.OnP50).format("%.2f"), summarize(h.OffP50).format("%.2f"))
 	}
 	if f := r.Flood; f != nil {
-		fmt.Fprintf(&b, "  flood: good client %s success, p50 %s ms, p99 %s ms; %s Redis commands and %s Redis µs per create\n",
-			summarize(f.GoodSuccess).format("%.1f%%"), summarize(f.GoodP50).format("%.2f"), summarize(f.GoodP99).format("%.2f"),
-			summarize(f.CallsPerRequest).format("%.2f"), summarize(f.RedisUsecPerRequest).format("%.1f"))
+		for _, a := range f.servers() {
+			fmt.Fprintf(&b, "  flood on %s: good client %s success, p50 %s ms, p99 %s ms; %s Redis commands and %s Redis µs per create\n", a.name,
+				summarize(a.arm.GoodSuccess).format("%.1f%%"), summarize(a.arm.GoodP50).format("%.2f"), summarize(a.arm.GoodP99).format("%.2f"),
+				summarize(a.arm.CallsPerRequest).format("%.2f"), summarize(a.arm.RedisUsecPerRequest).format("%.1f"))
+		}
 		if n := f.Neighbour; n != nil {
 			for _, a := range n.servers() {
 				fmt.Fprintf(&b, "  flood: quiet neighbour at %d/s on %s, p99 ms alone %s, beside %d/s %s (%s; its first %s, the flooder's burst: %s), beside wrk's %s %s\n",
@@ -157,7 +159,7 @@ func (r *Report) Summary() string {
 					ratioStats(a.arms.Fixed, a.arms.Alone).format("%.2f×"), n.Settle, summarize(a.arms.Burst).format("%.2f"),
 					summarize(a.arms.Saturated).format("%.2f"), ratioStats(a.arms.Saturated, a.arms.Alone).format("%.2f×"))
 			}
-			fmt.Fprintf(&b, "  flood: the quiet client's answers from space-api: %s\n", outcomes(n.Outcomes))
+			fmt.Fprintf(&b, "  flood: the quiet client's answers from space-api: %s\n", outcomes(n.Space.Outcomes))
 		}
 	}
 	if k := r.Keys; k != nil {
@@ -373,19 +375,30 @@ func (r *Report) Markdown(command string) string {
 
 	if f := r.Flood; f != nil {
 		w("### 4. Flood\n\n")
-		w("`bench-flood` (rate %g/s, burst %g) sends %d creates/s, 20× its rate; `bench-good` (rate %g/s) sends %d/s, within it; cluster bucket %g/s. Open loop, %s per run (after an unmeasured warm-up), one server, private Redis.\n\n",
+		w("`bench-flood` (rate %g/s, burst %g) sends %d creates/s, 20× its rate; `bench-good` (rate %g/s) sends %d/s, within it; cluster bucket %g/s. Open loop, %s per run (after an unmeasured warm-up), one server, private Redis; in each run space-api, then the peer (chi + redis_rate, the same Redis, each client its own limit of the same rate and burst).\n\n",
 			f.FloodRate, f.FloodRate, f.FloodSend, f.GoodRate, f.GoodSend, f.ClusterRate, f.Duration)
-		w("| | median [min–max] |\n|---|---:|\n")
-		w("| well-behaved client: creates answered 201 | %s |\n", summarize(f.GoodSuccess).format("%.1f%%"))
-		w("| well-behaved client: p50 / p99 ms | %s / %s |\n", summarize(f.GoodP50).format("%.2f"), summarize(f.GoodP99).format("%.2f"))
-		w("| flooding client: admitted/s | %s |\n", summarize(f.FloodAdmitted).format("%.1f"))
-		w("| flooding client: 429 p50 ms | %s |\n", summarize(f.FloodRejectP50).format("%.2f"))
-		w("| Redis commands sent per create (INFO commandstats delta / creates) | %s |\n", summarize(f.CallsPerRequest).format("%.2f"))
-		w("| of which EVALSHA | %s |\n", summarize(f.EvalshaPerRequest).format("%.2f"))
-		w("| Redis CPU µs per create | %s |\n", summarize(f.RedisUsecPerRequest).format("%.1f"))
-		w("| failed Redis decisions, let through (failure mode open) | %s |\n\n", summarize(f.RedisErrors).format("%.0f"))
-		w("All answers: well-behaved %s; flooding %s. Commands counted are those a client sends (`EVALSHA` of the concurrency lease and of the admission decision, `ZREM` of the lease), not those the scripts run inside Redis; the well-behaved client's creates, %.1f%% of the total, cost the same three.\n\n",
-			outcomes(f.GoodOutcomes), outcomes(f.FloodOutcomes), 100*float64(f.GoodTotal)/float64(max(f.GoodTotal+f.FloodSent, 1)))
+		arms := f.servers()
+		row := func(name string, cell func(a *FloodArm) string) {
+			w("| %s |", name)
+			for _, a := range arms {
+				w(" %s |", cell(a.arm))
+			}
+			w("\n")
+		}
+		w("| median [min–max] | %s | %s |\n|---|---:|---:|\n", arms[0].name, arms[1].name)
+		row("well-behaved client: creates answered 201", func(a *FloodArm) string { return summarize(a.GoodSuccess).format("%.1f%%") })
+		row("well-behaved client: p50 / p99 ms", func(a *FloodArm) string {
+			return summarize(a.GoodP50).format("%.2f") + " / " + summarize(a.GoodP99).format("%.2f")
+		})
+		row("flooding client: admitted/s", func(a *FloodArm) string { return summarize(a.FloodAdmitted).format("%.1f") })
+		row("flooding client: 429 p50 ms", func(a *FloodArm) string { return summarize(a.FloodRejectP50).format("%.2f") })
+		row("Redis commands sent per create (INFO commandstats delta / creates)", func(a *FloodArm) string { return summarize(a.CallsPerRequest).format("%.2f") })
+		row("of which EVALSHA", func(a *FloodArm) string { return summarize(a.EvalshaPerRequest).format("%.2f") })
+		row("Redis CPU µs per create", func(a *FloodArm) string { return summarize(a.RedisUsecPerRequest).format("%.1f") })
+		row("failed decisions (space-api: let through, failure mode open; the peer: answered 503)", func(a *FloodArm) string { return summarize(a.Failed).format("%.0f") })
+		w("\nAll answers from space-api: well-behaved %s; flooding %s. From the peer: well-behaved %s; flooding %s. Commands counted are those a client sends (space-api: `EVALSHA` of the concurrency lease and of the admission decision, `ZREM` of the lease; the peer: redis_rate's `EVALSHA`), not those the scripts run inside Redis; the well-behaved client's creates, %.1f%% of the total, cost space-api the same three.\n\n",
+			outcomes(f.Space.GoodOutcomes), outcomes(f.Space.FloodOutcomes), outcomes(f.Peer.GoodOutcomes), outcomes(f.Peer.FloodOutcomes),
+			100*float64(f.Space.GoodTotal)/float64(max(f.Space.GoodTotal+f.Space.FloodSent, 1)))
 		if n := f.Neighbour; n != nil {
 			w("A quiet neighbour: `bench-quiet` sends %d creates/s (a quarter of its rate) for %s alone, then beside `bench-flood` sending %d/s (open loop), then beside `bench-flood` as fast as wrk goes (1 thread, %d connections, closed loop); the three back to back in each run, on the same server, then on the peer (chi + redis_rate, each client its own limit: the flooder's rate and burst, the quiet client's). The fixed flood starts with the flooder's bucket full: the quiet client's creates of its first %s are beside the flooder's burst of admitted creates, reported apart; the arm's p99 is that of the %s after, beside the flood over its rate.\n\n",
 				n.QuietSend, n.Duration, n.FixedFlood, n.Connections, n.Settle, n.Duration)
@@ -395,11 +408,11 @@ func (r *Report) Markdown(command string) string {
 					ratioStats(a.arms.Fixed, a.arms.Alone).format("%.2f×"), summarize(a.arms.Burst).format("%.2f"),
 					summarize(a.arms.Saturated).format("%.2f"), ratioStats(a.arms.Saturated, a.arms.Alone).format("%.2f×"))
 			}
-			w("\n| space-api | |\n|---|---:|\n")
-			w("| flooder's answers/s, fixed flood | %s |\n", summarize(n.FixedFloodRPS).format("%.0f"))
-			w("| flooder's answers/s, wrk | %s |\n", summarize(n.SaturatedFloodRPS).format("%.0f"))
-			w("| quiet client's creates answered 201 (worst arm) | %s |\n\n", summarize(n.Success).format("%.1f%%"))
-			w("The quiet client's answers from space-api, every arm and run: %s.\n\n", outcomes(n.Outcomes))
+			w("\n| | space-api | peer: chi + redis_rate |\n|---|---:|---:|\n")
+			w("| flooder's answers/s, fixed flood | %s | %s |\n", summarize(n.Space.FixedFloodRPS).format("%.0f"), summarize(n.Peer.FixedFloodRPS).format("%.0f"))
+			w("| flooder's answers/s, wrk | %s | %s |\n", summarize(n.Space.SaturatedFloodRPS).format("%.0f"), summarize(n.Peer.SaturatedFloodRPS).format("%.0f"))
+			w("| quiet client's creates answered 201 (worst arm) | %s | %s |\n\n", summarize(n.Space.Success).format("%.1f%%"), summarize(n.Peer.Success).format("%.1f%%"))
+			w("The quiet client's answers, every arm and run: from space-api %s; from the peer %s.\n\n", outcomes(n.Space.Outcomes), outcomes(n.Peer.Outcomes))
 		}
 	}
 

@@ -151,7 +151,8 @@ func TestSmoke(t *testing.T) {
 		}
 		for name, v := range map[string][]float64{"alone": n.Space.Alone, "burst": n.Space.Burst, "fixed": n.Space.Fixed, "saturated": n.Space.Saturated,
 			"peer alone": n.Peer.Alone, "peer burst": n.Peer.Burst, "peer fixed": n.Peer.Fixed, "peer saturated": n.Peer.Saturated,
-			"fixed flood rps": n.FixedFloodRPS, "saturating flood rps": n.SaturatedFloodRPS} {
+			"fixed flood rps": n.Space.FixedFloodRPS, "saturating flood rps": n.Space.SaturatedFloodRPS,
+			"peer fixed flood rps": n.Peer.FixedFloodRPS, "peer saturating flood rps": n.Peer.SaturatedFloodRPS} {
 			if len(v) != 1 || !(v[0] > 0) {
 				t.Errorf("quiet neighbour %s: %v", name, v)
 			}
@@ -166,18 +167,27 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%d quiet-neighbour ratio targets, want 2: %+v", found, servers.Targets())
 		}
 	})
-	t.Run("the well-behaved client keeps every create through the flood", func(t *testing.T) {
+	t.Run("the well-behaved client keeps every create through the flood, on space-api and on the peer", func(t *testing.T) {
 		f := servers.Flood
-		if f.GoodTotal == 0 || f.GoodSuccess[0] != 100 {
-			t.Errorf("well-behaved client: %v of %d creates (%v)", f.GoodSuccess, f.GoodTotal, f.GoodOutcomes)
+		for _, a := range f.servers() {
+			if a.arm.GoodTotal == 0 || len(a.arm.GoodSuccess) != 1 || a.arm.GoodSuccess[0] != 100 {
+				t.Errorf("%s: well-behaved client: %v of %d creates (%v)", a.name, a.arm.GoodSuccess, a.arm.GoodTotal, a.arm.GoodOutcomes)
+			}
 		}
-		if f.FloodOutcomes["429 client_activation"] == 0 {
-			t.Errorf("the flooding client was never refused: %v", f.FloodOutcomes)
+		if f.Space.FloodOutcomes["429 client_activation"] == 0 {
+			t.Errorf("space-api never refused the flooding client: %v", f.Space.FloodOutcomes)
+		}
+		if f.Peer.FloodOutcomes["429"] == 0 {
+			t.Errorf("the peer never refused the flooding client: %v", f.Peer.FloodOutcomes)
 		}
 		// A flooding client's refusals are known ahead by its replica: they cost no
-		// Redis command (no lease, no decision), where each took three before.
-		if c := f.CallsPerRequest[0]; c > 1 {
-			t.Errorf("%.2f Redis commands per create, want well under one", c)
+		// Redis command (no lease, no decision), where each took three before. The
+		// peer asks Redis for every create.
+		if c := f.Space.CallsPerRequest[0]; c > 1 {
+			t.Errorf("space-api: %.2f Redis commands per create, want well under one", c)
+		}
+		if c := f.Peer.EvalshaPerRequest[0]; c < 0.95 {
+			t.Errorf("the peer: %.2f EVALSHA per create, want one for each", c)
 		}
 	})
 	t.Run("three replicas admit exactly the cluster burst plus its refill", func(t *testing.T) {
