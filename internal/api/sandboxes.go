@@ -227,7 +227,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Async {
-		s.enqueue(w, r, dispatcher.Request{Kind: space.OperationCreate, Client: caller.ID, Create: &plan, IdempotencyKey: req.IdempotencyKey}, operationsPath)
+		// A copy for the queue: the plan itself stays on this goroutine's stack (a
+		// Plan is about 550 bytes, and every create, refused ones first, has one).
+		queued := plan
+		s.enqueue(w, r, dispatcher.Request{Kind: space.OperationCreate, Client: caller.ID, Create: &queued, IdempotencyKey: req.IdempotencyKey}, operationsPath)
 		return
 	}
 	sb, err := s.sandboxes.Create(r.Context(), plan)
