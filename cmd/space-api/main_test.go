@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -317,4 +318,31 @@ func scrape(t *testing.T, m *Main) string {
 		t.Fatalf("GET /metrics = %d (%v): %s", resp.StatusCode, err, body)
 	}
 	return string(body)
+}
+
+func TestTuneGC(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name, gogc string
+		want       []int // the percents set
+	}{
+		{"without GOGC the collector runs at space-api's own percent", "", []int{defaultGCPercent}},
+		{"a GOGC of the operator's is left to Go", "100", nil},
+		{"GOGC=off is left to Go", "off", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var got []int
+			tuneGC(func(k string) string {
+				if k == "GOGC" {
+					return tc.gogc
+				}
+				return ""
+			}, func(p int) int { got = append(got, p); return 100 })
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("set %v, want %v", got, tc.want)
+			}
+		})
+	}
 }
