@@ -3,10 +3,13 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
+	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
@@ -58,5 +61,12 @@ func (e *Env) startPeer(ctx context.Context, name, redisAddr string, extra ...st
 	}
 	args = append(args, extra...)
 	label := strings.Join(append([]string{name}, extra...), "")
-	return e.startProcess(ctx, label, name, exec.Command(bin, args...), "http://"+addr, "")
+	cmd := exec.Command(bin, args...)
+	if os.Getenv("GOGC") == "" {
+		// space-api runs its collector at config.GCPercent unless GOGC says
+		// otherwise; so do the peers, so that the ratios compare the request paths,
+		// not a runtime setting.
+		cmd.Env = append(os.Environ(), "GOGC="+strconv.Itoa(config.GCPercent))
+	}
+	return e.startProcess(ctx, label, name, cmd, "http://"+addr, "")
 }

@@ -30,22 +30,11 @@ import (
 // read from the module build info.
 var version = ""
 
-// defaultGCPercent is space-api's GOGC when the environment sets none; Go's own is 100.
-// space-api holds little (a live heap of about 14 MB under a flood of 25,000 refusals
-// a second) and allocates per request: at 100 a flood of 5,000 refusals a second made
-// it collect every ~0.45 s, each collection with stop-the-world phases of up to 9 ms
-// on 2 busy cores, landing on every request in flight. At 400 the heap may grow to
-// five times the live one (about 70 MB) and collections come four times less often:
-// across seven interleaved runs of the bench's flood, a quiet client's p99 beside the
-// 5,000/s flood was lower in six, median 9.9 ms against 13.9 (docs/benchmarks.md).
-// GOGC, when set, wins; GOMEMLIMIT, when set, still bounds the heap.
-const defaultGCPercent = 400
-
-// tuneGC sets the garbage collector's percent to defaultGCPercent through set
+// tuneGC sets the garbage collector's percent to config.GCPercent through set
 // (debug.SetGCPercent) unless GOGC is set in the environment.
 func tuneGC(getenv func(string) string, set func(int) int) {
 	if getenv("GOGC") == "" {
-		set(defaultGCPercent)
+		set(config.GCPercent)
 	}
 }
 

@@ -327,7 +327,7 @@ func TestTuneGC(t *testing.T) {
 		name, gogc string
 		want       []int // the percents set
 	}{
-		{"without GOGC the collector runs at space-api's own percent", "", []int{defaultGCPercent}},
+		{"without GOGC the collector runs at space-api's own percent", "", []int{config.GCPercent}},
 		{"a GOGC of the operator's is left to Go", "100", nil},
 		{"GOGC=off is left to Go", "off", nil},
 	} {
