@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/config"
 )
@@ -37,6 +39,21 @@ type ReplicasRun struct {
 	// Errors are decision="error" counts on the replicas' metrics (none expected: a
 	// failed decision fails closed here, so it cannot hide an admission).
 	Errors float64
+	// Peer is the same flood on as many peers (chi + redis_rate, the client's one
+	// key of the same burst and refill), run after it.
+	Peer PeerReplicasRun
+}
+
+// PeerReplicasRun is one flood of the peer replicas. redis_rate keeps no time of its
+// last admission, so its count is compared with the whole flood's window only.
+type PeerReplicasRun struct {
+	Admitted   int   // 201s, all peers
+	PerReplica []int // 201s per peer
+	Rejected   int   // 429s
+	Other      int   // any other answer (503: Redis failed; none expected)
+	Requests   int
+	// Window is burst + refill × (t_end − t_start) of this flood, in Redis time.
+	Window float64
 }
 
 // Diff is Admitted − Expected.
@@ -101,6 +118,24 @@ func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasRe
 			defer warm.Done()
 			load{URL: s.PublicURL, Client: "bench-replicas", Body: coldBody, Workers: sz.replicaWorkers, Duration: sz.httpWarmUp}.run(ctx)
 		}()
+	}
+	warm.Wait()
+	// The peers: each asks redis_rate for the client's one key, the cluster bucket's
+	// burst and refill (a whole number of tokens a second), with space-api's timeout.
+	peers := make([]*apiServer, res.Replicas)
+	for i := range peers {
+		p, err := env.startPeer(ctx, peerRedisRate, rs.Addr, "-redis-timeout=2s",
+			fmt.Sprintf("-limit=bench-replicas:%d:%d:1s", int(sz.replicaRefill), sz.replicaBurst))
+		if err != nil {
+			return nil, err
+		}
+		defer p.stop()
+		peers[i] = p
+	}
+	for _, p := range peers {
+		warm.Go(func() {
+			load{URL: p.PublicURL, Client: "bench-replicas", Body: coldBody, Workers: sz.replicaWorkers, Duration: sz.httpWarmUp}.run(ctx)
+		})
 	}
 	warm.Wait()
 	clusterKey := admission.ClusterKey(config.Default().Redis.KeyPrefix)
@@ -187,8 +222,48 @@ func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasRe
 			errorsAfter += v
 		}
 		run.Errors = errorsAfter - errorsBefore
+		if run.Peer, err = floodPeerReplicas(ctx, rdb, peers, sz); err != nil {
+			return nil, err
+		}
 		res.Runs = append(res.Runs, run)
 		env.logf("replicas: admitted %d, expected %d (exact %.3f), %d requests", run.Admitted, run.Expected, run.Exact, run.Requests)
 	}
 	return res, nil
+}
+
+// floodPeerReplicas floods the peers as runReplicas floods space-api's replicas, on a
+// fresh redis_rate key (its own prefix "rate:"), and counts their answers.
+func floodPeerReplicas(ctx context.Context, rdb redis.Cmdable, peers []*apiServer, sz sizes) (PeerReplicasRun, error) {
+	run := PeerReplicasRun{PerReplica: make([]int, len(peers))}
+	if err := rdb.Del(ctx, "rate:bench-replicas").Err(); err != nil {
+		return run, fmt.Errorf("DEL the peer's key: %w", err)
+	}
+	start, err := redisTime(ctx, rdb)
+	if err != nil {
+		return run, err
+	}
+	results := make([]*loadResult, len(peers))
+	var wg sync.WaitGroup
+	for i, p := range peers {
+		wg.Go(func() {
+			results[i] = load{Name: p.Name, URL: p.PublicURL, Client: "bench-replicas", Body: coldBody, Workers: sz.replicaWorkers, Duration: sz.replicaDur}.run(ctx)
+		})
+	}
+	wg.Wait()
+	end, err := redisTime(ctx, rdb)
+	if err != nil {
+		return run, err
+	}
+	for i, r := range results {
+		if err := peers[i].alive(); err != nil {
+			return run, err
+		}
+		run.PerReplica[i] = r.count("201")
+		run.Admitted += r.count("201")
+		run.Rejected += r.count("429")
+		run.Requests += r.Requests
+	}
+	run.Other = run.Requests - run.Admitted - run.Rejected
+	run.Window = float64(sz.replicaBurst) + sz.replicaRefill*end.Sub(start).Seconds()
+	return run, nil
 }

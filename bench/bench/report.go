@@ -171,8 +171,8 @@ func (r *Report) Summary() string {
 	}
 	if p := r.Replicas; p != nil {
 		for i, run := range p.Runs {
-			fmt.Fprintf(&b, "  replicas run %d: admitted %d (per replica %v), expected %d, exact %.3f, %d requests\n",
-				i+1, run.Admitted, run.PerReplica, run.Expected, run.Exact, run.Requests)
+			fmt.Fprintf(&b, "  replicas run %d: admitted %d (per replica %v), expected %d, exact %.3f, %d requests; the peer admitted %d of a window of %.1f\n",
+				i+1, run.Admitted, run.PerReplica, run.Expected, run.Exact, run.Requests, run.Peer.Admitted, run.Peer.Window)
 		}
 	}
 	if g := r.GoBench; g != nil {
@@ -441,6 +441,12 @@ func (r *Report) Markdown(command string) string {
 		w("| run | 201s (per replica) | expected | admitted − expected | exact | burst + refill × (t_end − t_start) | 429s | other | decision errors |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 		for i, run := range p.Runs {
 			w("| %d | %d %v | %d | %+d | %.3f | %.1f | %d | %d | %.0f |\n", i+1, run.Admitted, run.PerReplica, run.Expected, run.Diff(), run.Exact, run.Window, run.Rejected, run.Other, run.Errors)
+		}
+		w("\nThe peer: %d chi + redis_rate processes, the same loads right after each run above, the client's one redis_rate key (burst %d, %g a second, a 2 s Redis timeout), a fresh key each run. redis_rate keeps no time of its last admission, so its count is compared with its own flood's window only.\n\n", p.Replicas, p.Burst, p.Refill)
+		w("| run | peer 201s (per peer) | burst + refill × (t_end − t_start) | 201s − window | 429s | other |\n|---:|---|---:|---:|---:|---:|\n")
+		for i, run := range p.Runs {
+			q := run.Peer
+			w("| %d | %d %v | %.1f | %+.1f | %d | %d |\n", i+1, q.Admitted, q.PerReplica, q.Window, float64(q.Admitted)-q.Window, q.Rejected, q.Other)
 		}
 		w("\n")
 	}

@@ -190,7 +190,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("the peer: %.2f EVALSHA per create, want one for each", c)
 		}
 	})
-	t.Run("three replicas admit exactly the cluster burst plus its refill", func(t *testing.T) {
+	t.Run("three replicas admit exactly the cluster burst plus its refill, and three peers on one key no more", func(t *testing.T) {
 		p := servers.Replicas
 		for _, run := range p.Runs {
 			// Admitted = burst + refill × (t_last − t_first) − tokens left, exactly,
@@ -210,6 +210,13 @@ func TestSmoke(t *testing.T) {
 			}
 			if nonzero < 2 {
 				t.Errorf("admissions per replica %v: the flood did not reach several replicas", run.PerReplica)
+			}
+			// The peers share one redis_rate key: together they admit its burst, and no
+			// more than what refilled over their flood (a token of slack for the
+			// moment between TIME and the first create).
+			q := run.Peer
+			if int64(q.Admitted) < p.Burst || float64(q.Admitted) > q.Window+1 || q.Rejected == 0 || q.Other != 0 {
+				t.Errorf("peer run %+v: want the burst %d to %.1f admitted, some refused, nothing else", q, p.Burst, q.Window+1)
 			}
 		}
 	})
