@@ -15,13 +15,18 @@ import (
 	"github.com/space-sandbox/space/internal/config"
 )
 
+// ReplicaCounts are the answers of one flood of several servers.
+type ReplicaCounts struct {
+	Admitted   int   // 201s counted by the load generator, all servers
+	PerReplica []int // 201s per server
+	Rejected   int   // refusals: space-api's 429 cluster_activation, the peer's 429
+	Other      int   // any other answer (none expected; the peer's 503: Redis failed)
+	Requests   int   // creates sent
+}
+
 // ReplicasRun is one flood of the three replicas.
 type ReplicasRun struct {
-	Admitted    int     // 201s counted by the load generator, all replicas
-	PerReplica  []int   // 201s per replica
-	Rejected    int     // 429 cluster_activation
-	Other       int     // any other answer (none expected)
-	Requests    int     // creates sent
+	ReplicaCounts
 	ElapsedLast float64 // s from the first admitted create to the last admission
 	ElapsedEnd  float64 // s of Redis TIME from before the flood to after it
 	// Expected is floor(burst + refill × ElapsedLast): the whole tokens the cluster
@@ -47,11 +52,7 @@ type ReplicasRun struct {
 // PeerReplicasRun is one flood of the peer replicas. redis_rate keeps no time of its
 // last admission, so its count is compared with the whole flood's window only.
 type PeerReplicasRun struct {
-	Admitted   int   // 201s, all peers
-	PerReplica []int // 201s per peer
-	Rejected   int   // 429s
-	Other      int   // any other answer (503: Redis failed; none expected)
-	Requests   int
+	ReplicaCounts
 	// Window is burst + refill × (t_end − t_start) of this flood, in Redis time.
 	Window float64
 }
@@ -111,15 +112,7 @@ func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasRe
 	// Postgres and Redis connections and prepares its statements, so that the first
 	// measured create does not do it between its reservation and its charge, which
 	// would widen the moment the count is compared over.
-	var warm sync.WaitGroup
-	for _, s := range servers {
-		warm.Add(1)
-		go func() {
-			defer warm.Done()
-			load{URL: s.PublicURL, Client: "bench-replicas", Body: coldBody, Workers: sz.replicaWorkers, Duration: sz.httpWarmUp}.run(ctx)
-		}()
-	}
-	warm.Wait()
+	floodEach(ctx, servers, sz, sz.httpWarmUp)
 	// The peers: each asks redis_rate for the client's one key, the cluster bucket's
 	// burst and refill (a whole number of tokens a second), with space-api's timeout.
 	peers := make([]*apiServer, res.Replicas)
@@ -132,12 +125,7 @@ func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasRe
 		defer p.stop()
 		peers[i] = p
 	}
-	for _, p := range peers {
-		warm.Go(func() {
-			load{URL: p.PublicURL, Client: "bench-replicas", Body: coldBody, Workers: sz.replicaWorkers, Duration: sz.httpWarmUp}.run(ctx)
-		})
-	}
-	warm.Wait()
+	floodEach(ctx, peers, sz, sz.httpWarmUp)
 	clusterKey := admission.ClusterKey(config.Default().Redis.KeyPrefix)
 	for range runs {
 		// A fresh, full bucket (a missing key is a full one), and no sandbox yet.
@@ -159,16 +147,7 @@ func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasRe
 		if err != nil {
 			return nil, err
 		}
-		results := make([]*loadResult, len(servers))
-		var wg sync.WaitGroup
-		for i, s := range servers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				results[i] = load{Name: s.Name, URL: s.PublicURL, Client: "bench-replicas", Body: coldBody, Workers: sz.replicaWorkers, Duration: sz.replicaDur}.run(ctx)
-			}()
-		}
-		wg.Wait()
+		results := floodEach(ctx, servers, sz, sz.replicaDur)
 		end, err := redisTime(ctx, rdb)
 		if err != nil {
 			return nil, err
@@ -185,14 +164,7 @@ func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasRe
 		tokens := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[:8])))
 		lastMicros := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[8:16])))
 
-		run := ReplicasRun{PerReplica: make([]int, len(servers))}
-		for i, r := range results {
-			run.PerReplica[i] = r.count("201")
-			run.Admitted += r.count("201")
-			run.Rejected += r.count("429 cluster_activation")
-			run.Requests += r.Requests
-		}
-		run.Other = run.Requests - run.Admitted - run.Rejected
+		run := ReplicasRun{ReplicaCounts: tally(results, "429 cluster_activation")}
 		// The first admission's time: the bucket was full then. Its create's sandbox
 		// row was inserted (created_at, the transaction's start) just before its
 		// charge; rows of refused creates are gone (undone, or never made). Postgres
@@ -234,7 +206,7 @@ func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasRe
 // floodPeerReplicas floods the peers as runReplicas floods space-api's replicas, on a
 // fresh redis_rate key (its own prefix "rate:"), and counts their answers.
 func floodPeerReplicas(ctx context.Context, rdb redis.Cmdable, peers []*apiServer, sz sizes) (PeerReplicasRun, error) {
-	run := PeerReplicasRun{PerReplica: make([]int, len(peers))}
+	var run PeerReplicasRun
 	if err := rdb.Del(ctx, "rate:bench-replicas").Err(); err != nil {
 		return run, fmt.Errorf("DEL the peer's key: %w", err)
 	}
@@ -242,28 +214,45 @@ func floodPeerReplicas(ctx context.Context, rdb redis.Cmdable, peers []*apiServe
 	if err != nil {
 		return run, err
 	}
-	results := make([]*loadResult, len(peers))
-	var wg sync.WaitGroup
-	for i, p := range peers {
-		wg.Go(func() {
-			results[i] = load{Name: p.Name, URL: p.PublicURL, Client: "bench-replicas", Body: coldBody, Workers: sz.replicaWorkers, Duration: sz.replicaDur}.run(ctx)
-		})
-	}
-	wg.Wait()
+	results := floodEach(ctx, peers, sz, sz.replicaDur)
 	end, err := redisTime(ctx, rdb)
 	if err != nil {
 		return run, err
 	}
-	for i, r := range results {
-		if err := peers[i].alive(); err != nil {
+	for _, p := range peers {
+		if err := p.alive(); err != nil {
 			return run, err
 		}
-		run.PerReplica[i] = r.count("201")
-		run.Admitted += r.count("201")
-		run.Rejected += r.count("429")
-		run.Requests += r.Requests
 	}
-	run.Other = run.Requests - run.Admitted - run.Rejected
+	run.ReplicaCounts = tally(results, "429")
 	run.Window = float64(sz.replicaBurst) + sz.replicaRefill*end.Sub(start).Seconds()
 	return run, nil
+}
+
+// floodEach floods every server at once for d, each with the scenario's closed loop
+// of the one client, and returns each server's answers.
+func floodEach(ctx context.Context, servers []*apiServer, sz sizes, d time.Duration) []*loadResult {
+	results := make([]*loadResult, len(servers))
+	var wg sync.WaitGroup
+	for i, s := range servers {
+		wg.Go(func() {
+			results[i] = load{Name: s.Name, URL: s.PublicURL, Client: "bench-replicas", Body: coldBody, Workers: sz.replicaWorkers, Duration: d}.run(ctx)
+		})
+	}
+	wg.Wait()
+	return results
+}
+
+// tally counts the answers of one flood per server: the 201s, the refusals (answers
+// whose outcome starts with refused), the rest.
+func tally(results []*loadResult, refused string) ReplicaCounts {
+	c := ReplicaCounts{PerReplica: make([]int, len(results))}
+	for i, r := range results {
+		c.PerReplica[i] = r.count("201")
+		c.Admitted += c.PerReplica[i]
+		c.Rejected += r.count(refused)
+		c.Requests += r.Requests
+	}
+	c.Other = c.Requests - c.Admitted - c.Rejected
+	return c
 }
