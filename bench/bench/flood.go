@@ -107,7 +107,7 @@ func runFlood(ctx context.Context, env *Env, runs int, sz sizes) (*FloodResult, 
 			return nil, err
 		}
 	}
-	if res.Neighbour, err = runNeighbour(ctx, env, srv, peer, runs, sz); err != nil {
+	if res.Neighbour, err = runNeighbour(ctx, env, srv, peer, st.redis.Pid(), runs, sz); err != nil {
 		return nil, err
 	}
 	env.logf("flood: done")

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 )
@@ -40,19 +41,101 @@ type NeighbourArms struct {
 	FixedFloodRPS, SaturatedFloodRPS []float64
 	// Outcomes are the quiet client's answers, all arms and runs.
 	Outcomes map[string]int
+	// Server is the quiet client's p99 (ms) inside the server, from its access log
+	// (space-api only: the peers log no requests). Busy and Steal are the machine's
+	// CPU time during each arm, in percent: what its processes used, and what the
+	// hypervisor gave to other guests while a vCPU here was ready to run.
+	Server, Busy, Steal ArmSet
+	// Cores are the CPU seconds a second each of cpuUserNames used during each arm.
+	Cores map[string]*ArmSet
+}
+
+// cpuUserNames name the processes whose CPU the quiet neighbour's arms report: what
+// shares the machine's cores with the server while it answers.
+var cpuUserNames = []string{"the server", "the driver (the load generator; wrk apart)", "Redis", "Postgres (every backend)"}
+
+// cpuUsers are the processes of cpuUserNames: the server, this process, the
+// scenario's Redis, and every process named postgres.
+func cpuUsers(srv *apiServer, redisPid int) []cpuUser {
+	return []cpuUser{
+		{Name: cpuUserNames[0], pids: []int{srv.pid()}},
+		{Name: cpuUserNames[1], pids: []int{os.Getpid()}},
+		{Name: cpuUserNames[2], pids: []int{redisPid}},
+		{Name: cpuUserNames[3], names: []string{"postgres"}},
+	}
+}
+
+// ArmSet is one figure of the three arms the quiet neighbour's target compares, per
+// run; the fixed flood's are those of its part after Settle, as its p99.
+type ArmSet struct{ Alone, Fixed, Saturated []float64 }
+
+// armFigures are what one arm measured besides the driver's latencies.
+type armFigures struct {
+	serverP99 float64 // ms; 0 where the server logs no requests
+	cpu       CPUShare
+	cores     []float64 // by cpuUserNames
+	cpuOK     bool
+}
+
+// add appends one run's figures of the three arms.
+func (a *NeighbourArms) add(alone, fixed, saturated armFigures) {
+	type figure struct {
+		to  *ArmSet
+		get func(armFigures) (float64, bool)
+	}
+	figures := []figure{
+		{&a.Server, func(f armFigures) (float64, bool) { return f.serverP99, f.serverP99 > 0 }},
+		{&a.Busy, func(f armFigures) (float64, bool) { return f.cpu.Busy, f.cpuOK }},
+		{&a.Steal, func(f armFigures) (float64, bool) { return f.cpu.Steal, f.cpuOK }},
+	}
+	if a.Cores == nil {
+		a.Cores = map[string]*ArmSet{}
+	}
+	for i, name := range cpuUserNames {
+		if a.Cores[name] == nil {
+			a.Cores[name] = &ArmSet{}
+		}
+		figures = append(figures, figure{a.Cores[name], func(f armFigures) (float64, bool) { return f.cores[i], f.cpuOK && i < len(f.cores) }})
+	}
+	for _, x := range figures {
+		for _, arm := range []struct {
+			to *[]float64
+			f  armFigures
+		}{{&x.to.Alone, alone}, {&x.to.Fixed, fixed}, {&x.to.Saturated, saturated}} {
+			if v, ok := x.get(arm.f); ok {
+				*arm.to = append(*arm.to, v)
+			}
+		}
+	}
+}
+
+// measureArm reads an arm's figures besides the driver's: the server's own p99 of
+// the quiet client's creates started at or after from (logged after mark), and the
+// CPU shares since cpu.
+func measureArm(mark logMark, from time.Time, cpu cpuWatch) (armFigures, error) {
+	var f armFigures
+	f.cpu, f.cores, f.cpuOK = cpu.share()
+	ls, err := mark.serverLatencies("bench-quiet", from)
+	if err != nil {
+		return f, err
+	}
+	if len(ls) > 0 {
+		f.serverP99 = ms(percentile(ls, 99))
+	}
+	return f, nil
 }
 
 // runNeighbour measures the quiet neighbour on srv, whose flags give bench-quiet a
 // rate far above what it sends and bench-flood the flood scenario's rate, then the
 // same arms on peer (chi + redis_rate, with the same limits).
-func runNeighbour(ctx context.Context, env *Env, srv, peer *apiServer, runs int, sz sizes) (*NeighbourResult, error) {
+func runNeighbour(ctx context.Context, env *Env, srv, peer *apiServer, redisPid, runs int, sz sizes) (*NeighbourResult, error) {
 	res := &NeighbourResult{QuietSend: sz.quietSend, FixedFlood: sz.fixedFlood, Connections: sz.httpWorkers,
 		Duration: sz.floodDur.String(), Settle: sz.floodDur / 8}
 	for range runs {
-		if err := res.arms(ctx, env, srv, sz, &res.Space); err != nil {
+		if err := res.arms(ctx, env, srv, redisPid, sz, &res.Space); err != nil {
 			return nil, err
 		}
-		if err := res.arms(ctx, env, peer, sz, &res.Peer); err != nil {
+		if err := res.arms(ctx, env, peer, redisPid, sz, &res.Peer); err != nil {
 			return nil, err
 		}
 	}
@@ -74,16 +157,28 @@ func (n *NeighbourResult) servers() []namedArms {
 // arms runs the three arms once against srv: the quiet client alone, beside the fixed
 // flood (the quiet client's creates split at Settle), beside wrk's flood; and adds the
 // run's figures to to.
-func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, sz sizes, to *NeighbourArms) error {
+func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, redisPid int, sz sizes, to *NeighbourArms) error {
+	users := cpuUsers(srv, redisPid)
 	quiet := load{Name: "quiet", URL: srv.PublicURL, Client: "bench-quiet", Body: coldBody, Rate: sz.quietSend, Duration: sz.floodDur}
 	succeeded := func(l *loadResult) float64 { return 100 * float64(l.count("201")) / float64(max(l.Requests, 1)) }
+	mark, cpu, start := markLog(srv.LogPath), watchCPU(users...), time.Now()
 	alone := quiet.run(ctx)
+	aloneFig, err := measureArm(mark, start, cpu)
+	if err != nil {
+		return err
+	}
 
 	// The fixed flood and the quiet client start together; the quiet client runs
 	// Settle longer, so that as many of its creates as alone are sent beside the
 	// flood over its rate.
 	var fixed, flood *loadResult
 	var wg sync.WaitGroup
+	mark, start = markLog(srv.LogPath), time.Now()
+	wg.Go(func() {
+		// The arm's CPU shares, as its p99, are those after Settle.
+		time.Sleep(n.Settle)
+		cpu = watchCPU(users...)
+	})
 	wg.Go(func() {
 		flood = load{Name: "fixed flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody, Rate: sz.fixedFlood, Duration: n.Settle + sz.floodDur}.run(ctx)
 	})
@@ -93,10 +188,15 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, sz
 		fixed = q.run(ctx)
 	})
 	wg.Wait()
+	fixedFig, err := measureArm(mark, start.Add(n.Settle), cpu)
+	if err != nil {
+		return err
+	}
 
 	var saturated *loadResult
 	var wrk *wrkResult
 	var wrkErr error
+	var saturatedFig armFigures
 	wg.Go(func() {
 		wrk, wrkErr = env.runWrk(ctx, wrkLoad{Name: "saturating flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody,
 			Connections: sz.httpWorkers, Duration: max(sz.floodDur, time.Second)})
@@ -104,11 +204,16 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, sz
 	wg.Go(func() {
 		// wrk connects first; the quiet client starts once the flood is on.
 		time.Sleep(100 * time.Millisecond)
+		mark, cpu, start := markLog(srv.LogPath), watchCPU(users...), time.Now()
 		saturated = quiet.run(ctx)
+		saturatedFig, err = measureArm(mark, start, cpu)
 	})
 	wg.Wait()
 	if wrkErr != nil {
 		return wrkErr
+	}
+	if err != nil {
+		return err
 	}
 	if err := srv.alive(); err != nil {
 		return err
@@ -120,6 +225,7 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, sz
 	to.Burst = append(to.Burst, ms(fixed.latencyWithin(0, n.Settle, 99)))
 	to.Fixed = append(to.Fixed, ms(fixed.latencyWithin(n.Settle, 0, 99)))
 	to.Saturated = append(to.Saturated, ms(saturated.latency("", 99)))
+	to.add(aloneFig, fixedFig, saturatedFig)
 	to.Success = append(to.Success, min(succeeded(alone), succeeded(fixed), succeeded(saturated)))
 	to.FixedFloodRPS = append(to.FixedFloodRPS, flood.rps(""))
 	to.SaturatedFloodRPS = append(to.SaturatedFloodRPS, float64(wrk.Requests)/max(wrk.Elapsed.Seconds(), 1e-9))

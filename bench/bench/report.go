@@ -159,6 +159,9 @@ func (r *Report) Summary() string {
 					ratioStats(a.arms.Fixed, a.arms.Alone).format("%.2f×"), n.Settle, summarize(a.arms.Burst).format("%.2f"),
 					summarize(a.arms.Saturated).format("%.2f"), ratioStats(a.arms.Saturated, a.arms.Alone).format("%.2f×"))
 			}
+			fmt.Fprintf(&b, "  flood: the quiet client's p99 ms inside space-api alone %s, beside %d/s %s, beside wrk's %s; CPU stolen by the hypervisor in those arms %s, %s, %s\n",
+				summarize(n.Space.Server.Alone).format("%.2f"), n.FixedFlood, summarize(n.Space.Server.Fixed).format("%.2f"), summarize(n.Space.Server.Saturated).format("%.2f"),
+				summarize(n.Space.Steal.Alone).format("%.0f%%"), summarize(n.Space.Steal.Fixed).format("%.0f%%"), summarize(n.Space.Steal.Saturated).format("%.0f%%"))
 			fmt.Fprintf(&b, "  flood: the quiet client's answers from space-api: %s\n", outcomes(n.Space.Outcomes))
 		}
 	}
@@ -411,7 +414,38 @@ func (r *Report) Markdown(command string) string {
 			w("\n| | space-api | peer: chi + redis_rate |\n|---|---:|---:|\n")
 			w("| flooder's answers/s, fixed flood | %s | %s |\n", summarize(n.Space.FixedFloodRPS).format("%.0f"), summarize(n.Peer.FixedFloodRPS).format("%.0f"))
 			w("| flooder's answers/s, wrk | %s | %s |\n", summarize(n.Space.SaturatedFloodRPS).format("%.0f"), summarize(n.Peer.SaturatedFloodRPS).format("%.0f"))
-			w("| quiet client's creates answered 201 (worst arm) | %s | %s |\n\n", summarize(n.Space.Success).format("%.1f%%"), summarize(n.Peer.Success).format("%.1f%%"))
+			w("| quiet client's creates answered 201 (worst arm) | %s | %s |\n", summarize(n.Space.Success).format("%.1f%%"), summarize(n.Peer.Success).format("%.1f%%"))
+			type neighbourRow struct {
+				name, verb string
+				set        func(*NeighbourArms) ArmSet
+			}
+			rows := []neighbourRow{
+				{"quiet client's p99 ms inside the server (its access log)", "%.2f", func(a *NeighbourArms) ArmSet { return a.Server }},
+				{"machine's CPU busy", "%.0f%%", func(a *NeighbourArms) ArmSet { return a.Busy }},
+				{"machine's CPU stolen by the hypervisor", "%.0f%%", func(a *NeighbourArms) ArmSet { return a.Steal }},
+			}
+			for _, name := range cpuUserNames {
+				rows = append(rows, neighbourRow{"cores used by " + name, "%.2f", func(a *NeighbourArms) ArmSet {
+					if c := a.Cores[name]; c != nil {
+						return *c
+					}
+					return ArmSet{}
+				}})
+			}
+			for _, row := range rows {
+				for _, arm := range []struct {
+					name string
+					get  func(ArmSet) []float64
+				}{
+					{"alone", func(s ArmSet) []float64 { return s.Alone }},
+					{fmt.Sprintf("beside %d/s", n.FixedFlood), func(s ArmSet) []float64 { return s.Fixed }},
+					{"beside wrk", func(s ArmSet) []float64 { return s.Saturated }},
+				} {
+					w("| %s, %s | %s | %s |\n", row.name, arm.name, summarize(arm.get(row.set(&n.Space))).format(row.verb), summarize(arm.get(row.set(&n.Peer))).format(row.verb))
+				}
+			}
+			w("\n")
+			w("Inside the server is from the request's first middleware to its answer written, as space-api logs it: without the driver's own queues, the kernel's or the loopback's (the peer logs no requests: n/a). Busy and stolen are shares of the machine's CPU time during each arm's measured part (`/proc/stat`): stolen is time a vCPU of this virtual machine was ready to run while the host ran another guest, latency no process here caused. Cores are each process's CPU seconds a second over the same part (`/proc/<pid>/stat`); the driver's are its load generator's (vegeta, the fixed flood and the quiet client) and wrk's are not counted.\n\n")
 			w("The quiet client's answers, every arm and run: from space-api %s; from the peer %s.\n\n", outcomes(n.Space.Outcomes), outcomes(n.Peer.Outcomes))
 		}
 	}

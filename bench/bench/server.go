@@ -219,6 +219,9 @@ func (e *Env) startProcess(ctx context.Context, what, name string, cmd *exec.Cmd
 
 // stop sends SIGTERM (a graceful drain) and kills the process if it has not exited
 // within 15 s.
+// pid is the server's process id.
+func (s *apiServer) pid() int { return s.cmd.Process.Pid }
+
 func (s *apiServer) stop() {
 	if s == nil {
 		return

@@ -167,6 +167,38 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%d quiet-neighbour ratio targets, want 2: %+v", found, servers.Targets())
 		}
 	})
+	t.Run("the quiet neighbour's creates are read back from space-api's log and the machine's CPU is split by process", func(t *testing.T) {
+		n := servers.Flood.Neighbour
+		// A create's time inside the server is part of its time at the driver, and the
+		// alone and wrk arms read the same creates on both sides: the server's p99 is
+		// above zero and at most the driver's.
+		for _, arm := range []struct {
+			name           string
+			server, driver []float64
+		}{{"alone", n.Space.Server.Alone, n.Space.Alone}, {"beside wrk", n.Space.Server.Saturated, n.Space.Saturated}} {
+			if len(arm.server) != 1 || !(arm.server[0] > 0) || arm.server[0] > arm.driver[0] {
+				t.Errorf("%s: p99 inside space-api %v ms, at the driver %v ms", arm.name, arm.server, arm.driver)
+			}
+		}
+		if len(n.Space.Server.Fixed) != 1 || len(n.Peer.Server.Alone) != 0 {
+			t.Errorf("p99 inside the server beside the fixed flood %v; the peer, which logs no requests, %v", n.Space.Server.Fixed, n.Peer.Server.Alone)
+		}
+		for _, a := range n.servers() {
+			for i, busy := range [][]float64{a.arms.Busy.Alone, a.arms.Busy.Fixed, a.arms.Busy.Saturated} {
+				steal := [][]float64{a.arms.Steal.Alone, a.arms.Steal.Fixed, a.arms.Steal.Saturated}[i]
+				if len(busy) != 1 || len(steal) != 1 || !(busy[0] > 0) || steal[0] < 0 || busy[0]+steal[0] > 100.0001 {
+					t.Errorf("%s arm %d: CPU busy %v%%, stolen %v%%", a.name, i, busy, steal)
+				}
+			}
+			// Beside the fixed flood the server answers thousands of creates a second and
+			// the driver sends them: both used CPU.
+			for _, user := range cpuUserNames[:2] {
+				if c := a.arms.Cores[user]; c == nil || len(c.Fixed) != 1 || !(c.Fixed[0] > 0) {
+					t.Errorf("%s: cores used by %s beside the fixed flood: %+v", a.name, user, c)
+				}
+			}
+		}
+	})
 	t.Run("the well-behaved client keeps every create through the flood, on space-api and on the peer", func(t *testing.T) {
 		f := servers.Flood
 		for _, a := range f.servers() {

@@ -60,6 +60,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	quick := fs.Bool("quick", false, "tiny durations and counts: a smoke run of the code paths, not figures")
 	spaceAPI := fs.String("space-api", "", "space-api binary; default: go build one into a scratch directory")
 	doc := fs.String("doc", "docs/benchmarks.md", "file whose space-bench section is rewritten; empty writes none")
+	keep := fs.Bool("keep", false, "keep the scratch directory (each server's log, its flags file) and print where it is")
 	templates := fs.String("templates", "deploy/demo/templates.json", "SPACE_TEMPLATES_FILE of the servers")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -72,7 +73,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("scratch directory: %w", err)
 	}
-	defer os.RemoveAll(dir)
+	if *keep {
+		fmt.Fprintf(stderr, "space-bench: keeping %s (the servers' logs and flags)\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
 
 	env := &bench.Env{
 		AdminURL:     os.Getenv("SPACE_DATABASE_URL"),
