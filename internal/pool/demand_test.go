@@ -446,6 +446,84 @@ func TestWarmUpsThatFail(t *testing.T) {
 			t.Fatalf("a second after a new failure: %+v, want it retried after MinBackoff, not 30s", res)
 		}
 	})
+
+	t.Run("failures that come one by one, each while a later warm-up is in flight, still back off", func(t *testing.T) {
+		t.Parallel()
+		// A slow machine spreads a batch's failures out: a slot freed by one failure
+		// is warming again (the backoff since that failure has passed) before the next
+		// failure of the batch is recorded. Each failure is then of a warm-up that
+		// began before the previous failure, and must not keep the backoff from
+		// growing: the kind would otherwise be retried at every step.
+		b := setup(t)
+		b.target.Store(2)
+		sub := &heldWarmUps{Simulated: b.sim, started: make(chan chan error)}
+		r := b.replenisher(func(o *pool.ReplenisherOptions) { o.Substrate, o.Parallel = sub, 2 }) // MinBackoff 500ms, MaxBackoff 30s
+		var held []chan error
+		var attempts []time.Duration
+		start := b.clock.Now()
+		for range 5 * 60 { // a step a second for 5 minutes, one failure each
+			res, err := r.Step(b.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range res.Started {
+				select {
+				case w := <-sub.started:
+					held = append(held, w)
+					attempts = append(attempts, b.clock.Now().Sub(start))
+				case <-time.After(10 * time.Second):
+					t.Fatalf("a warm-up the step started never reached the substrate")
+				}
+			}
+			if len(held) > 0 {
+				inFlight := len(held)
+				held[0] <- errors.New("pod never became ready")
+				held = held[1:]
+				testenv.Eventually(t, 10*time.Second, "the failed warm-up's slot to be deleted", func() bool {
+					return b.slots(t, "warming") == inFlight-1
+				})
+			}
+			b.clock.Advance(time.Second)
+		}
+		for _, w := range held {
+			w <- errors.New("pod never became ready")
+		}
+		// The first batch fails one by one (0s, 1s): its slots warm again as they free,
+		// one attempt; from then on each pause doubles, a batch of 2 after each, up to
+		// 30s. Retried at every step it would be 301 warm-ups, one a second.
+		want := []time.Duration{0, 0, 1, 2, 3, 4, 6, 6, 10, 10, 18, 18, 34, 34, 64, 64, 94, 94, 124, 124, 154, 154, 184, 184, 214, 214, 244, 244, 274, 274}
+		for i := range want {
+			want[i] *= time.Second
+		}
+		if !slices.Equal(attempts, want) {
+			t.Fatalf("%d warm-ups in 5 minutes of failures, at %v; want %v", len(attempts), attempts, want)
+		}
+	})
+}
+
+// heldWarmUps holds each warm-up until the test ends it: Warm hands its own result
+// channel to started and returns what the test sends on it.
+type heldWarmUps struct {
+	*substrate.Simulated
+	started chan chan error
+}
+
+func (s *heldWarmUps) Warm(ctx context.Context, slotID string, shape space.Shape, tmpl substrate.Template) (string, error) {
+	result := make(chan error)
+	select {
+	case s.started <- result:
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	select {
+	case err := <-result:
+		if err != nil {
+			return "", err
+		}
+		return s.Simulated.Warm(ctx, slotID, shape, tmpl)
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
 }
 
 func TestRefillsYieldToUsers(t *testing.T) {

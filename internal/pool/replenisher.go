@@ -111,8 +111,10 @@ type Replenisher struct {
 // failures is a kind's failed batches of warm-ups in a row, and when it may be tried
 // again.
 type failures struct {
-	n     int
-	last  time.Time // when the last failure was recorded
+	n int
+	// grew is when a failure last grew the backoff: a warm-up begun before it was in
+	// flight beside that failure, one attempt with it.
+	grew  time.Time
 	until time.Time
 }
 
@@ -653,9 +655,15 @@ func (r *Replenisher) failing(k kind, now time.Time) bool {
 // tried again: MinBackoff doubled per failure in a row, capped at MaxBackoff. A
 // substrate that cannot start a template (a bad image, no capacity, pods that never
 // become ready) is thus asked ever less often, never in a loop. Warm-ups that were in
-// flight together are one attempt: those begun before the last failure was recorded
-// do not double the backoff again, so that a batch of Parallel failing at once backs
+// flight together are one attempt: those begun before the failure that last grew the
+// backoff do not double it again, so that a batch of Parallel failing at once backs
 // off as much as one.
+//
+// The mark moves only when the backoff grows. Moved by every failure, it let a
+// batch whose failures came one by one (a slow machine: each slot freed, warming
+// again once the first failure's short pause had passed, before the next failure of
+// the batch was recorded) count every later failure as part of the same attempt:
+// the backoff stopped growing and the kind was retried at every round.
 func (r *Replenisher) failed(k kind, began time.Time) time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -665,11 +673,11 @@ func (r *Replenisher) failed(k kind, began time.Time) time.Time {
 		f = &failures{}
 		r.failures[k] = f
 	}
-	if f.n == 0 || began.After(f.last) {
+	if f.n == 0 || began.After(f.grew) {
 		f.until = maxTime(f.until, now.Add(r.backoff(f.n)))
 		f.n++
+		f.grew = now
 	}
-	f.last = now
 	return f.until
 }
 
