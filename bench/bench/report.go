@@ -414,7 +414,7 @@ func (r *Report) Markdown(command string) string {
 			w("\n| | space-api | peer: chi + redis_rate |\n|---|---:|---:|\n")
 			w("| flooder's answers/s, fixed flood | %s | %s |\n", summarize(n.Space.FixedFloodRPS).format("%.0f"), summarize(n.Peer.FixedFloodRPS).format("%.0f"))
 			w("| flooder's answers/s, wrk | %s | %s |\n", summarize(n.Space.SaturatedFloodRPS).format("%.0f"), summarize(n.Peer.SaturatedFloodRPS).format("%.0f"))
-			w("| quiet client's creates answered 201 (worst arm) | %s | %s |\n", summarize(n.Space.Success).format("%.1f%%"), summarize(n.Peer.Success).format("%.1f%%"))
+			w("| quiet client's creates answered 201 (worst arm) | %s | %s |\n\n", summarize(n.Space.Success).format("%.1f%%"), summarize(n.Peer.Success).format("%.1f%%"))
 			type neighbourRow struct {
 				name, verb string
 				set        func(*NeighbourArms) ArmSet
@@ -432,17 +432,16 @@ func (r *Report) Markdown(command string) string {
 					return ArmSet{}
 				}})
 			}
+			w("| during the quiet client's arms | space-api: alone | beside %[1]d/s | beside wrk | peer: alone | beside %[1]d/s | beside wrk |\n|---|---:|---:|---:|---:|---:|---:|\n", n.FixedFlood)
 			for _, row := range rows {
-				for _, arm := range []struct {
-					name string
-					get  func(ArmSet) []float64
-				}{
-					{"alone", func(s ArmSet) []float64 { return s.Alone }},
-					{fmt.Sprintf("beside %d/s", n.FixedFlood), func(s ArmSet) []float64 { return s.Fixed }},
-					{"beside wrk", func(s ArmSet) []float64 { return s.Saturated }},
-				} {
-					w("| %s, %s | %s | %s |\n", row.name, arm.name, summarize(arm.get(row.set(&n.Space))).format(row.verb), summarize(arm.get(row.set(&n.Peer))).format(row.verb))
+				w("| %s", row.name)
+				for _, a := range []*NeighbourArms{&n.Space, &n.Peer} {
+					set := row.set(a)
+					for _, v := range [][]float64{set.Alone, set.Fixed, set.Saturated} {
+						w(" | %s", summarize(v).format(row.verb))
+					}
 				}
+				w(" |\n")
 			}
 			w("\n")
 			w("Inside the server is from the request's first middleware to its answer written, as space-api logs it: without the driver's own queues, the kernel's or the loopback's (the peer logs no requests: n/a). Busy and stolen are shares of the machine's CPU time during each arm's measured part (`/proc/stat`): stolen is time a vCPU of this virtual machine was ready to run while the host ran another guest, latency no process here caused. Cores are each process's CPU seconds a second over the same part (`/proc/<pid>/stat`); the driver's are its load generator's (vegeta, the fixed flood and the quiet client) and wrk's are not counted.\n\n")
