@@ -402,6 +402,33 @@ func TestReplenisher(t *testing.T) {
 		}
 	})
 
+	t.Run("Run returns only once the rounds it told have been heard", func(t *testing.T) {
+		t.Parallel()
+		// What onRound writes is read after Run returns (the bench's figures, a test's
+		// counts): a call still running then is a data race.
+		b := setup(t)
+		r := b.replenisher(func(o *pool.ReplenisherOptions) { o.Interval = time.Hour })
+		ctx, cancel := context.WithCancel(b.ctx)
+		entered, gate, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		go func() {
+			defer close(done)
+			r.Run(ctx, func(pool.RoundResult, error) {
+				once.Do(func() { close(entered) })
+				<-gate
+			})
+		}()
+		<-entered
+		cancel()
+		select {
+		case <-done:
+			t.Fatal("Run returned while the round it told was still being heard")
+		case <-time.After(200 * time.Millisecond):
+		}
+		close(gate)
+		<-done
+	})
+
 	t.Run("Run tells each round's result and stops with its context", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

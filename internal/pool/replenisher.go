@@ -211,23 +211,26 @@ func (r *Replenisher) Kick() {
 // flight leave room for, up to Parallel, so that refills keep pace with a burst of
 // claims. onRound, when not nil, is told each round's result once its warm-ups have
 // finished, possibly from several goroutines at once: tests wait on it instead of
-// sleeping.
+// sleeping. Run returns once every onRound it began has returned, so that what
+// onRound writes can be read after Run without a lock.
 func (r *Replenisher) Run(ctx context.Context, onRound func(RoundResult, error)) {
 	t := time.NewTicker(r.opts.Interval)
 	defer t.Stop()
 	// The warm-ups in flight end with ctx; their slots are deleted before Run returns,
 	// while Postgres is still open.
 	defer r.warming.Wait()
+	var told sync.WaitGroup
+	defer told.Wait()
 	for {
 		rs, err := r.round(ctx, false)
 		if err != nil && ctx.Err() == nil {
 			r.logger.WarnContext(ctx, "replenish round failed", "err", err)
 		}
 		if onRound != nil {
-			go func() {
+			told.Go(func() {
 				rs.wg.Wait()
 				onRound(rs.result(), err)
-			}()
+			})
 		}
 		select {
 		case <-ctx.Done():
