@@ -166,9 +166,9 @@ func procTicks(pids []int, names []string) uint64 {
 	return sum
 }
 
-// cpuUser is a process, or a kind of process, whose CPU use an arm reports.
+// cpuUser is a process, or a kind of process (by command name), whose CPU use an arm
+// reports.
 type cpuUser struct {
-	Name  string
 	pids  []int
 	names []string
 }

@@ -46,8 +46,9 @@ type NeighbourArms struct {
 	// CPU time during each arm, in percent: what its processes used, and what the
 	// hypervisor gave to other guests while a vCPU here was ready to run.
 	Server, Busy, Steal ArmSet
-	// Cores are the CPU seconds a second each of cpuUserNames used during each arm.
-	Cores map[string]*ArmSet
+	// Cores are the CPU seconds a second each process of cpuUserNames (by index) used
+	// during each arm.
+	Cores []ArmSet
 }
 
 // cpuUserNames name the processes whose CPU the quiet neighbour's arms report: what
@@ -58,10 +59,10 @@ var cpuUserNames = []string{"the server", "the driver (the load generator; wrk a
 // scenario's Redis, and every process named postgres.
 func cpuUsers(srv *apiServer, redisPid int) []cpuUser {
 	return []cpuUser{
-		{Name: cpuUserNames[0], pids: []int{srv.pid()}},
-		{Name: cpuUserNames[1], pids: []int{os.Getpid()}},
-		{Name: cpuUserNames[2], pids: []int{redisPid}},
-		{Name: cpuUserNames[3], names: []string{"postgres"}},
+		{pids: []int{srv.pid()}},
+		{pids: []int{os.Getpid()}},
+		{pids: []int{redisPid}},
+		{names: []string{"postgres"}},
 	}
 }
 
@@ -89,13 +90,15 @@ func (a *NeighbourArms) add(alone, fixed, saturated armFigures) {
 		{&a.Steal, func(f armFigures) (float64, bool) { return f.cpu.Steal, f.cpuOK }},
 	}
 	if a.Cores == nil {
-		a.Cores = map[string]*ArmSet{}
+		a.Cores = make([]ArmSet, len(cpuUserNames))
 	}
-	for i, name := range cpuUserNames {
-		if a.Cores[name] == nil {
-			a.Cores[name] = &ArmSet{}
-		}
-		figures = append(figures, figure{a.Cores[name], func(f armFigures) (float64, bool) { return f.cores[i], f.cpuOK && i < len(f.cores) }})
+	for i := range a.Cores {
+		figures = append(figures, figure{&a.Cores[i], func(f armFigures) (float64, bool) {
+			if !f.cpuOK || i >= len(f.cores) {
+				return 0, false
+			}
+			return f.cores[i], true
+		}})
 	}
 	for _, x := range figures {
 		for _, arm := range []struct {

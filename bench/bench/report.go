@@ -424,10 +424,10 @@ func (r *Report) Markdown(command string) string {
 				{"machine's CPU busy", "%.0f%%", func(a *NeighbourArms) ArmSet { return a.Busy }},
 				{"machine's CPU stolen by the hypervisor", "%.0f%%", func(a *NeighbourArms) ArmSet { return a.Steal }},
 			}
-			for _, name := range cpuUserNames {
+			for i, name := range cpuUserNames {
 				rows = append(rows, neighbourRow{"cores used by " + name, "%.2f", func(a *NeighbourArms) ArmSet {
-					if c := a.Cores[name]; c != nil {
-						return *c
+					if i < len(a.Cores) {
+						return a.Cores[i]
 					}
 					return ArmSet{}
 				}})

@@ -192,9 +192,9 @@ func TestSmoke(t *testing.T) {
 			}
 			// Beside the fixed flood the server answers thousands of creates a second and
 			// the driver sends them: both used CPU.
-			for _, user := range cpuUserNames[:2] {
-				if c := a.arms.Cores[user]; c == nil || len(c.Fixed) != 1 || !(c.Fixed[0] > 0) {
-					t.Errorf("%s: cores used by %s beside the fixed flood: %+v", a.name, user, c)
+			for i, user := range cpuUserNames[:2] {
+				if len(a.arms.Cores) != len(cpuUserNames) || len(a.arms.Cores[i].Fixed) != 1 || !(a.arms.Cores[i].Fixed[0] > 0) {
+					t.Errorf("%s: cores used by %s beside the fixed flood: %+v", a.name, user, a.arms.Cores)
 				}
 			}
 		}
