@@ -143,12 +143,7 @@ func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasRe
 			}
 			errorsBefore += v
 		}
-		start, err := redisTime(ctx, rdb)
-		if err != nil {
-			return nil, err
-		}
-		results := floodEach(ctx, servers, sz, sz.replicaDur)
-		end, err := redisTime(ctx, rdb)
+		results, start, end, err := timedFlood(ctx, rdb, servers, sz)
 		if err != nil {
 			return nil, err
 		}
@@ -210,12 +205,7 @@ func floodPeerReplicas(ctx context.Context, rdb redis.Cmdable, peers []*apiServe
 	if err := rdb.Del(ctx, "rate:bench-replicas").Err(); err != nil {
 		return run, fmt.Errorf("DEL the peer's key: %w", err)
 	}
-	start, err := redisTime(ctx, rdb)
-	if err != nil {
-		return run, err
-	}
-	results := floodEach(ctx, peers, sz, sz.replicaDur)
-	end, err := redisTime(ctx, rdb)
+	results, start, end, err := timedFlood(ctx, rdb, peers, sz)
 	if err != nil {
 		return run, err
 	}
@@ -241,6 +231,17 @@ func floodEach(ctx context.Context, servers []*apiServer, sz sizes, d time.Durat
 	}
 	wg.Wait()
 	return results
+}
+
+// timedFlood is the measured flood of every server (floodEach for the scenario's
+// duration) between two readings of Redis TIME, start and end.
+func timedFlood(ctx context.Context, rdb redis.Cmdable, servers []*apiServer, sz sizes) (results []*loadResult, start, end time.Time, err error) {
+	if start, err = redisTime(ctx, rdb); err != nil {
+		return nil, start, end, err
+	}
+	results = floodEach(ctx, servers, sz, sz.replicaDur)
+	end, err = redisTime(ctx, rdb)
+	return results, start, end, err
 }
 
 // tally counts the answers of one flood per server: the 201s, the refusals (answers
