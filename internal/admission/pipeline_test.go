@@ -19,6 +19,11 @@ import (
 // gate is a go-redis hook that can hold the first script sent on its own, and the
 // first pipeline of scripts, until they are let go; it records every pipeline's size
 // and counts the scripts sent on their own.
+//
+// It counts calls, not attempts: a call answered NOSCRIPT (the script cache of a node
+// is empty: a fresh server, or another test's SCRIPT FLUSH on the shared Redis) is
+// sent again as EVAL, alone or in a pipeline of its own, and that second attempt is
+// the same call. Singles count EVALSHA only; pipelines of EVAL are recorded apart.
 type gate struct {
 	mu        sync.Mutex
 	hold      bool
@@ -27,7 +32,8 @@ type gate struct {
 	holdPipe  bool
 	pipeHeld  chan struct{} // closed once the first pipeline is held
 	pipeOpen  chan struct{}
-	pipelines []int
+	pipelines []int // of EVALSHA
+	retries   []int // of EVAL, after NOSCRIPT
 	singles   atomic.Int64
 }
 
@@ -40,7 +46,7 @@ func (g *gate) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		if cmd.Name() == "evalsha" {
 			g.singles.Add(1)
 			g.mu.Lock()
 			hold := g.hold
@@ -59,7 +65,12 @@ func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // a new connection) are not the coalescer's.
 func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if name := cmds[0].Name(); name == "evalsha" || name == "eval" {
+		switch cmds[0].Name() {
+		case "eval":
+			g.mu.Lock()
+			g.retries = append(g.retries, len(cmds))
+			g.mu.Unlock()
+		case "evalsha":
 			g.mu.Lock()
 			g.pipelines = append(g.pipelines, len(cmds))
 			hold := g.holdPipe
@@ -74,10 +85,17 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 	}
 }
 
+// sizes are the pipelines of EVALSHA sent, in order; retried those of EVAL.
 func (g *gate) sizes() []int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return append([]int(nil), g.pipelines...)
+}
+
+func (g *gate) retried() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]int(nil), g.retries...)
 }
 
 // coalescerBundle is an Admitter whose Redis client goes through a gate, and a count
@@ -293,7 +311,10 @@ func TestCoalescer(t *testing.T) {
 		if admitted.Load() != 6 {
 			t.Fatalf("admitted %d of 6 after SCRIPT FLUSH", admitted.Load())
 		}
-		b.settled([]int{5, 5}, 94, "the five went as EVALSHA, were refused NOSCRIPT, and went again as EVAL")
+		b.settled([]int{5}, 94, "the five went as one pipeline")
+		if got := b.gate.retried(); !slices.Equal(got, []int{5}) {
+			t.Fatalf("pipelines of EVAL %v, want [5]: the five were refused NOSCRIPT and went again as EVAL", got)
+		}
 	})
 
 	t.Run("callers giving up at any moment never stall the others", func(t *testing.T) {
