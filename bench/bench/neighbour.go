@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -112,13 +113,25 @@ func (a *NeighbourArms) add(alone, fixed, saturated armFigures) {
 	}
 }
 
-// measureArm reads an arm's figures besides the driver's: the server's own p99 of
-// the quiet client's creates started at or after from (logged after mark), and the
-// CPU shares since cpu.
-func measureArm(mark logMark, from time.Time, cpu cpuWatch) (armFigures, error) {
+// armWatch is an arm's measured part begun: where the server's log was, the CPU
+// counters, and when.
+type armWatch struct {
+	mark  logMark
+	cpu   cpuWatch
+	start time.Time
+}
+
+func watchArm(srv *apiServer, users []cpuUser) armWatch {
+	return armWatch{mark: markLog(srv.LogPath), cpu: watchCPU(users...), start: time.Now()}
+}
+
+// figures reads the arm's figures besides the driver's, once its measured part is
+// over: the server's own p99 of the quiet client's creates begun since the watch,
+// and the CPU shares since then.
+func (w armWatch) figures() (armFigures, error) {
 	var f armFigures
-	f.cpu, f.cores, f.cpuOK = cpu.share()
-	ls, err := mark.serverLatencies("bench-quiet", from)
+	f.cpu, f.cores, f.cpuOK = w.cpu.share()
+	ls, err := w.mark.serverLatencies("bench-quiet", w.start)
 	if err != nil {
 		return f, err
 	}
@@ -164,9 +177,9 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	users := cpuUsers(srv, redisPid)
 	quiet := load{Name: "quiet", URL: srv.PublicURL, Client: "bench-quiet", Body: coldBody, Rate: sz.quietSend, Duration: sz.floodDur}
 	succeeded := func(l *loadResult) float64 { return 100 * float64(l.count("201")) / float64(max(l.Requests, 1)) }
-	mark, cpu, start := markLog(srv.LogPath), watchCPU(users...), time.Now()
+	watch := watchArm(srv, users)
 	alone := quiet.run(ctx)
-	aloneFig, err := measureArm(mark, start, cpu)
+	aloneFig, err := watch.figures()
 	if err != nil {
 		return err
 	}
@@ -176,11 +189,10 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	// flood over its rate.
 	var fixed, flood *loadResult
 	var wg sync.WaitGroup
-	mark, start = markLog(srv.LogPath), time.Now()
 	wg.Go(func() {
-		// The arm's CPU shares, as its p99, are those after Settle.
+		// The arm's figures, as its p99, are those after Settle.
 		time.Sleep(n.Settle)
-		cpu = watchCPU(users...)
+		watch = watchArm(srv, users)
 	})
 	wg.Go(func() {
 		flood = load{Name: "fixed flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody, Rate: sz.fixedFlood, Duration: n.Settle + sz.floodDur}.run(ctx)
@@ -191,7 +203,7 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 		fixed = q.run(ctx)
 	})
 	wg.Wait()
-	fixedFig, err := measureArm(mark, start.Add(n.Settle), cpu)
+	fixedFig, err := watch.figures()
 	if err != nil {
 		return err
 	}
@@ -200,6 +212,7 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	var wrk *wrkResult
 	var wrkErr error
 	var saturatedFig armFigures
+	var saturatedErr error
 	wg.Go(func() {
 		wrk, wrkErr = env.runWrk(ctx, wrkLoad{Name: "saturating flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody,
 			Connections: sz.httpWorkers, Duration: max(sz.floodDur, time.Second)})
@@ -207,15 +220,12 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	wg.Go(func() {
 		// wrk connects first; the quiet client starts once the flood is on.
 		time.Sleep(100 * time.Millisecond)
-		mark, cpu, start := markLog(srv.LogPath), watchCPU(users...), time.Now()
+		watch := watchArm(srv, users)
 		saturated = quiet.run(ctx)
-		saturatedFig, err = measureArm(mark, start, cpu)
+		saturatedFig, saturatedErr = watch.figures()
 	})
 	wg.Wait()
-	if wrkErr != nil {
-		return wrkErr
-	}
-	if err != nil {
+	if err := errors.Join(wrkErr, saturatedErr); err != nil {
 		return err
 	}
 	if err := srv.alive(); err != nil {
