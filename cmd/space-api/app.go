@@ -128,8 +128,8 @@ func (m *Main) Run(ctx context.Context) error {
 	opts.Logger, opts.Registry, opts.MaxBodyBytes = m.Logger, m.Registry, cfg.Sandbox.MaxBodyBytes
 	opts.Checks = append([]api.Check{
 		{Name: "postgres", Check: db.Ping},
-		// With fail-open admission the replica serves without Redis (admitting
-		// unbudgeted, counted): Redis down is degraded, not unready.
+		// With fail-open admission the replica serves without Redis (admitting within
+		// its own view of the buckets, counted): Redis down is degraded, not unready.
 		{Name: "redis", Check: func(ctx context.Context) error { return m.Redis.Ping(ctx).Err() },
 			Degrades: cfg.Admission.FailureMode == config.FailOpen},
 	}, opts.Checks...)

@@ -98,7 +98,7 @@ func TestLimitsTellTheTruthInEveryMode(t *testing.T) {
 		{"enforced: the burst is admitted and the rest refused", nil, false, admission.Enforced, 2, 429},
 		{"shadow: decided and recorded, and every create admitted", func(c *config.Config) { c.Admission.Shadow = true }, false, admission.Shadow, 4, 0},
 		{"disabled: nothing charged, every create admitted", func(c *config.Config) { c.Admission.Enabled = false }, false, admission.Disabled, 4, 0},
-		{"fail open: redis unreachable, every create admitted unbudgeted", nil, true, admission.FailOpen, 4, 0},
+		{"fail open: redis unreachable, the replica spends the burst as it knows it and refuses the rest", nil, true, admission.FailOpen, 2, 429},
 		{"fail closed: redis unreachable, every create refused", func(c *config.Config) { c.Admission.FailureMode = config.FailClosed }, true, admission.FailClosed, 0, 503},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

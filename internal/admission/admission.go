@@ -50,7 +50,8 @@ type Options struct {
 	// Cluster is the shared bucket every activation charges.
 	Cluster space.Rate
 	// FailClosed chooses what a Redis error or timeout does: false (the default)
-	// admits ("fail open": an outage of the budget store must not stop activations),
+	// admits within what the replica knows of each bucket ("fail open": an outage of
+	// the budget store must not stop activations, nor lift budgets; see spendLocally),
 	// true returns an error wrapping ErrUnavailable (503). Both are counted as
 	// decision="error".
 	FailClosed bool
@@ -181,8 +182,9 @@ type Decision struct {
 	// reserve shares of the cluster bucket: "reserve" (the tier's own), "shared" or
 	// "borrowed" (another tier's idle reserve); "" otherwise.
 	Source string
-	// FailedOpen is true when Redis failed and fail-open mode admitted; the bucket
-	// states are then unknown (zero Remaining).
+	// FailedOpen is true when Redis failed and fail-open mode admitted from the
+	// replica's own view of the buckets; the bucket states are then unknown (zero
+	// Remaining). A charge that view refuses is an ordinary rejection.
 	FailedOpen bool
 }
 
@@ -297,7 +299,8 @@ func (a *Admitter) Admit(ctx context.Context, client space.ClientKey, clientRate
 // Charge is the activation flow's seam (space.Charger): c.Cost tokens from the cluster
 // bucket (from the tier's reserve first, when tiers reserve shares of it) and, when
 // c.Rate is not nil, from c.Key's bucket, all or none, decided by Redis. A refusal is a
-// *space.LimitError; a Redis failure admits in fail-open mode and is an error wrapping
+// *space.LimitError; a Redis failure admits in fail-open mode (within this replica's
+// own view of the buckets: see spendLocally) and is an error wrapping
 // ErrUnavailable in fail-closed mode. The flow asks CachedRefusal itself, once, before
 // it gets here. A soft breach is reported except in shadow mode, which decides and
 // records but tells nobody to degrade.
@@ -443,13 +446,7 @@ func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError)
 		client = a.knownState(a.clientPrefix+string(key), *rate, cost, now)
 		le = client.refusal(space.BucketClientActivation, key)
 	}
-	clusterKey, clusterRate := a.clusterKey, a.cluster
-	if a.reservations != nil {
-		if res := a.reservations(); res != nil {
-			t := a.plan(res).of(c.Tier)
-			clusterKey, clusterRate = t.knownKey, t.drawable
-		}
-	}
+	clusterKey, clusterRate := a.knownCluster(c.Tier)
 	cluster = a.knownState(clusterKey, clusterRate, cost+int(c.Floor), now)
 	if refused := cluster.refusal(space.BucketClusterActivation, key); refused != nil {
 		if le == nil {
@@ -475,6 +472,19 @@ func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError)
 	a.metrics.count(decisionRejected, le.Bucket, c.Tier)
 	a.metrics.refusedLocally(le.Bucket)
 	return nil, le
+}
+
+// knownCluster is the entry under which a replica knows the cluster side of a charge
+// of tier: the cluster bucket, or with tiers reserving shares of it, the tier's upper
+// bound of all it could draw on.
+func (a *Admitter) knownCluster(tier string) (string, space.Rate) {
+	if a.reservations != nil {
+		if res := a.reservations(); res != nil {
+			t := a.plan(res).of(tier)
+			return t.knownKey, t.drawable
+		}
+	}
+	return a.clusterKey, a.cluster
 }
 
 // hold is a let-through charge's Hold: its cost claimed from the client's and the
@@ -618,7 +628,8 @@ const (
 	// (SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED=false).
 	Disabled Enforcement = "disabled"
 	// FailOpen: Redis cannot be reached and the failure mode is open: activations are
-	// admitted unbudgeted (and counted as decision="error").
+	// admitted within what this replica knows of the buckets (and counted as
+	// decision="error"); a client known empty is refused.
 	FailOpen Enforcement = "fail_open"
 	// FailClosed: Redis cannot be reached and the failure mode is closed: activations
 	// are refused with 503.
@@ -681,18 +692,111 @@ func (a *Admitter) disabled(clientRate *space.Rate) Decision {
 	return d
 }
 
-// failed applies the failure mode to a Redis error.
+// failed applies the failure mode to a Redis error. Failing open, the charge is
+// decided by this replica alone (spendLocally): admitted and counted as an error, or
+// refused and counted as a refusal from memory.
 func (a *Admitter) failed(c space.Charge, err error) (Decision, error) {
-	a.metrics.errored(c)
 	a.errLog.log(err, "client", string(c.Key), "fail_closed", a.failClosed && !a.shadow)
 	if a.failClosed && !a.shadow {
+		a.metrics.errored(c)
 		return Decision{}, fmt.Errorf("admit: %w", unavailable(err))
 	}
+	if !a.shadow {
+		if d, refused := a.spendLocally(c); refused {
+			a.metrics.count(decisionRejected, d.Bucket, c.Tier)
+			a.metrics.refusedLocally(d.Bucket)
+			return d, nil
+		}
+	}
+	a.metrics.errored(c)
 	d := Decision{Admitted: true, FailedOpen: true, Cluster: BucketState{Rate: a.cluster}}
 	if c.Rate != nil {
 		d.Client = &BucketState{Rate: *c.Rate}
 	}
 	return d, nil
+}
+
+// spendLocally decides a charge that Redis could not decide, failing open: each
+// bucket as this replica knows it (its last decision's state and the refill since,
+// as CachedRefusal reads it; a bucket it never learnt, or learnt under another rate,
+// as full) must hold the cost, and the cost is then spent from that state here, both
+// buckets or neither. It returns the refusal, with refused true, when one is short.
+//
+// Failing open is for an outage of the budget store: it must not stop activations.
+// It must not stop budgets either. Before this, every charge was admitted while Redis
+// failed, and a flood over its rate made that happen by itself: a replica loaded
+// past its Redis timeout by the flood's first second (the load generator opening
+// hundreds of connections, every create in flight queued behind them) timed out
+// three calls in a row, the breaker opened, and for the breaker's second the flooder
+// was admitted about 1,300 times instead of 50 (make bench, flood scenario). Now a
+// replica that cannot ask Redis admits what its own view of each bucket allows: a
+// client keeps its rate, a flooder gets its rate, and n replicas admit at most n
+// times a bucket's burst and rate between them for as long as the outage lasts,
+// where the shared bucket would admit it once. A bucket a replica never learnt is
+// taken as full, the most it can hold. What is spent here is this replica's alone:
+// the first decision Redis makes again replaces it with the bucket's real state.
+//
+// The charges CachedRefusal let through hold their cost against the same state; it
+// is not counted here, since each of them comes here too and spends for itself.
+func (a *Admitter) spendLocally(c space.Charge) (Decision, bool) {
+	now := a.now()
+	cost := float64(c.Cost)
+	clusterKey, clusterRate := a.knownCluster(c.Tier)
+	d := Decision{Cluster: BucketState{Rate: a.cluster}}
+	var clientKey string
+	if c.Rate != nil && c.Key != "" {
+		clientKey = a.clientPrefix + string(c.Key)
+		left, ok := a.spend(clientKey, *c.Rate, cost, cost, now)
+		d.Client = &BucketState{Rate: *c.Rate, Remaining: left}
+		if !ok {
+			d.Bucket, d.RetryAfter = space.BucketClientActivation, micros((cost-left)/c.Rate.RefillRPS*1e6)
+			d.Client.Refill = d.RetryAfter
+			return d, true
+		}
+	}
+	need := cost + float64(c.Floor)
+	left, ok := a.spend(clusterKey, clusterRate, need, cost, now)
+	d.Cluster.Remaining = left
+	if !ok {
+		if clientKey != "" {
+			// Both or neither: the client's tokens back.
+			d.Client.Remaining, _ = a.spend(clientKey, *c.Rate, 0, -cost, now)
+		}
+		d.Bucket, d.RetryAfter = space.BucketClusterActivation, micros((need-left)/clusterRate.RefillRPS*1e6)
+		d.Cluster.Refill = d.RetryAfter
+		return d, true
+	}
+	return d, false
+}
+
+// spend takes cost from the bucket under key as this replica knows it at now, if it
+// holds need, and records what is left as the replica's state of the bucket. It
+// returns the tokens left (or held, when short) and whether it took them. A negative
+// cost gives tokens back.
+func (a *Admitter) spend(key string, rate space.Rate, need, cost float64, now time.Time) (float64, bool) {
+	v, ok := a.known.Load(key)
+	if !ok {
+		v, _ = a.known.LoadOrStore(key, &atomic.Pointer[knownBucket]{})
+	}
+	p := v.(*atomic.Pointer[knownBucket])
+	for {
+		k := p.Load()
+		tokens := float64(rate.Burst)
+		if k != nil && k.Rate == rate {
+			tokens = k.Tokens
+			if age := now.Sub(k.At); age > 0 {
+				tokens += age.Seconds() * rate.RefillRPS
+			}
+			tokens = math.Min(tokens, float64(rate.Burst))
+		}
+		if tokens < need {
+			return tokens, false
+		}
+		left := math.Min(tokens-cost, float64(rate.Burst))
+		if p.CompareAndSwap(k, &knownBucket{Rate: rate, Tokens: left, At: now}) {
+			return left, true
+		}
+	}
 }
 
 // throttledLog logs a repeated failure at most once every 10 seconds, with the

@@ -19,7 +19,8 @@ type LimitsBody struct {
 	AdmissionEnabled bool `json:"admission_enabled"`
 	// Admission is how the activation buckets are applied to this caller now: enforced,
 	// shadow (decided and recorded, not enforced), disabled (nothing charged),
-	// fail_open (Redis unreachable: admitted unbudgeted) or fail_closed (Redis
+	// fail_open (Redis unreachable: admitted within this replica's last view of the
+	// buckets) or fail_closed (Redis
 	// unreachable: refused). The buckets below carry the same status.
 	Admission     admission.Enforcement `json:"admission"`
 	Cluster       BucketBody            `json:"cluster_activation"`
@@ -172,7 +173,7 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
 	case admission.Disabled:
 		body.Warnings = append(body.Warnings, "admission is disabled: activations are neither charged nor limited by rate")
 	case admission.FailOpen:
-		body.Warnings = append(body.Warnings, "the admission store is unreachable: activations are admitted without a budget until it is back")
+		body.Warnings = append(body.Warnings, "the admission store is unreachable: until it is back, each replica admits within what it last knew of the buckets, and refuses a client it knew empty")
 	case admission.FailClosed:
 		body.Warnings = append(body.Warnings, "the admission store is unreachable: activations are refused until it is back")
 	}

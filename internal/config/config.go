@@ -110,6 +110,9 @@ type FailureMode string
 
 const (
 	// FailOpen admits (and counts an error): a Redis outage must not stop the fleet.
+	// Each replica still spends the buckets as it last knew them, so that a client
+	// keeps its rate and a flooder does not get more than its own (see
+	// admission.Admitter.spendLocally).
 	FailOpen FailureMode = "open"
 	// FailClosed rejects with 503: for fleets where an unbudgeted activation costs more
 	// than a refused one.

@@ -143,7 +143,7 @@ func declare(c *Config) []Var {
 		Var{Name: envClientBurst, Unset: "no per-client bucket", parse: a.parseClientBurst,
 			Help: "Every client key's capacity; set together with `_CLIENT_REFILL_RPS`."},
 		Var{Name: "SPACE_CLUSTER_ACTIVATION_ADMISSION_FAILURE_MODE", Default: string(FailOpen), parse: into(&a.FailureMode, oneOf(FailOpen, FailClosed)),
-			Help: "On a Redis error, `open` admits and `closed` answers 503; both are counted."},
+			Help: "On a Redis error, `open` admits within what the replica knows of each bucket (refusing a client its last decision found empty) and `closed` answers 503; both are counted."},
 		Var{Name: "SPACE_CLUSTER_ACTIVATION_ADMISSION_SHADOW", Default: "false", parse: into(&a.Shadow, boolean),
 			Help: "Decide and record, but admit."},
 		Var{Name: "SPACE_REFUSAL_CACHE_MAX_AGE", Default: "1s", parse: into(&a.RefusalCacheMaxAge, durationOrOff),
