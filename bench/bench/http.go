@@ -313,7 +313,7 @@ func runOnOff(ctx context.Context, env *Env, res *HTTPResult, rs *testenv.RedisP
 
 // merge pools the results of several segments of one side.
 func merge(rs []*loadResult) *loadResult {
-	out := &loadResult{Outcomes: map[string]int{}, latencies: map[string][]time.Duration{}}
+	out := newLoadResult("")
 	for _, r := range rs {
 		out.Name = r.Name
 		out.Requests += r.Requests

@@ -26,30 +26,56 @@ type load struct {
 	Duration time.Duration
 	// MaxRequests > 0 stops the stream after that many requests.
 	MaxRequests int
+	// Conns > 0 holds the open loop to that many connections, as wrk2 -c does: a
+	// request sent while all are busy waits for one, its wait counted in its latency.
+	// 0 lets vegeta open a connection for every request that finds none idle, which
+	// under a stall turns into hundreds of new connections (accepts, goroutines and
+	// buffers on the server) that feed the stall.
+	Conns int
 }
 
 // loadResult is what one stream saw. Outcomes are "201", "201 warm", "429 <bucket>",
 // other codes as numbers, and "error" for a request that got no answer.
 type loadResult struct {
-	Name      string
-	Requests  int
-	Elapsed   time.Duration // first request sent to last answer received
+	Name     string
+	Requests int
+	Elapsed  time.Duration // first request sent to last answer received
+	// First is when the first request was sent (the wall clock, which two streams in
+	// processes of their own share).
+	First     time.Time
 	Outcomes  map[string]int
 	latencies map[string][]time.Duration
 	all       []time.Duration
-	// sent is each answer's latency with when its request was sent, from the first.
-	sent []sentLatency
+	// answers are the answers in the order they came, each with when its request was
+	// sent (from the first) and its latency.
+	answers []answer
 }
 
-type sentLatency struct{ at, latency time.Duration }
+type answer struct {
+	outcome     string
+	at, latency time.Duration
+}
+
+func newLoadResult(name string) *loadResult {
+	return &loadResult{Name: name, Outcomes: map[string]int{}, latencies: map[string][]time.Duration{}}
+}
+
+// add counts one answer.
+func (r *loadResult) add(outcome string, at, latency time.Duration) {
+	r.Requests++
+	r.Outcomes[outcome]++
+	r.latencies[outcome] = append(r.latencies[outcome], latency)
+	r.all = append(r.all, latency)
+	r.answers = append(r.answers, answer{outcome: outcome, at: at, latency: latency})
+}
 
 // latencyWithin is the p-th percentile latency of the requests sent in [from, to)
 // after the stream's first (to 0: to its end).
 func (r *loadResult) latencyWithin(from, to time.Duration, p float64) time.Duration {
 	var ls []time.Duration
-	for _, s := range r.sent {
-		if s.at >= from && (to == 0 || s.at < to) {
-			ls = append(ls, s.latency)
+	for _, a := range r.answers {
+		if a.at >= from && (to == 0 || a.at < to) {
+			ls = append(ls, a.latency)
 		}
 	}
 	return percentile(ls, p)
@@ -92,6 +118,9 @@ func (r *loadResult) latency(prefix string, p float64) time.Duration {
 func (l load) run(ctx context.Context) *loadResult {
 	opts := []func(*vegeta.Attacker){vegeta.Timeout(30 * time.Second), vegeta.KeepAlive(true), vegeta.Redirects(vegeta.NoFollow)}
 	pacer := vegeta.Pacer(vegeta.Rate{Freq: l.Rate, Per: time.Second})
+	if l.Conns > 0 {
+		opts = append(opts, vegeta.Workers(uint64(l.Conns)), vegeta.Connections(l.Conns), vegeta.MaxConnections(l.Conns))
+	}
 	if l.Rate <= 0 {
 		w := uint64(max(l.Workers, 1))
 		opts = append(opts, vegeta.Workers(w), vegeta.MaxWorkers(w), vegeta.Connections(int(w)))
@@ -108,7 +137,12 @@ func (l load) run(ctx context.Context) *loadResult {
 		t.Method, t.URL, t.Body, t.Header = http.MethodPost, l.URL+"/v1/sandboxes", body, header
 		return nil
 	}
-	res := &loadResult{Name: l.Name, Outcomes: map[string]int{}, latencies: map[string][]time.Duration{}}
+	type raw struct {
+		outcome string
+		sent    time.Time
+		latency time.Duration
+	}
+	var raws []raw
 	var first, last time.Time
 	stop := context.AfterFunc(ctx, func() { atk.Stop() })
 	defer stop()
@@ -116,12 +150,7 @@ func (l load) run(ctx context.Context) *loadResult {
 		if r.Code == 0 && r.Error == vegeta.ErrNoTargets.Error() {
 			continue
 		}
-		outcome := classify(r)
-		res.Requests++
-		res.Outcomes[outcome]++
-		res.latencies[outcome] = append(res.latencies[outcome], r.Latency)
-		res.all = append(res.all, r.Latency)
-		res.sent = append(res.sent, sentLatency{at: time.Duration(r.Timestamp.UnixNano()), latency: r.Latency})
+		raws = append(raws, raw{outcome: classify(r), sent: r.Timestamp, latency: r.Latency})
 		if first.IsZero() || r.Timestamp.Before(first) {
 			first = r.Timestamp
 		}
@@ -129,9 +158,10 @@ func (l load) run(ctx context.Context) *loadResult {
 			last = end
 		}
 	}
-	res.Elapsed = last.Sub(first)
-	for i := range res.sent {
-		res.sent[i].at -= time.Duration(first.UnixNano())
+	res := newLoadResult(l.Name)
+	res.Elapsed, res.First = last.Sub(first), first
+	for _, r := range raws {
+		res.add(r.outcome, r.sent.Sub(first), r.latency)
 	}
 	return res
 }

@@ -121,49 +121,58 @@ func (t cpuTimes) since(a cpuTimes) CPUShare {
 // architecture Go runs Linux on.
 const clockTicks = 100
 
-// procTicks is the CPU time (user and system, clock ticks) of the processes with
-// pids, and of every process whose command name is one of names; a process gone
-// counts nothing.
-func procTicks(pids []int, names []string) uint64 {
+// procTicks is the CPU time (user and system, clock ticks) of u's processes; a
+// process gone counts nothing.
+func procTicks(u cpuUser) uint64 {
 	var sum uint64
 	read := func(dir string, byName bool) {
-		b, err := os.ReadFile(dir + "/stat")
-		if err != nil {
-			return
-		}
-		// pid (comm) state ppid ...: comm may hold spaces, so fields count from ")".
-		open, end := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
-		if open < 0 || end < open {
-			return
-		}
-		if byName && !slices.Contains(names, string(b[open+1:end])) {
-			return
-		}
-		f := strings.Fields(string(b[end+1:]))
-		if len(f) < 13 {
-			return
-		}
-		// After ")": state is field 3 of proc(5), utime 14 and stime 15.
-		u, err1 := strconv.ParseUint(f[11], 10, 64)
-		st, err2 := strconv.ParseUint(f[12], 10, 64)
-		if err1 == nil && err2 == nil {
-			sum += u + st
+		comm, ticks, ok := readProcTicks(dir)
+		if ok && (!byName || slices.Contains(u.names, comm)) {
+			sum += ticks
 		}
 	}
-	for _, pid := range pids {
+	for _, pid := range u.pids {
 		if pid > 0 {
 			read("/proc/"+strconv.Itoa(pid), false)
 		}
 	}
-	if len(names) > 0 {
+	if len(u.names) > 0 {
 		entries, _ := os.ReadDir("/proc")
 		for _, e := range entries {
-			if pid, err := strconv.Atoi(e.Name()); err == nil && !slices.Contains(pids, pid) {
+			if pid, err := strconv.Atoi(e.Name()); err == nil && !slices.Contains(u.pids, pid) {
 				read("/proc/"+e.Name(), true)
 			}
 		}
 	}
+	if u.streams {
+		sum += streams.ticks()
+	}
 	return sum
+}
+
+// readProcTicks is a process's command name and CPU time (user and system, clock
+// ticks) from its /proc/<pid>/stat.
+func readProcTicks(dir string) (comm string, ticks uint64, ok bool) {
+	b, err := os.ReadFile(dir + "/stat")
+	if err != nil {
+		return "", 0, false
+	}
+	// pid (comm) state ppid ...: comm may hold spaces, so fields count from ")".
+	open, end := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
+	if open < 0 || end < open {
+		return "", 0, false
+	}
+	f := strings.Fields(string(b[end+1:]))
+	if len(f) < 13 {
+		return "", 0, false
+	}
+	// After ")": state is field 3 of proc(5), utime 14 and stime 15.
+	u, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return "", 0, false
+	}
+	return string(b[open+1 : end]), u + st, true
 }
 
 // cpuUser is a process, or a kind of process (by command name), whose CPU use an arm
@@ -171,6 +180,9 @@ func procTicks(pids []int, names []string) uint64 {
 type cpuUser struct {
 	pids  []int
 	names []string
+	// streams adds the CPU of the load streams this driver ran in processes of
+	// their own (runApart).
+	streams bool
 }
 
 // cpuWatch measures the CPU shares of one interval, and the cores each of users
@@ -188,7 +200,7 @@ func watchCPU(users ...cpuUser) cpuWatch {
 	t, ok := readCPUTimes()
 	w := cpuWatch{start: t, ok: ok, wall: time.Now(), users: users}
 	for _, u := range users {
-		w.ticks = append(w.ticks, procTicks(u.pids, u.names))
+		w.ticks = append(w.ticks, procTicks(u))
 	}
 	return w
 }
@@ -203,7 +215,7 @@ func (w cpuWatch) share() (CPUShare, []float64, bool) {
 	wall := time.Since(w.wall).Seconds()
 	cores := make([]float64, len(w.users))
 	for i, u := range w.users {
-		if n := procTicks(u.pids, u.names); n >= w.ticks[i] && wall > 0 {
+		if n := procTicks(u); n >= w.ticks[i] && wall > 0 {
 			cores[i] = float64(n-w.ticks[i]) / clockTicks / wall
 		}
 	}

@@ -22,6 +22,7 @@ import (
 type NeighbourResult struct {
 	QuietSend   int // the quiet client's creates/s, well within its rate
 	FixedFlood  int // the fixed flood's creates/s
+	FloodConns  int // the fixed flood's connections
 	Connections int // wrk's connections for the flood as fast as it goes
 	Duration    string
 	Settle      time.Duration
@@ -54,14 +55,15 @@ type NeighbourArms struct {
 
 // cpuUserNames name the processes whose CPU the quiet neighbour's arms report: what
 // shares the machine's cores with the server while it answers.
-var cpuUserNames = []string{"the server", "the driver (the load generator; wrk apart)", "Redis", "Postgres (every backend)"}
+var cpuUserNames = []string{"the server", "the driver and its load generators (wrk apart)", "Redis", "Postgres (every backend)"}
 
-// cpuUsers are the processes of cpuUserNames: the server, this process, the
-// scenario's Redis, and every process named postgres.
+// cpuUsers are the processes of cpuUserNames: the server, this process with the
+// load streams it runs apart, the scenario's Redis, and every process named
+// postgres.
 func cpuUsers(srv *apiServer, redisPid int) []cpuUser {
 	return []cpuUser{
 		{pids: []int{srv.pid()}},
-		{pids: []int{os.Getpid()}},
+		{pids: []int{os.Getpid()}, streams: true},
 		{pids: []int{redisPid}},
 		{names: []string{"postgres"}},
 	}
@@ -145,7 +147,7 @@ func (w armWatch) figures() (armFigures, error) {
 // rate far above what it sends and bench-flood the flood scenario's rate, then the
 // same arms on peer (chi + redis_rate, with the same limits).
 func runNeighbour(ctx context.Context, env *Env, srv, peer *apiServer, redisPid, runs int, sz sizes) (*NeighbourResult, error) {
-	res := &NeighbourResult{QuietSend: sz.quietSend, FixedFlood: sz.fixedFlood, Connections: sz.httpWorkers,
+	res := &NeighbourResult{QuietSend: sz.quietSend, FixedFlood: sz.fixedFlood, FloodConns: sz.floodConns, Connections: sz.httpWorkers,
 		Duration: sz.floodDur.String(), Settle: sz.floodDur / 8}
 	for range runs {
 		if err := res.arms(ctx, env, srv, redisPid, sz, &res.Space); err != nil {
@@ -178,7 +180,10 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	quiet := load{Name: "quiet", URL: srv.PublicURL, Client: "bench-quiet", Body: coldBody, Rate: sz.quietSend, Duration: sz.floodDur}
 	succeeded := func(l *loadResult) float64 { return 100 * float64(l.count("201")) / float64(max(l.Requests, 1)) }
 	watch := watchArm(srv, users)
-	alone := quiet.run(ctx)
+	alone, err := quiet.runApart(ctx)
+	if err != nil {
+		return err
+	}
 	aloneFig, err := watch.figures()
 	if err != nil {
 		return err
@@ -188,6 +193,7 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	// Settle longer, so that as many of its creates as alone are sent beside the
 	// flood over its rate.
 	var fixed, flood *loadResult
+	var fixedErr, floodErr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		// The arm's figures, as its p99, are those after Settle.
@@ -195,14 +201,24 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 		watch = watchArm(srv, users)
 	})
 	wg.Go(func() {
-		flood = load{Name: "fixed flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody, Rate: sz.fixedFlood, Duration: n.Settle + sz.floodDur}.run(ctx)
+		flood, floodErr = load{Name: "fixed flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody, Rate: sz.fixedFlood,
+			Duration: n.Settle + sz.floodDur, Conns: sz.floodConns}.runApart(ctx)
 	})
 	wg.Go(func() {
 		q := quiet
 		q.Duration += n.Settle
-		fixed = q.run(ctx)
+		fixed, fixedErr = q.runApart(ctx)
 	})
 	wg.Wait()
+	if err := errors.Join(floodErr, fixedErr); err != nil {
+		return err
+	}
+	// The server's own p99 too is of the creates begun after the flood's Settle,
+	// counted from the flood's first request (the CPU counters were read at Settle
+	// from the streams' start, a process's start-up earlier).
+	if s := flood.First.Add(n.Settle); s.After(watch.start) {
+		watch.start = s
+	}
 	fixedFig, err := watch.figures()
 	if err != nil {
 		return err
@@ -221,8 +237,9 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 		// wrk connects first; the quiet client starts once the flood is on.
 		time.Sleep(100 * time.Millisecond)
 		watch := watchArm(srv, users)
-		saturated = quiet.run(ctx)
-		saturatedFig, saturatedErr = watch.figures()
+		if saturated, saturatedErr = quiet.runApart(ctx); saturatedErr == nil {
+			saturatedFig, saturatedErr = watch.figures()
+		}
 	})
 	wg.Wait()
 	if err := errors.Join(wrkErr, saturatedErr); err != nil {
@@ -235,8 +252,11 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 		return fmt.Errorf("neighbour: the quiet client sent nothing")
 	}
 	to.Alone = append(to.Alone, ms(alone.latency("", 99)))
-	to.Burst = append(to.Burst, ms(fixed.latencyWithin(0, n.Settle, 99)))
-	to.Fixed = append(to.Fixed, ms(fixed.latencyWithin(n.Settle, 0, 99)))
+	// The flood's burst is the Settle after the flood's first request, which its
+	// process may send a little after the quiet client's first.
+	burst := max(flood.First.Sub(fixed.First), 0)
+	to.Burst = append(to.Burst, ms(fixed.latencyWithin(burst, burst+n.Settle, 99)))
+	to.Fixed = append(to.Fixed, ms(fixed.latencyWithin(burst+n.Settle, 0, 99)))
 	to.Saturated = append(to.Saturated, ms(saturated.latency("", 99)))
 	to.add(aloneFig, fixedFig, saturatedFig)
 	to.Success = append(to.Success, min(succeeded(alone), succeeded(fixed), succeeded(saturated)))

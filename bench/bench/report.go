@@ -403,8 +403,8 @@ func (r *Report) Markdown(command string) string {
 			outcomes(f.Space.GoodOutcomes), outcomes(f.Space.FloodOutcomes), outcomes(f.Peer.GoodOutcomes), outcomes(f.Peer.FloodOutcomes),
 			100*float64(f.Space.GoodTotal)/float64(max(f.Space.GoodTotal+f.Space.FloodSent, 1)))
 		if n := f.Neighbour; n != nil {
-			w("A quiet neighbour: `bench-quiet` sends %d creates/s (a quarter of its rate) for %s alone, then beside `bench-flood` sending %d/s (open loop), then beside `bench-flood` as fast as wrk goes (1 thread, %d connections, closed loop); the three back to back in each run, on the same server, then on the peer (chi + redis_rate, each client its own limit: the flooder's rate and burst, the quiet client's). The fixed flood starts with the flooder's bucket full: the quiet client's creates of its first %s are beside the flooder's burst of admitted creates, reported apart; the arm's p99 is that of the %s after, beside the flood over its rate.\n\n",
-				n.QuietSend, n.Duration, n.FixedFlood, n.Connections, n.Settle, n.Duration)
+			w("A quiet neighbour: `bench-quiet` sends %d creates/s (a quarter of its rate) for %s alone, then beside `bench-flood` sending %d/s (open loop over %d connections, as wrk2 -c %d -R %d), then beside `bench-flood` as fast as wrk goes (1 thread, %d connections, closed loop); the three back to back in each run, on the same server, then on the peer (chi + redis_rate, each client its own limit: the flooder's rate and burst, the quiet client's). Each client is a process of its own (the driver's binary, started again for one stream), as another client would be, on the same 2 cores. The fixed flood starts with the flooder's bucket full: the quiet client's creates of its first %s are beside the flooder's burst of admitted creates, reported apart; the arm's p99 is that of the %s after, beside the flood over its rate.\n\n",
+				n.QuietSend, n.Duration, n.FixedFlood, n.FloodConns, n.FloodConns, n.FixedFlood, n.Connections, n.Settle, n.Duration)
 			w("| quiet client p99 ms | alone | beside %d/s | ratio | beside the flooder's burst (first %s) | beside wrk | ratio |\n|---|---:|---:|---:|---:|---:|---:|\n", n.FixedFlood, n.Settle)
 			for _, a := range n.servers() {
 				w("| %s | %s | %s | %s | %s | %s | %s |\n", a.name, summarize(a.arms.Alone).format("%.2f"), summarize(a.arms.Fixed).format("%.2f"),
@@ -444,7 +444,7 @@ func (r *Report) Markdown(command string) string {
 				w(" |\n")
 			}
 			w("\n")
-			w("Inside the server is from the request's first middleware to its answer written, as space-api logs it: without the driver's own queues, the kernel's or the loopback's (the peer logs no requests: n/a). Busy and stolen are shares of the machine's CPU time during each arm's measured part (`/proc/stat`): stolen is time a vCPU of this virtual machine was ready to run while the host ran another guest, latency no process here caused. Cores are each process's CPU seconds a second over the same part (`/proc/<pid>/stat`); the driver's are its load generator's (vegeta, the fixed flood and the quiet client) and wrk's are not counted.\n\n")
+			w("Inside the server is from the request's first middleware to its answer written, as space-api logs it: without the driver's own queues, the kernel's or the loopback's (the peer logs no requests: n/a). Busy and stolen are shares of the machine's CPU time during each arm's measured part (`/proc/stat`): stolen is time a vCPU of this virtual machine was ready to run while the host ran another guest, latency no process here caused. Cores are each process's CPU seconds a second over the same part (`/proc/<pid>/stat`); the driver's are its own and its load streams' processes' (vegeta: the fixed flood and the quiet client), and wrk's are not counted.\n\n")
 			w("The quiet client's answers, every arm and run: from space-api %s; from the peer %s.\n\n", outcomes(n.Space.Outcomes), outcomes(n.Peer.Outcomes))
 		}
 	}

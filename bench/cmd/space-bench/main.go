@@ -46,6 +46,15 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// A stream of the quiet-neighbour scenario, started by the driver as a process of
+	// its own.
+	if served, err := bench.ServeLoad(ctx, os.Stdout); served {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "space-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "space-bench:", err)
 		os.Exit(1)

@@ -1,0 +1,144 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// loadEnv is the variable that makes the driver's binary (space-bench, or the bench
+// package's test binary) run one load stream and print what it saw, instead of
+// benchmarking: see runApart and ServeLoad.
+const loadEnv = "SPACE_BENCH_LOAD"
+
+// runApart runs the stream in a process of its own, the driver's binary started again
+// with loadEnv set, as another client would be on another machine: the quiet
+// neighbour's latency is then not that of the flood's goroutines on the same Go
+// scheduler, and the flood's generator not a thousand goroutines beside the quiet
+// client's. Both processes still share the machine's two cores with the servers.
+func (l load) runApart(ctx context.Context) (*loadResult, error) {
+	spec, err := json.Marshal(l)
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", l.Name, err)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, self)
+	cmd.Env = append(os.Environ(), loadEnv+"="+string(spec))
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("load %s in its own process: %w", l.Name, err)
+	}
+	streams.started(cmd.Process.Pid)
+	err = cmd.Wait()
+	var w wireResult
+	if err == nil {
+		err = json.Unmarshal(stdout.Bytes(), &w)
+	}
+	streams.ended(cmd.Process.Pid, w.Ticks)
+	if err != nil {
+		return nil, fmt.Errorf("load %s in its own process: %w: %s", l.Name, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return w.result(), nil
+}
+
+// streams are the processes runApart started, for the CPU they used (cpuUser.streams).
+var streams = &streamProcs{running: map[int]bool{}, done: map[int]uint64{}}
+
+// streamProcs counts each stream process's CPU from /proc while it runs, and from the
+// count it printed once it has ended: a stream running at both reads of a watch
+// counts its time between them, one started after the first read counts it all.
+type streamProcs struct {
+	mu      sync.Mutex
+	running map[int]bool
+	done    map[int]uint64 // clock ticks, user and system
+}
+
+func (s *streamProcs) started(pid int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.running[pid] = true
+}
+
+func (s *streamProcs) ended(pid int, ticks uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.running, pid)
+	s.done[pid] = ticks
+}
+
+// ticks is the CPU time of every stream process so far.
+func (s *streamProcs) ticks() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var sum uint64
+	for pid := range s.running {
+		if _, t, ok := readProcTicks("/proc/" + strconv.Itoa(pid)); ok {
+			sum += t
+		}
+	}
+	for _, t := range s.done {
+		sum += t
+	}
+	return sum
+}
+
+// ServeLoad runs the stream loadEnv names, when it is set, writing its result to out
+// as JSON, and reports whether it did: space-bench's main and the bench package's
+// TestMain call it first.
+func ServeLoad(ctx context.Context, out io.Writer) (bool, error) {
+	spec, ok := os.LookupEnv(loadEnv)
+	if !ok {
+		return false, nil
+	}
+	var l load
+	if err := json.Unmarshal([]byte(spec), &l); err != nil {
+		return true, fmt.Errorf("%s: %w", loadEnv, err)
+	}
+	w := wire(l.run(ctx))
+	_, w.Ticks, _ = readProcTicks("/proc/self")
+	return true, json.NewEncoder(out).Encode(w)
+}
+
+// wireResult is a loadResult as the stream's process prints it: each answer once.
+type wireResult struct {
+	Name    string
+	First   time.Time
+	Elapsed time.Duration
+	Answers []wireAnswer
+	// Ticks is the CPU time the stream's process used (clock ticks, user and
+	// system), read as it ends.
+	Ticks uint64
+}
+
+type wireAnswer struct {
+	Outcome     string
+	At, Latency time.Duration
+}
+
+func wire(r *loadResult) wireResult {
+	w := wireResult{Name: r.Name, First: r.First, Elapsed: r.Elapsed, Answers: make([]wireAnswer, 0, len(r.answers))}
+	for _, a := range r.answers {
+		w.Answers = append(w.Answers, wireAnswer{Outcome: a.outcome, At: a.at, Latency: a.latency})
+	}
+	return w
+}
+
+func (w wireResult) result() *loadResult {
+	r := newLoadResult(w.Name)
+	for _, a := range w.Answers {
+		r.add(a.Outcome, a.At, a.Latency)
+	}
+	r.Elapsed, r.First = w.Elapsed, w.First
+	return r
+}
