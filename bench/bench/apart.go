@@ -105,7 +105,16 @@ func ServeLoad(ctx context.Context, out io.Writer) (bool, error) {
 	if err := json.Unmarshal([]byte(spec), &l); err != nil {
 		return true, fmt.Errorf("%s: %w", loadEnv, err)
 	}
-	w := wire(l.run(ctx))
+	var r *loadResult
+	if l.Raw {
+		var err error
+		if r, err = l.runRaw(ctx); err != nil {
+			return true, err
+		}
+	} else {
+		r = l.run(ctx)
+	}
+	w := wire(r)
 	_, w.Ticks, _ = readProcTicks("/proc/self")
 	return true, json.NewEncoder(out).Encode(w)
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -52,6 +53,64 @@ func TestRunApart(t *testing.T) {
 		}
 		if got := res.latencyWithin(0, last.at+1, 100); got != res.latency("", 100) {
 			t.Fatalf("the slowest answer within the whole stream is %v, but %v in all", got, res.latency("", 100))
+		}
+	})
+}
+
+func TestRunRaw(t *testing.T) {
+	t.Parallel()
+
+	t.Run("every due request is sent and answered, chunked, closing and plain answers alike", func(t *testing.T) {
+		t.Parallel()
+		var n, conns atomic.Int64
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("X-Client-ID") != "flood" || r.Method != http.MethodPost {
+				w.WriteHeader(http.StatusBadRequest)
+				return
+			}
+			i := n.Add(1)
+			if i%7 == 0 {
+				w.Header().Set("Connection", "close")
+			}
+			switch i % 3 {
+			case 0: // chunked: flushed before the body is whole
+				w.WriteHeader(http.StatusTooManyRequests)
+				w.Write([]byte(`{"bucket":`))
+				w.(http.Flusher).Flush()
+				w.Write([]byte(`"client_activation"}`))
+			case 1:
+				w.WriteHeader(http.StatusTooManyRequests)
+				w.Write([]byte(`{"bucket":"cluster_activation"}`))
+			default:
+				w.WriteHeader(http.StatusCreated)
+				w.Write([]byte(`{"warm":true}`))
+			}
+		}))
+		srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				conns.Add(1)
+			}
+		}
+		srv.Start()
+		t.Cleanup(srv.Close)
+		l := load{Name: "flood", URL: srv.URL, Client: "flood", Body: coldBody, Rate: 500, Duration: 300 * time.Millisecond, Conns: 4, Raw: true}
+		res, err := l.runApart(testenv.Context(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Requests != 150 || int(n.Load()) != 150 {
+			t.Fatalf("%d answers counted, %d requests served; want the 150 due in 300ms at 500/s", res.Requests, n.Load())
+		}
+		if got := [3]int{res.count("429 client_activation"), res.count("429 cluster_activation"), res.count("201 warm")}; got != [3]int{50, 50, 50} {
+			t.Fatalf("outcomes %v, want 50 of each the server gave", res.Outcomes)
+		}
+		// 21 answers closed their connection: each was opened again for the next
+		// request, but those of the last few, which may have had none left.
+		if c := conns.Load(); c < 4+21-4 || c > 4+21 {
+			t.Fatalf("%d connections opened, want the 4 and one for (nearly) each of the 21 closed", c)
+		}
+		if res.latency("", 50) <= 0 || res.Elapsed < 290*time.Millisecond {
+			t.Fatalf("p50 %v over %v: the stream did not run its schedule", res.latency("", 50), res.Elapsed)
 		}
 	})
 }

@@ -32,6 +32,9 @@ type load struct {
 	// under a stall turns into hundreds of new connections (accepts, goroutines and
 	// buffers on the server) that feed the stall.
 	Conns int
+	// Raw sends it with runRaw, not vegeta: an open loop at Rate over Conns
+	// connections for a fraction of vegeta's CPU (the fixed flood's generator).
+	Raw bool
 }
 
 // loadResult is what one stream saw. Outcomes are "201", "201 warm", "429 <bucket>",
@@ -172,23 +175,26 @@ var (
 )
 
 // classify names a result's outcome from its status and body.
-func classify(r *vegeta.Result) string {
-	switch r.Code {
+func classify(r *vegeta.Result) string { return outcome(int(r.Code), r.Body) }
+
+// outcome names an answer's outcome from its status (0: no answer) and body.
+func outcome(code int, body []byte) string {
+	switch code {
 	case 0:
 		return "error"
 	case http.StatusCreated:
-		if bytes.Contains(r.Body, warmTrue) {
+		if bytes.Contains(body, warmTrue) {
 			return "201 warm"
 		}
 		return "201"
 	case http.StatusTooManyRequests:
-		if i := bytes.Index(r.Body, bucketName); i >= 0 {
-			rest := r.Body[i+len(bucketName):]
+		if i := bytes.Index(body, bucketName); i >= 0 {
+			rest := body[i+len(bucketName):]
 			if j := bytes.IndexByte(rest, '"'); j >= 0 {
 				return "429 " + string(rest[:j])
 			}
 		}
 		return "429"
 	}
-	return strconv.Itoa(int(r.Code))
+	return strconv.Itoa(code)
 }

@@ -202,7 +202,7 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	})
 	wg.Go(func() {
 		flood, floodErr = load{Name: "fixed flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody, Rate: sz.fixedFlood,
-			Duration: n.Settle + sz.floodDur, Conns: sz.floodConns}.runApart(ctx)
+			Duration: n.Settle + sz.floodDur, Conns: sz.floodConns, Raw: true}.runApart(ctx)
 	})
 	wg.Go(func() {
 		q := quiet
