@@ -444,7 +444,7 @@ func (r *Report) Markdown(command string) string {
 				w(" |\n")
 			}
 			w("\n")
-			w("Inside the server is from the request's first middleware to its answer written, as space-api logs it: without the driver's own queues, the kernel's or the loopback's (the peer logs no requests: n/a). Busy and stolen are shares of the machine's CPU time during each arm's measured part (`/proc/stat`): stolen is time a vCPU of this virtual machine was ready to run while the host ran another guest, latency no process here caused. Cores are each process's CPU seconds a second over the same part (`/proc/<pid>/stat`); the driver's are its own and its load streams' processes' (vegeta: the fixed flood and the quiet client), and wrk's are not counted.\n\n")
+			w("Inside the server is from the request's first middleware to its answer written, as space-api logs it: without the driver's own queues, the kernel's or the loopback's (the peer logs no requests: n/a). Busy and stolen are shares of the machine's CPU time during each arm's measured part (`/proc/stat`): stolen is time a vCPU of this virtual machine was ready to run while the host ran another guest, latency no process here caused. Cores are each process's CPU seconds a second over the same part (`/proc/<pid>/stat`); the driver's are its own and its load streams' processes' (the fixed flood's plain HTTP client and the quiet client's vegeta), and wrk's are not counted.\n\n")
 			w("The quiet client's answers, every arm and run: from space-api %s; from the peer %s.\n\n", outcomes(n.Space.Outcomes), outcomes(n.Peer.Outcomes))
 		}
 	}
