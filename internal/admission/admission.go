@@ -552,11 +552,7 @@ func (a *Admitter) knownState(key string, rate space.Rate, need int, now time.Ti
 			return known{}
 		}
 	}
-	tokens := k.Tokens
-	if age > 0 {
-		tokens += age.Seconds() * rate.RefillRPS
-	}
-	return known{k: k, tokens: math.Min(tokens, float64(rate.Burst)), need: float64(need)}
+	return known{k: k, tokens: k.upTo(now), need: float64(need)}
 }
 
 // refusal is the bucket's refusal if it cannot hold what the charge needs yet.
@@ -591,11 +587,26 @@ func (b known) limitError(bucket space.Bucket, client space.ClientKey, left floa
 
 // remember records what a decision found of the bucket under key, for CachedRefusal.
 func (a *Admitter) remember(key string, st BucketState, at time.Time) {
+	a.cell(key).Store(&knownBucket{Rate: st.Rate, Tokens: st.Remaining, At: at})
+}
+
+// cell is where this replica keeps what it knows of the bucket under key.
+func (a *Admitter) cell(key string) *atomic.Pointer[knownBucket] {
 	v, ok := a.known.Load(key)
 	if !ok {
 		v, _ = a.known.LoadOrStore(key, &atomic.Pointer[knownBucket]{})
 	}
-	v.(*atomic.Pointer[knownBucket]).Store(&knownBucket{Rate: st.Rate, Tokens: st.Remaining, At: at})
+	return v.(*atomic.Pointer[knownBucket])
+}
+
+// upTo is the most the bucket can hold at now: the known tokens and every refill
+// since, up to its burst.
+func (k *knownBucket) upTo(now time.Time) float64 {
+	tokens := k.Tokens
+	if age := now.Sub(k.At); age > 0 {
+		tokens += age.Seconds() * k.Rate.RefillRPS
+	}
+	return math.Min(tokens, float64(k.Rate.Burst))
 }
 
 // Peek reports the buckets as a charge of one token would find them now, without
@@ -774,20 +785,12 @@ func (a *Admitter) spendLocally(c space.Charge) (Decision, bool) {
 // returns the tokens left (or held, when short) and whether it took them. A negative
 // cost gives tokens back.
 func (a *Admitter) spend(key string, rate space.Rate, need, cost float64, now time.Time) (float64, bool) {
-	v, ok := a.known.Load(key)
-	if !ok {
-		v, _ = a.known.LoadOrStore(key, &atomic.Pointer[knownBucket]{})
-	}
-	p := v.(*atomic.Pointer[knownBucket])
+	p := a.cell(key)
 	for {
 		k := p.Load()
 		tokens := float64(rate.Burst)
 		if k != nil && k.Rate == rate {
-			tokens = k.Tokens
-			if age := now.Sub(k.At); age > 0 {
-				tokens += age.Seconds() * rate.RefillRPS
-			}
-			tokens = math.Min(tokens, float64(rate.Burst))
+			tokens = k.upTo(now)
 		}
 		if tokens < need {
 			return tokens, false
