@@ -53,7 +53,7 @@ func (l load) runApart(ctx context.Context) (*loadResult, error) {
 }
 
 // streams are the processes runApart started, for the CPU they used (cpuUser.streams).
-var streams = &streamProcs{running: map[int]bool{}, done: map[int]uint64{}}
+var streams = &streamProcs{running: map[int]bool{}}
 
 // streamProcs counts each stream process's CPU from /proc while it runs, and from the
 // count it printed once it has ended: a stream running at both reads of a watch
@@ -61,7 +61,7 @@ var streams = &streamProcs{running: map[int]bool{}, done: map[int]uint64{}}
 type streamProcs struct {
 	mu      sync.Mutex
 	running map[int]bool
-	done    map[int]uint64 // clock ticks, user and system
+	done    uint64 // clock ticks, user and system, of the streams that ended
 }
 
 func (s *streamProcs) started(pid int) {
@@ -74,7 +74,7 @@ func (s *streamProcs) ended(pid int, ticks uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.running, pid)
-	s.done[pid] = ticks
+	s.done += ticks
 }
 
 // ticks is the CPU time of every stream process so far.
@@ -87,10 +87,7 @@ func (s *streamProcs) ticks() uint64 {
 			sum += t
 		}
 	}
-	for _, t := range s.done {
-		sum += t
-	}
-	return sum
+	return sum + s.done
 }
 
 // ServeLoad runs the stream loadEnv names, when it is set, writing its result to out
