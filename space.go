@@ -189,6 +189,33 @@ type Charger interface {
 	CachedRefusal(c Charge) (Hold, *LimitError)
 }
 
+// A Lease is one of a budget key's places under its concurrency cap, held from its
+// Acquire (internal/admission's ConcurrencyLimiter) until Release.
+type Lease struct {
+	release func()
+	// Roomy is true when the place was taken with at most half of the cap in use, this
+	// place counted: a place given back a moment late then costs the key nothing, since
+	// its next request still finds at least half the cap free. The API answers a
+	// request that holds a roomy lease before giving the place back, one round trip to
+	// Redis off what its caller waits for; a key nearer its cap gets its place back
+	// before it is answered, so that its next request never finds the last one still
+	// counted. False for a lease of no cap, or taken while Redis did not answer (both
+	// give back nothing).
+	Roomy bool
+}
+
+// NewLease returns the Lease that release gives back; release must be safe to call
+// more than once.
+func NewLease(release func(), roomy bool) Lease { return Lease{release: release, Roomy: roomy} }
+
+// Release gives the place back. It is safe to call more than once; the zero Lease
+// holds nothing.
+func (l Lease) Release() {
+	if l.release != nil {
+		l.release()
+	}
+}
+
 // A Hold is what a create let through by Charger.CachedRefusal holds of the buckets
 // it was judged by. Release gives it back; it is safe to call more than once, and
 // after the charge it was held for. A nil Hold holds nothing.

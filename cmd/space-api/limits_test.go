@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -324,6 +325,67 @@ func TestConcurrencyCap(t *testing.T) {
 			if p.Bucket != space.BucketClientConcurrency || p.Client != "acme" || !strings.Contains(p.Detail, "in flight") {
 				t.Errorf("refusal %+v", p)
 			}
+		}
+	})
+
+	t.Run("a client far below its cap takes its places alongside its reservations, and the cap holds exactly", func(t *testing.T) {
+		t.Parallel()
+		const capN, burst = 8, 24
+		s := startServer(t, e2eOptions{quota: `{"clients": {"acme": {"concurrency": 8}}, "default": {"live_sandboxes": 100}}`})
+		// Sequential creates, each far below the cap, until one has taken its place
+		// alongside (the pool view must have synced to know the shape cold).
+		primed := 0
+		testenv.Eventually(t, 30*time.Second, "a create to take its place alongside", func() bool {
+			s.create("acme", pythonBody)
+			primed++
+			return s.metric("space_client_concurrency_alongside_total") > 0
+		})
+		alongside := s.metric("space_client_concurrency_alongside_total")
+
+		release := s.m.Substrate.(*substrate.Simulated).Gate(substrate.OpStartCold)
+		defer release()
+		codes := make(chan response, burst)
+		for range burst {
+			go func() { codes <- s.do("POST", "/v1/sandboxes", "acme", pythonBody) }()
+		}
+		got := map[string]int{}
+		testenv.Eventually(t, 30*time.Second, "acme's burst to hold its places or be refused", func() bool {
+			for {
+				select {
+				case r := <-codes:
+					key := fmt.Sprint(r.StatusCode)
+					if r.StatusCode == http.StatusTooManyRequests {
+						key = string(r.problem(t).Bucket)
+					}
+					got[key]++
+					continue
+				default:
+				}
+				break
+			}
+			return got[string(space.BucketClientConcurrency)] == burst-capN
+		})
+		release()
+		for range capN {
+			r := <-codes
+			got[fmt.Sprint(r.StatusCode)]++
+		}
+		if errs := s.metric("space_client_concurrency_decisions_total", `decision="error"`); errs != 0 {
+			t.Fatalf("%v lease calls failed open: the count %v says nothing about the limiter", errs, got)
+		}
+		if got["201"] != capN || got[string(space.BucketClientConcurrency)] != burst-capN || len(got) != 2 {
+			t.Fatalf("answers %v, want %d created and %d refused client_concurrency", got, capN, burst-capN)
+		}
+		if more := s.metric("space_client_concurrency_alongside_total") - alongside; more < 1 || more > capN/2 {
+			t.Fatalf("%v of the burst took its place alongside, want 1 to %d (half the cap, the one place known held counted)", more, capN/2-1)
+		}
+		var rows, starting int
+		if err := s.m.DB.QueryRow(testenv.Context(t), `SELECT count(*), count(*) FILTER (WHERE state = 'starting')
+			FROM sandboxes WHERE client = 'acme'`).Scan(&rows, &starting); err != nil {
+			t.Fatal(err)
+		}
+		if rows != primed+capN || starting != 0 {
+			t.Fatalf("acme has %d sandboxes (%d starting), want the %d primed and the %d made, none starting", rows, starting, primed, capN)
 		}
 	})
 }

@@ -69,10 +69,10 @@ func BenchmarkConcurrencyAcquire(b *testing.B) {
 	ctx := testenv.Context(b)
 	b.ReportAllocs()
 	for b.Loop() {
-		release, err := c.Acquire(ctx, "acme", 10)
+		lease, err := c.Acquire(ctx, "acme", 10)
 		if err != nil {
 			b.Fatal(err)
 		}
-		release()
+		lease.Release()
 	}
 }

@@ -93,9 +93,19 @@ type ConcurrencyLimiter struct {
 	instance string
 	seq      atomic.Uint64
 
-	mu       sync.Mutex
-	held     map[string]map[string]struct{} // lease set key -> lease ids held here
-	renewing bool                           // a renewer goroutine is running
+	// known is what this replica's last Acquire learnt of each client's places, for
+	// Alongside: client key -> *knownPlaces. Bounded by the budget keys, which are.
+	known sync.Map
+	now   func() time.Time
+
+	mu   sync.Mutex
+	held leaseSets // lease ids held here
+	// leaving are the leases being given back here whose ZREM may not have reached
+	// Redis yet (lease set key -> lease ids): an Acquire here drops them first, so a
+	// request answered before its place was given back (space.Lease.Roomy) never has
+	// its place counted against its caller's next request to this replica.
+	leaving  leaseSets
+	renewing bool // a renewer goroutine is running
 	closed   bool
 	// ctx is cancelled by Close: it stops the renewer and its calls in flight.
 	ctx      context.Context
@@ -146,54 +156,63 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 		errLog:     newThrottledLog(logger, "concurrency limiter: redis failed"),
 		logger:     logger,
 		instance:   hex.EncodeToString(id),
-		held:       map[string]map[string]struct{}{},
+		now:        time.Now,
+		held:       leaseSets{},
+		leaving:    leaseSets{},
 		ctx:        ctx,
 		cancel:     cancel,
 	}, nil
 }
 
-// Acquire takes one of client's cap places until release is called. release gives
-// the place back; it is idempotent and safe to call from any goroutine. cap <= 0
-// means unlimited: no Redis call, a no-op release.
+// Acquire takes one of client's cap places until the lease's Release, which is
+// idempotent and safe to call from any goroutine. The lease is Roomy when at most half
+// of cap was held with it. cap <= 0 means unlimited: no Redis call, a no-op release.
 //
 // Over the cap it returns a *space.LimitError for bucket client_concurrency with a
 // RetryAfter of one second. On a Redis error or timeout it fails open (a no-op
 // release, no error) or, with FailClosed, returns an error wrapping ErrUnavailable.
-func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey, cap int) (release func(), err error) {
+func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey, cap int) (space.Lease, error) {
 	if cap <= 0 {
-		return func() {}, nil
+		return space.Lease{}, nil
 	}
 	if client == "" {
-		return nil, errors.New("acquire: empty client key")
-	}
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
-		return nil, fmt.Errorf("acquire: %w", ErrClosed)
+		return space.Lease{}, errors.New("acquire: empty client key")
 	}
 	key := c.prefix + string(client)
 	lease := c.instance + ":" + strconv.FormatUint(c.seq.Add(1), 10)
+	args := []any{strconv.Itoa(cap), c.ttlArg, lease}
+	c.mu.Lock()
+	closed := c.closed
+	for l := range c.leaving[key] {
+		args = append(args, l)
+	}
+	c.mu.Unlock()
+	if closed {
+		return space.Lease{}, fmt.Errorf("acquire: %w", ErrClosed)
+	}
 	v, err := c.run.run(ctx, func(ctx context.Context) (any, error) {
-		return c.run.script(ctx, acquireScript, []string{key}, strconv.Itoa(cap), c.ttlArg, lease).Int64Slice()
+		return c.run.script(ctx, acquireScript, []string{key}, args...).Int64Slice()
 	})
+	known := c.places(client)
 	if err != nil {
 		// The script may still have run after the timeout: that lease is held by no
 		// one, is never renewed, and frees its place after LeaseTTL.
+		known.forget()
 		c.metrics.decisions.WithLabelValues(decisionError).Inc()
 		c.errLog.log(err, "client", string(client), "fail_closed", c.failClosed)
 		if c.failClosed {
-			return nil, fmt.Errorf("acquire: %w", unavailable(err))
+			return space.Lease{}, fmt.Errorf("acquire: %w", unavailable(err))
 		}
-		return func() {}, nil
+		return space.Lease{}, nil
 	}
 	reply := v.([]int64)
 	if len(reply) != 2 {
-		return nil, fmt.Errorf("acquire: unexpected reply %v", reply)
+		return space.Lease{}, fmt.Errorf("acquire: unexpected reply %v", reply)
 	}
+	known.learn(reply[1], c.now())
 	if reply[0] != 1 {
 		c.metrics.decisions.WithLabelValues(decisionRejected).Inc()
-		return nil, &space.LimitError{
+		return space.Lease{}, &space.LimitError{
 			Bucket:     space.BucketClientConcurrency,
 			Client:     client,
 			RetryAfter: time.Second,
@@ -204,7 +223,69 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 	c.hold(key, lease)
 	releaseCtx := context.WithoutCancel(ctx)
 	var once sync.Once
-	return func() { once.Do(func() { c.release(releaseCtx, key, lease) }) }, nil
+	release := func() { once.Do(func() { c.release(releaseCtx, key, lease) }) }
+	return space.NewLease(release, 2*reply[1] <= int64(cap)), nil
+}
+
+// alongsideFor is how long what an Acquire learnt of a client's places counts for
+// Alongside: a key that has taken no place here for that long is asked first again.
+const alongsideFor = time.Second
+
+// knownPlaces is what this replica knows of one client's places: how many were held
+// after its last Acquire here, and when (unix nanoseconds; 0 knows nothing), and how
+// many are being taken here alongside other work now.
+type knownPlaces struct {
+	held, at, pending atomic.Int64
+}
+
+func (k *knownPlaces) learn(held int64, at time.Time) {
+	k.held.Store(held)
+	k.at.Store(at.UnixNano())
+}
+
+func (k *knownPlaces) forget() { k.at.Store(0) }
+
+func (c *ConcurrencyLimiter) places(client space.ClientKey) *knownPlaces {
+	if k, ok := c.known.Load(client); ok {
+		return k.(*knownPlaces)
+	}
+	k, _ := c.known.LoadOrStore(client, &knownPlaces{})
+	return k.(*knownPlaces)
+}
+
+// Alongside reports whether a request of client may take its place under cap
+// alongside other work of its own (a create's reservation: see sandbox.Plan.Alongside)
+// instead of before it, and if so counts that place as being taken here until done
+// is called, which must be once the Acquire it was for has returned.
+//
+// It may when this replica's last Acquire of client, within alongsideFor (1s), left
+// at most half of cap held, with every place being taken alongside here now counted
+// and this one: that is, when the Acquire is all but certain to succeed. Whatever
+// else, it may not: a client that nears its cap, or that this replica has not asked
+// for recently, or whose last Acquire failed, takes its place before any other work,
+// so that a client over its cap costs nothing but the refusal, and no more requests
+// than half its cap ever go on here before their places are known.
+func (c *ConcurrencyLimiter) Alongside(client space.ClientKey, cap int) (done func(), ok bool) {
+	if cap <= 0 {
+		return nil, false
+	}
+	k := c.places(client)
+	at := k.at.Load()
+	if at == 0 || c.now().Sub(time.Unix(0, at)) > alongsideFor {
+		return nil, false
+	}
+	held := k.held.Load()
+	for {
+		pending := k.pending.Load()
+		if 2*(held+pending+1) > int64(cap) {
+			return nil, false
+		}
+		if k.pending.CompareAndSwap(pending, pending+1) {
+			c.metrics.alongside.Inc()
+			var once sync.Once
+			return func() { once.Do(func() { k.pending.Add(-1) }) }, true
+		}
+	}
 }
 
 // Close stops renewing the leases this limiter holds; they expire after LeaseTTL,
@@ -222,12 +303,7 @@ func (c *ConcurrencyLimiter) Close() {
 func (c *ConcurrencyLimiter) hold(key, lease string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	leases := c.held[key]
-	if leases == nil {
-		leases = map[string]struct{}{}
-		c.held[key] = leases
-	}
-	leases[lease] = struct{}{}
+	c.held.add(key, lease)
 	if !c.renewing && !c.closed {
 		c.renewing = true
 		c.renewers.Add(1)
@@ -235,17 +311,41 @@ func (c *ConcurrencyLimiter) hold(key, lease string) {
 	}
 }
 
-func (c *ConcurrencyLimiter) forget(key, lease string) {
+// leave moves a lease from held (no longer renewed) to leaving, until left.
+func (c *ConcurrencyLimiter) leave(key, lease string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.held[key], lease)
-	if len(c.held[key]) == 0 {
-		delete(c.held, key)
+	c.held.remove(key, lease)
+	c.leaving.add(key, lease)
+}
+
+// left forgets a lease whose ZREM has come back, done or failed.
+func (c *ConcurrencyLimiter) left(key, lease string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.leaving.remove(key, lease)
+}
+
+// leaseSets are lease ids by lease set key; a key without leases is not kept.
+type leaseSets map[string]map[string]struct{}
+
+func (s leaseSets) add(key, lease string) {
+	if s[key] == nil {
+		s[key] = map[string]struct{}{}
+	}
+	s[key][lease] = struct{}{}
+}
+
+func (s leaseSets) remove(key, lease string) {
+	delete(s[key], lease)
+	if len(s[key]) == 0 {
+		delete(s, key)
 	}
 }
 
 func (c *ConcurrencyLimiter) release(ctx context.Context, key, lease string) {
-	c.forget(key, lease)
+	c.leave(key, lease)
+	defer c.left(key, lease)
 	_, err := c.run.run(ctx, func(ctx context.Context) (any, error) {
 		return c.run.rdb.ZRem(ctx, key, lease).Result()
 	})
@@ -326,10 +426,13 @@ func (c *ConcurrencyLimiter) renewSet(ctx context.Context, key string, leases []
 // Acquire with a cap as admitted, rejected (over the cap) or error (Redis failed or
 // timed out, in either failure mode); space_client_concurrency_lease_renewals_total
 // {result} counts leases renewed, lost (expired before renewal) or not renewed because
-// of an error. No client label: the per-client state is in Redis.
+// of an error; space_client_concurrency_alongside_total counts the places Alongside let
+// be taken alongside other work (their decisions are counted as any other). No client
+// label: the per-client state is in Redis.
 type concurrencyMetrics struct {
 	decisions *prometheus.CounterVec
 	renewals  *prometheus.CounterVec
+	alongside prometheus.Counter
 }
 
 func newConcurrencyMetrics(reg prometheus.Registerer) (*concurrencyMetrics, error) {
@@ -341,13 +444,18 @@ func newConcurrencyMetrics(reg prometheus.Registerer) (*concurrencyMetrics, erro
 		Name: "space_client_concurrency_lease_renewals_total",
 		Help: "Concurrency lease renewals, by result (renewed, lost, error).",
 	}, []string{"result"})
+	alongside := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "space_client_concurrency_alongside_total",
+		Help: "Concurrency places taken alongside a create's reservation instead of before it (a client far below its cap).",
+	})
 	decisions = metric.Register(reg, decisions)
 	renewals = metric.Register(reg, renewals)
+	alongside = metric.Register(reg, alongside)
 	for _, d := range []string{decisionAdmitted, decisionRejected, decisionError} {
 		decisions.WithLabelValues(d)
 	}
 	for _, r := range []string{"renewed", "lost", "error"} {
 		renewals.WithLabelValues(r)
 	}
-	return &concurrencyMetrics{decisions: decisions, renewals: renewals}, nil
+	return &concurrencyMetrics{decisions: decisions, renewals: renewals, alongside: alongside}, nil
 }

@@ -6,6 +6,9 @@
 -- ARGV[1]  the cap
 -- ARGV[2]  the lease TTL in milliseconds
 -- ARGV[3]  the new lease's id
+-- ARGV[4…] leases the calling replica is giving back, whose ZREM may still be on its
+--          way (a request is answered before its place is given back): dropped first,
+--          so that they are never counted against the client's next request
 --
 -- Expired leases (those of a crashed replica, which stopped renewing them) are dropped
 -- before counting, so their places come back. The key itself expires with its last
@@ -13,6 +16,9 @@
 
 local time = redis.call('TIME')
 local now = time[1] * 1000 + math.floor(time[2] / 1000)
+for i = 4, #ARGV do
+  redis.call('ZREM', KEYS[1], ARGV[i])
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])
 if held >= tonumber(ARGV[1]) then

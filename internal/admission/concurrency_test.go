@@ -71,11 +71,11 @@ func (b *concurrencyBundle) inFlight(client space.ClientKey) int {
 // acquire acquires and fails the test on anything but success.
 func (b *concurrencyBundle) acquire(client space.ClientKey, cap int) func() {
 	b.t.Helper()
-	release, err := b.lim.Acquire(b.ctx, client, cap)
+	lease, err := b.lim.Acquire(b.ctx, client, cap)
 	if err != nil {
 		b.t.Fatalf("Acquire(%s, %d): %v", client, cap, err)
 	}
-	return release
+	return lease.Release
 }
 
 // overCap reports whether err is the client_concurrency rejection of client at cap.
@@ -110,7 +110,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 					mu.Lock()
 					switch {
 					case err == nil:
-						releases = append(releases, release)
+						releases = append(releases, release.Release)
 					case overCap(err, "acme", n):
 						rejected++
 					default:
@@ -163,6 +163,60 @@ func TestConcurrencyLimiter(t *testing.T) {
 		}
 	})
 
+	t.Run("a place being given back here is not counted against the next acquire here", func(t *testing.T) {
+		t.Parallel()
+		b := setupConcurrency(t, testenv.Redis(t), ConcurrencyOptions{})
+		other := b.replica(testenv.Redis(t), ConcurrencyOptions{})
+		b.acquire("acme", 1)
+		key := b.prefix + ":client_concurrency:acme"
+		b.lim.mu.Lock()
+		var id string
+		for l := range b.lim.held[key] {
+			id = l
+		}
+		b.lim.mu.Unlock()
+		// Given back, its ZREM not yet on its way: what a release after the answer
+		// looks like to a request that comes in meanwhile.
+		b.lim.leave(key, id)
+		if _, err := other.lim.Acquire(other.ctx, "acme", 1); !overCap(err, "acme", 1) {
+			t.Fatalf("another replica's Acquire while the place is still in Redis = %v, want client_concurrency", err)
+		}
+		lease, err := b.lim.Acquire(b.ctx, "acme", 1)
+		if err != nil {
+			t.Fatalf("the next Acquire here counted the place being given back: %v", err)
+		}
+		defer lease.Release()
+		b.lim.left(key, id)
+		if got := b.inFlight("acme"); got != 1 {
+			t.Fatalf("InFlight = %d, want the new lease alone", got)
+		}
+	})
+
+	t.Run("a lease is roomy while at most half the cap is held, this one counted, on any replica", func(t *testing.T) {
+		t.Parallel()
+		b := setupConcurrency(t, testenv.Redis(t), ConcurrencyOptions{})
+		other := b.replica(testenv.Redis(t), ConcurrencyOptions{})
+		var roomy []bool
+		for i := range 4 {
+			lim := []*concurrencyBundle{b, other}[i%2].lim
+			lease, err := lim.Acquire(b.ctx, "acme", 4)
+			if err != nil {
+				t.Fatalf("Acquire %d of 4: %v", i+1, err)
+			}
+			t.Cleanup(lease.Release)
+			roomy = append(roomy, lease.Roomy)
+		}
+		if want := []bool{true, true, false, false}; fmt.Sprint(roomy) != fmt.Sprint(want) {
+			t.Fatalf("Roomy of four leases under a cap of 4 = %v, want %v", roomy, want)
+		}
+		if lease, err := b.lim.Acquire(b.ctx, "acme", 4); err == nil || lease.Roomy {
+			t.Fatalf("a fifth lease over the cap = %+v, %v; want a refusal", lease, err)
+		}
+		if lease, err := b.lim.Acquire(b.ctx, "globex", 1); err != nil || lease.Roomy {
+			t.Fatalf("the one place of a cap of 1 = %+v, %v; want a lease that is not roomy", lease, err)
+		}
+	})
+
 	t.Run("leases of a killed process expire", func(t *testing.T) {
 		t.Parallel()
 		const ttl = 200 * time.Millisecond
@@ -176,9 +230,9 @@ func TestConcurrencyLimiter(t *testing.T) {
 			t.Fatalf("Acquire while the dead lease lives = %v, want client_concurrency", err)
 		}
 		testenv.Eventually(t, time.Second, "the dead replica's lease to expire", func() bool {
-			release, err := survivor.lim.Acquire(survivor.ctx, "acme", 1)
+			lease, err := survivor.lim.Acquire(survivor.ctx, "acme", 1)
 			if err == nil {
-				release()
+				lease.Release()
 			}
 			return err == nil
 		})
@@ -228,11 +282,11 @@ func TestConcurrencyLimiter(t *testing.T) {
 		t.Cleanup(func() { rdb.Close() })
 		b := setupConcurrency(t, rdb, ConcurrencyOptions{Timeout: time.Second})
 		start := time.Now()
-		release, err := b.lim.Acquire(b.ctx, "acme", 0)
+		lease, err := b.lim.Acquire(b.ctx, "acme", 0)
 		if err != nil || time.Since(start) > 500*time.Millisecond {
 			t.Fatalf("Acquire with cap 0 = %v after %v", err, time.Since(start))
 		}
-		release()
+		lease.Release()
 		if n := metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", "admitted"); n != 0 {
 			t.Fatalf("an unlimited acquire was counted: %v", n)
 		}
@@ -245,11 +299,11 @@ func TestConcurrencyLimiter(t *testing.T) {
 		t.Cleanup(func() { rdb.Close() })
 		srv.Stop()
 		b := setupConcurrency(t, rdb, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
-		release, err := b.lim.Acquire(b.ctx, "acme", 1)
-		if err != nil || release == nil {
-			t.Fatalf("fail-open Acquire = %v", err)
+		lease, err := b.lim.Acquire(b.ctx, "acme", 1)
+		if err != nil || lease.Roomy {
+			t.Fatalf("fail-open Acquire = %+v, %v; want a lease that is not roomy", lease, err)
 		}
-		release()
+		lease.Release()
 		if n := metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error"); n != 1 {
 			t.Fatalf("error decisions = %v, want 1", n)
 		}
@@ -315,6 +369,107 @@ func TestConcurrencyLimiter(t *testing.T) {
 			if _, err := NewConcurrencyLimiter(opts); err == nil || !strings.Contains(err.Error(), field) {
 				t.Errorf("a limiter without %s: %v, want an error naming it", field, err)
 			}
+		}
+	})
+}
+
+func TestConcurrencyAlongside(t *testing.T) {
+	t.Parallel()
+
+	// setup is a limiter on real Redis whose clock the test moves.
+	setup := func(t *testing.T) (*concurrencyBundle, *time.Time) {
+		b := setupConcurrency(t, testenv.Redis(t), ConcurrencyOptions{})
+		now := time.Now()
+		b.lim.now = func() time.Time { return now }
+		return b, &now
+	}
+	alongside := func(b *concurrencyBundle, client space.ClientKey, cap int) (func(), bool) {
+		return b.lim.Alongside(client, cap)
+	}
+
+	t.Run("a client this replica has not asked for takes its place first", func(t *testing.T) {
+		t.Parallel()
+		b, _ := setup(t)
+		if _, ok := alongside(b, "acme", 100); ok {
+			t.Fatal("Alongside allowed a client never asked for")
+		}
+		if _, ok := alongside(b, "acme", 0); ok {
+			t.Fatal("Alongside allowed a client without a cap, which takes no place at all")
+		}
+	})
+
+	t.Run("while its last place left at most half the cap, as many go alongside as keep it so", func(t *testing.T) {
+		t.Parallel()
+		b, _ := setup(t)
+		b.acquire("acme", 8)() // 1 of 8 held, then given back
+		var dones []func()
+		for {
+			done, ok := alongside(b, "acme", 8)
+			if !ok {
+				break
+			}
+			dones = append(dones, done)
+		}
+		// 1 known held, 3 alongside: 4 of 8.
+		if len(dones) != 3 {
+			t.Fatalf("%d places alongside under a cap of 8 with 1 known held, want 3", len(dones))
+		}
+		if n := metricValue(t, b.reg, "space_client_concurrency_alongside_total"); n != 3 {
+			t.Fatalf("space_client_concurrency_alongside_total = %v, want 3", n)
+		}
+		dones[0]()
+		dones[0]() // twice counts once
+		if _, ok := alongside(b, "acme", 8); !ok {
+			t.Fatal("a place done alongside was not counted off")
+		}
+		if _, ok := alongside(b, "acme", 8); ok {
+			t.Fatal("a done called twice counted off two places")
+		}
+	})
+
+	t.Run("a client near its cap, or whose Redis failed, takes its place first", func(t *testing.T) {
+		t.Parallel()
+		b, _ := setup(t)
+		b.acquire("acme", 4)
+		b.acquire("acme", 4)
+		if _, ok := alongside(b, "acme", 4); ok {
+			t.Fatal("Alongside allowed a client known to hold half its cap")
+		}
+		b.acquire("globex", 8) // 1 of 8: roomy, but the cap is 2 now
+		if _, ok := alongside(b, "globex", 2); ok {
+			t.Fatal("Alongside allowed a client whose one place is half its new cap")
+		}
+
+		srv := testenv.StartRedis(t)
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { rdb.Close() })
+		down := setupConcurrency(t, rdb, ConcurrencyOptions{Timeout: 100 * time.Millisecond})
+		down.acquire("initech", 100)
+		if _, ok := alongside(down, "initech", 100); !ok {
+			t.Fatal("Alongside refused a client at 1 of 100")
+		}
+		srv.Stop()
+		if lease, err := down.lim.Acquire(down.ctx, "initech", 100); err != nil || lease.Roomy {
+			t.Fatalf("Acquire failing open on a stopped Redis = %+v, %v", lease, err)
+		}
+		if _, ok := alongside(down, "initech", 100); ok {
+			t.Fatal("Alongside allowed a client whose last Acquire failed")
+		}
+	})
+
+	t.Run("what a place taught counts for a second", func(t *testing.T) {
+		t.Parallel()
+		b, now := setup(t)
+		b.acquire("acme", 8)()
+		*now = now.Add(alongsideFor)
+		done, ok := alongside(b, "acme", 8)
+		if !ok {
+			t.Fatal("Alongside refused within alongsideFor of the last place")
+		}
+		done()
+		*now = now.Add(time.Millisecond)
+		if _, ok := alongside(b, "acme", 8); ok {
+			t.Fatal("Alongside allowed past alongsideFor of the last place")
 		}
 	})
 }

@@ -28,7 +28,11 @@ type Tiers interface {
 // Leases caps a budget key's requests in flight (*admission.ConcurrencyLimiter): a cap
 // of 0 is none; over the cap is a *space.LimitError.
 type Leases interface {
-	Acquire(ctx context.Context, key space.ClientKey, cap int) (release func(), err error)
+	Acquire(ctx context.Context, key space.ClientKey, cap int) (space.Lease, error)
+	// Alongside reports whether a request may take its place alongside other work of
+	// its own rather than before it, counting it until done is called once its
+	// Acquire has returned (see admission.ConcurrencyLimiter.Alongside).
+	Alongside(key space.ClientKey, cap int) (done func(), ok bool)
 }
 
 // Budgets reports a caller's activation buckets as admission would find them, taking

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -133,21 +134,40 @@ func (f *fakeOperations) GetAny(context.Context, string) (*space.Operation, erro
 	return queuedOp, nil
 }
 
-// fakeLeases counts the places taken and refuses while full says so.
+// fakeLeases counts the places taken and refuses while full says so; its leases are
+// roomy when roomy says so, and given back through onRelease when it is set. It lets
+// places be taken alongside while alongside says so, and counts those done.
 type fakeLeases struct {
-	mu       sync.Mutex
-	full     bool
-	acquired int
+	mu        sync.Mutex
+	full      bool
+	roomy     bool
+	alongside bool
+	onRelease func()
+	acquired  int
+	done      int
 }
 
-func (f *fakeLeases) Acquire(_ context.Context, key space.ClientKey, cap int) (func(), error) {
+func (f *fakeLeases) Alongside(space.ClientKey, int) (func(), bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.alongside {
+		return nil, false
+	}
+	return func() { f.mu.Lock(); f.done++; f.mu.Unlock() }, true
+}
+
+func (f *fakeLeases) Acquire(_ context.Context, key space.ClientKey, cap int) (space.Lease, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.full {
-		return nil, &space.LimitError{Bucket: space.BucketClientConcurrency, Client: key, Cap: cap, RetryAfter: time.Second}
+		return space.Lease{}, &space.LimitError{Bucket: space.BucketClientConcurrency, Client: key, Cap: cap, RetryAfter: time.Second}
 	}
 	f.acquired++
-	return func() {}, nil
+	release := func() {}
+	if f.onRelease != nil {
+		release = f.onRelease
+	}
+	return space.NewLease(release, f.roomy), nil
 }
 
 // fakeCallers makes every id its own budget key, and records whom it resolved.
@@ -469,5 +489,110 @@ func TestSandboxHandlers(t *testing.T) {
 			*l.Cluster.Remaining != 150 || l.ActivationCosts["python-3.12"] != 1 {
 			t.Fatalf("limits %+v", l)
 		}
+	})
+}
+
+func TestLeaseGivenBackAfterAnswer(t *testing.T) {
+	t.Parallel()
+
+	// answeredAtRelease sends a create as acme with a lease as roomy says, and returns
+	// what the recorder had of the answer when the lease was given back.
+	answeredAtRelease := func(t *testing.T, roomy bool) (flushed bool, length string, body int, w *httptest.ResponseRecorder) {
+		h := setup(t)
+		var once sync.Once
+		released := false
+		h.leases.roomy = roomy
+		w = httptest.NewRecorder()
+		h.leases.onRelease = func() {
+			once.Do(func() {
+				released = true
+				flushed, length, body = w.Flushed, w.Header().Get("Content-Length"), w.Body.Len()
+			})
+		}
+		r := httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(pythonCreate))
+		r.RemoteAddr = "192.0.2.1:40000"
+		r.Header.Set(HeaderClientID, "acme")
+		r.Header.Set("Content-Type", "application/json")
+		h.public.ServeHTTP(w, r)
+		if !released {
+			t.Fatal("the create's lease was never given back")
+		}
+		return flushed, length, body, w
+	}
+
+	t.Run("a roomy lease is given back once the whole answer is flushed, with its length", func(t *testing.T) {
+		t.Parallel()
+		flushed, length, body, w := answeredAtRelease(t, true)
+		if w.Code != http.StatusCreated || w.Body.Len() == 0 {
+			t.Fatalf("create = %d %s", w.Code, w.Body)
+		}
+		if !flushed || body != w.Body.Len() || length != fmt.Sprint(w.Body.Len()) {
+			t.Fatalf("at the lease's release: flushed %v, Content-Length %q, %d bytes of %d; want the whole answer flushed with its length",
+				flushed, length, body, w.Body.Len())
+		}
+	})
+
+	t.Run("a lease that is not roomy is given back before the answer is flushed", func(t *testing.T) {
+		t.Parallel()
+		flushed, _, _, w := answeredAtRelease(t, false)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("create = %d %s", w.Code, w.Body)
+		}
+		if flushed {
+			t.Fatal("the answer was flushed before a lease near its cap was given back")
+		}
+	})
+
+	t.Run("over a real connection, the caller has its whole answer while a roomy lease is still held", func(t *testing.T) {
+		t.Parallel()
+		h := setup(t)
+		releasing, proceed := make(chan struct{}), make(chan struct{})
+		h.leases.roomy = true
+		h.leases.onRelease = func() {
+			close(releasing)
+			<-proceed // the place is given back only once the test has seen the answer
+		}
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.RemoteAddr = "192.0.2.1:40000" // through the trusted gateway
+			h.public.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		t.Cleanup(func() {
+			select {
+			case <-proceed:
+			default:
+				close(proceed)
+			}
+		})
+		type answer struct {
+			code int
+			body []byte
+			err  error
+		}
+		got := make(chan answer, 1)
+		go func() {
+			req, _ := http.NewRequest("POST", srv.URL+"/v1/sandboxes", strings.NewReader(pythonCreate))
+			req.Header.Set(HeaderClientID, "acme")
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				got <- answer{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			got <- answer{code: resp.StatusCode, body: b, err: err}
+		}()
+		<-releasing
+		select {
+		case a := <-got:
+			var sb space.Sandbox
+			if a.err != nil || a.code != http.StatusCreated || json.Unmarshal(a.body, &sb) != nil || sb.ID != running.ID {
+				t.Fatalf("answer while the lease was held = %d %s %v", a.code, a.body, a.err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the caller had no whole answer while its roomy lease was held")
+		}
+		close(proceed)
 	})
 }

@@ -111,16 +111,17 @@ func (s *Server) identify(next http.Handler) http.Handler {
 
 // limitConcurrency caps the caller's budget key's in-flight requests cluster-wide
 // (the concurrency cap of docs/design.md, "The create path"): over the cap is a 429
-// client_concurrency.
+// client_concurrency. The place is given back as heldUntilAnswered says.
 func (s *Server) limitConcurrency(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caller := callerFrom(r.Context())
-		release, err := s.concurrency.Acquire(r.Context(), caller.Key, caller.Concurrency)
+		lease, err := s.concurrency.Acquire(r.Context(), caller.Key, caller.Concurrency)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
-		defer release()
+		w, done := heldUntilAnswered(w, r, lease)
+		defer done()
 		next.ServeHTTP(w, r)
 	})
 }

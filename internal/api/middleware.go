@@ -32,6 +32,9 @@ type requestState struct {
 	id         string
 	caller     space.Caller
 	identified bool
+	// answered is when the answer was flushed before the handler returned (see
+	// heldUntilAnswered); zero when it ends with the handler.
+	answered time.Time
 }
 
 func stateFrom(ctx context.Context) *requestState {
@@ -133,7 +136,7 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 		}, []string{"listener", "route", "method", "code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "space_http_request_seconds",
-			Help:    "HTTP request latency, by listener, route pattern and method.",
+			Help:    "HTTP request latency to the answer, by listener, route pattern and method.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10},
 		}, []string{"listener", "route", "method"}),
 	}
@@ -179,7 +182,11 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 				if status == 0 {
 					status = http.StatusOK
 				}
+				// The time to the answer, which is what its caller waited for.
 				elapsed := time.Since(start)
+				if !st.answered.IsZero() {
+					elapsed = st.answered.Sub(start)
+				}
 				method := methodLabel(r.Method)
 				series := s.metrics.of(listener, route, method, status)
 				series.requests.Inc()

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"sync"
 
 	"github.com/go-chi/chi/v5"
 
@@ -216,12 +217,19 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	release, lerr := s.concurrency.Acquire(r.Context(), caller.Key, caller.Concurrency)
+	if err == nil && plan.Alongside() {
+		if placed, ok := s.concurrency.Alongside(caller.Key, caller.Concurrency); ok {
+			s.createAlongside(w, r, plan, placed)
+			return
+		}
+	}
+	lease, lerr := s.concurrency.Acquire(r.Context(), caller.Key, caller.Concurrency)
 	if lerr != nil {
 		s.writeError(w, r, lerr)
 		return
 	}
-	defer release()
+	w, done := heldUntilAnswered(w, r, lease)
+	defer done()
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -234,6 +242,44 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sb, err := s.sandboxes.Create(r.Context(), plan)
+	s.writeCreated(w, r, sb, err)
+}
+
+// createAlongside makes a planned create whose concurrency place is taken alongside
+// its reservation (sandbox.Plan.Alongside, and placed from Leases.Alongside): the
+// place's round trip to Redis runs while the reservation's to Postgres does, instead
+// of before it. Create waits for the place once the create is reserved, before
+// anything is adopted, charged or started; refused, the reservation is taken back and
+// the caller is told the cap, as it would have been first. The place is given back as
+// heldUntilAnswered says.
+func (s *Server) createAlongside(w http.ResponseWriter, r *http.Request, plan sandbox.Plan, placed func()) {
+	type taken struct {
+		lease space.Lease
+		err   error
+	}
+	leased := make(chan taken, 1)
+	go func() {
+		defer placed()
+		l, err := s.concurrency.Acquire(r.Context(), plan.Caller.Key, plan.Caller.Concurrency)
+		leased <- taken{l, err}
+	}()
+	place := sync.OnceValue(func() taken { return <-leased })
+	sb, err := s.sandboxes.Create(r.Context(), plan.WithPlace(func() error { return place().err }))
+	// Create may end before it asks (its reservation failed): the place is waited for
+	// all the same, to be given back, or to be what the caller is told.
+	l := place()
+	if err != nil && l.err != nil {
+		s.writeError(w, r, l.err)
+		return
+	}
+	w, done := heldUntilAnswered(w, r, l.lease)
+	defer done()
+	s.writeCreated(w, r, sb, err)
+}
+
+// writeCreated answers a synchronous create: 201 with the sandbox and its Location,
+// or the error.
+func (s *Server) writeCreated(w http.ResponseWriter, r *http.Request, sb *space.Sandbox, err error) {
 	if err != nil {
 		s.writeError(w, r, err)
 		return

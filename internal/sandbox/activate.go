@@ -34,6 +34,10 @@ type activation interface {
 	// returns the sandbox with the template it runs and the slot, nil on a miss; its
 	// error aborts the activation with nothing reserved.
 	reserve(ctx context.Context, caller space.Caller) (*space.Sandbox, substrate.Template, *pool.Slot, error)
+	// placed waits for the activation's concurrency place when it is being taken
+	// alongside the reservation (a create's, Plan.WithPlace), and returns its refusal;
+	// nil at once otherwise.
+	placed() error
 	// undo takes the reservation back when the charge is refused (429, 503).
 	undo(ctx context.Context, sb *space.Sandbox) error
 	// start runs the sandbox on the substrate: in the adopted warm slot slotRef, or
@@ -76,6 +80,21 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	sb, tmpl, slot, err := a.reserve(ctx, caller)
 	if err != nil {
 		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
+		return nil, err
+	}
+	if err := a.placed(); err != nil {
+		// The concurrency place taken alongside the reservation was refused (or could
+		// not be decided, failing closed): nothing has started, and the reservation is
+		// taken back. A slot claimed although the pool view knew none ready is
+		// discarded, as one that failed adoption is: the replenisher replaces it.
+		if slot != nil {
+			s.opts.Pool.Discard(ctx, slot)
+		}
+		// Not counted as an activation: a create refused its place before it is
+		// reserved is not either.
+		if uerr := a.undo(ctx, sb); uerr != nil {
+			s.logger.ErrorContext(ctx, "undo activation refused its place", "sandbox", sb.ID, "err", uerr)
+		}
 		return nil, err
 	}
 
@@ -318,6 +337,8 @@ func (r *restoration) reserve(ctx context.Context, caller space.Caller) (*space.
 		return sb, tmpl, nil
 	})
 }
+
+func (r *restoration) placed() error { return nil }
 
 func (r *restoration) undo(ctx context.Context, sb *space.Sandbox) error {
 	_, err := setState(ctx, r.s.db, sb.ID, stateChange{State: space.StatePaused, From: restoring})

@@ -83,6 +83,28 @@ type Plan struct {
 	// hold is what the refusal cache let this create through with (see
 	// space.Charger): held until Create has charged, or the create ends without.
 	hold space.Hold
+	// cold is true when Plan found the pool view knowing no ready slot of the shape.
+	cold bool
+	// place, when set, waits for the create's concurrency place, taken alongside its
+	// reservation (WithPlace).
+	place func() error
+}
+
+// Alongside reports whether p's create may take its concurrency place alongside its
+// reservation rather than before it (the API's choice, as
+// admission.ConcurrencyLimiter.Alongside allows): a plain synchronous create (no key,
+// no fixed id, not queued: one that is never a repeat) of a shape the pool view knew
+// no ready slot of when it was planned, so that the reservation it runs beside is all
+// but certain to claim none.
+func (p Plan) Alongside() bool { return p.refusalAsked && p.cold }
+
+// WithPlace returns p with place, the wait for its concurrency place being taken
+// alongside its reservation. Create calls it once the reservation is made, before
+// anything is adopted, charged or started; an error from it takes the reservation
+// back (a slot it claimed all the same is discarded) and is Create's error.
+func (p Plan) WithPlace(place func() error) Plan {
+	p.place = place
+	return p
 }
 
 // Release gives back what the plan holds of the buckets' known tokens (see
@@ -183,6 +205,7 @@ func (s *Service) knownRefusal(p *Plan, began time.Time) error {
 	if s.opts.View == nil || !s.opts.View.Cold(p.Request.Shape) {
 		return nil
 	}
+	p.cold = true
 	hold, le := s.opts.Charger.CachedRefusal(p.Caller.Charge(p.Template.ActivationCost()))
 	if le == nil {
 		p.hold = hold
@@ -263,7 +286,7 @@ func (s *Service) Create(ctx context.Context, p Plan) (*space.Sandbox, error) {
 		Answered:        req.Answered,
 	}
 	return s.activate(ctx, p.Caller, &creation{s: s, sb: sb, tmpl: p.Template, retry: retry, fixedID: req.ID != "",
-		unclaimable: !req.Answered && req.IdempotencyKey == ""})
+		unclaimable: !req.Answered && req.IdempotencyKey == "", place: p.place})
 }
 
 // claimKey returns the sandbox id p's idempotency key names: a new one when the key
@@ -335,6 +358,8 @@ type creation struct {
 	unclaimable bool
 	// failedWith is a revived row's error, put back when the retry is refused.
 	failedWith string
+	// place is the plan's wait for its concurrency place (Plan.WithPlace), or nil.
+	place func() error
 }
 
 func (c *creation) kind() string                  { return "create" }
@@ -357,6 +382,13 @@ func (c *creation) reserve(ctx context.Context, caller space.Caller) (*space.San
 		return nil, c.tmpl, nil, err
 	}
 	return c.sb, c.tmpl, slot, nil
+}
+
+func (c *creation) placed() error {
+	if c.place == nil {
+		return nil
+	}
+	return c.place()
 }
 
 func (c *creation) undo(ctx context.Context, sb *space.Sandbox) error {
