@@ -28,9 +28,10 @@ func heldUntilAnswered(w http.ResponseWriter, r *http.Request, lease space.Lease
 	}
 	a := &answerFirst{w: w}
 	return a, func() {
-		a.send()
-		if st := stateFrom(r.Context()); st != nil {
-			st.answered = time.Now()
+		if a.send() {
+			if st := stateFrom(r.Context()); st != nil {
+				st.answered = time.Now()
+			}
 		}
 		lease.Release()
 	}
@@ -63,11 +64,13 @@ func (a *answerFirst) Write(p []byte) (int, error) {
 func (a *answerFirst) Unwrap() http.ResponseWriter { return a.w }
 
 // send writes the answer kept, with its Content-Length (a status that carries a body),
-// and flushes it to the connection.
-func (a *answerFirst) send() {
+// and flushes it to the connection; it reports whether it wrote one. A handler that
+// wrote nothing (one that panicked before answering, which observe answers 500)
+// leaves the answer to whatever comes after it.
+func (a *answerFirst) send() (sent bool) {
 	status := a.status
 	if status == 0 {
-		status = http.StatusOK
+		return false
 	}
 	if status != http.StatusNoContent && status != http.StatusNotModified {
 		a.w.Header().Set("Content-Length", strconv.Itoa(len(a.body)))
@@ -77,4 +80,5 @@ func (a *answerFirst) send() {
 		_, _ = a.w.Write(a.body)
 	}
 	_ = http.NewResponseController(a.w).Flush()
+	return true
 }

@@ -532,6 +532,24 @@ func TestLeaseGivenBackAfterAnswer(t *testing.T) {
 		}
 	})
 
+	t.Run("a handler that panics before answering with a roomy lease is a 500, its lease given back", func(t *testing.T) {
+		t.Parallel()
+		h := setup(t)
+		h.leases.roomy = true
+		released := make(chan struct{})
+		h.leases.onRelease = func() { close(released) }
+		h.sandboxes.create = func(sandbox.Plan) (*space.Sandbox, error) { panic("a bug") }
+		w := h.do(h.public, "POST", "/v1/sandboxes", pythonCreate)
+		if p := problemOf(t, w); w.Code != http.StatusInternalServerError || p.Code != space.EINTERNAL {
+			t.Fatalf("a panicking create = %d %s, want a 500 problem", w.Code, w.Body)
+		}
+		select {
+		case <-released:
+		default:
+			t.Fatal("the lease of a panicking create was not given back")
+		}
+	})
+
 	t.Run("a lease that is not roomy is given back before the answer is flushed", func(t *testing.T) {
 		t.Parallel()
 		flushed, _, _, w := answeredAtRelease(t, false)
