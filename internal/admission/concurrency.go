@@ -224,8 +224,13 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 	releaseCtx := context.WithoutCancel(ctx)
 	var once sync.Once
 	release := func() { once.Do(func() { c.release(releaseCtx, key, lease) }) }
-	return space.NewLease(release, 2*reply[1] <= int64(cap)), nil
+	return space.NewLease(release, roomy(reply[1], cap)), nil
 }
+
+// roomy is the one rule of "far from its cap": n places held, this one counted, are
+// at most half of cap. A lease is roomy by it (space.Lease.Roomy), and Alongside
+// lets a place be taken alongside by it.
+func roomy(n int64, cap int) bool { return 2*n <= int64(cap) }
 
 // alongsideFor is how long what an Acquire learnt of a client's places counts for
 // Alongside: a key that has taken no place here for that long is asked first again.
@@ -277,7 +282,7 @@ func (c *ConcurrencyLimiter) Alongside(client space.ClientKey, cap int) (done fu
 	held := k.held.Load()
 	for {
 		pending := k.pending.Load()
-		if 2*(held+pending+1) > int64(cap) {
+		if !roomy(held+pending+1, cap) {
 			return nil, false
 		}
 		if k.pending.CompareAndSwap(pending, pending+1) {
