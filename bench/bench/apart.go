@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"sync"
 	"time"
@@ -33,7 +32,7 @@ func (l load) runApart(ctx context.Context) (*loadResult, error) {
 		return nil, fmt.Errorf("load %s: %w", l.Name, err)
 	}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, self)
+	cmd := generatorCommand(ctx, l.Yield, self)
 	cmd.Env = append(os.Environ(), loadEnv+"="+string(spec))
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {

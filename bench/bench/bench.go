@@ -110,9 +110,10 @@ type sizes struct {
 	floodRate      float64       // the flooding client's refill rate; it sends 20× that
 	goodRate       float64       // the well-behaved client's refill rate; it sends half
 	floodDur       time.Duration
-	quietSend      int // the quiet neighbour's creates/s
-	fixedFlood     int // the fixed flood beside it, creates/s
-	floodConns     int // the connections the fixed flood holds (wrk2 -c)
+	quietSend      int           // the quiet neighbour's creates/s
+	quietDur       time.Duration // each of its arms' measured part
+	fixedFlood     int           // the fixed flood beside it, creates/s
+	floodConns     int           // the connections the fixed flood holds (wrk2 -c)
 	keyCounts      []int
 	keysDur        time.Duration
 	memoryKeys     int
@@ -131,7 +132,7 @@ func sizesFor(quick bool) sizes {
 			scriptCalls: 200, instructionCalls: 50, decisionsDur: 100 * time.Millisecond,
 			httpDur: 300 * time.Millisecond, httpWarmUp: 100 * time.Millisecond, httpWorkers: 4, warmTarget: 40,
 			onOffRate: 50, onOffDur: 200 * time.Millisecond, onOffRounds: 1,
-			floodRate: 5, goodRate: 4, floodDur: 600 * time.Millisecond, quietSend: 20, fixedFlood: 200, floodConns: 8,
+			floodRate: 5, goodRate: 4, floodDur: 600 * time.Millisecond, quietSend: 20, quietDur: 600 * time.Millisecond, fixedFlood: 200, floodConns: 8,
 			keyCounts: []int{10, 1000}, keysDur: 100 * time.Millisecond, memoryKeys: 500, expiryKeys: 200,
 			replicaDur: 600 * time.Millisecond, replicaBurst: 20, replicaRefill: 5, replicaWorkers: 2,
 			goBenchTime: "1x", goBenchCount: 1,
@@ -141,7 +142,7 @@ func sizesFor(quick bool) sizes {
 		scriptCalls: 10000, instructionCalls: 2000, decisionsDur: time.Second,
 		httpDur: 2 * time.Second, httpWarmUp: time.Second, httpWorkers: 16, warmTarget: 2000,
 		onOffRate: 150, onOffDur: time.Second, onOffRounds: 4,
-		floodRate: 50, goodRate: 20, floodDur: 4 * time.Second, quietSend: 100, fixedFlood: 5000, floodConns: 64,
+		floodRate: 50, goodRate: 20, floodDur: 4 * time.Second, quietSend: 100, quietDur: 10 * time.Second, fixedFlood: 5000, floodConns: 64,
 		keyCounts: []int{10, 10_000, 1_000_000}, keysDur: 1500 * time.Millisecond, memoryKeys: 10_000, expiryKeys: 10_000,
 		replicaDur: 4 * time.Second, replicaBurst: 200, replicaRefill: 50, replicaWorkers: 4,
 		goBenchTime: "1s", goBenchCount: 3,

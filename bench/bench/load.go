@@ -35,6 +35,9 @@ type load struct {
 	// Raw sends it with runRaw, not vegeta: an open loop at Rate over Conns
 	// connections for a fraction of vegeta's CPU (the fixed flood's generator).
 	Raw bool
+	// Yield runs the stream's process (runApart) at the lowest CPU priority
+	// (generatorCommand): a flood beside a client whose latency is measured.
+	Yield bool `json:"-"`
 }
 
 // loadResult is what one stream saw. Outcomes are "201", "201 warm", "429 <bucket>",

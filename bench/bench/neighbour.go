@@ -148,7 +148,7 @@ func (w armWatch) figures() (armFigures, error) {
 // same arms on peer (chi + redis_rate, with the same limits).
 func runNeighbour(ctx context.Context, env *Env, srv, peer *apiServer, redisPid, runs int, sz sizes) (*NeighbourResult, error) {
 	res := &NeighbourResult{QuietSend: sz.quietSend, FixedFlood: sz.fixedFlood, FloodConns: sz.floodConns, Connections: sz.httpWorkers,
-		Duration: sz.floodDur.String(), Settle: sz.floodDur / 8}
+		Duration: sz.quietDur.String(), Settle: sz.floodDur / 8}
 	for range runs {
 		if err := res.arms(ctx, env, srv, redisPid, sz, &res.Space); err != nil {
 			return nil, err
@@ -177,7 +177,7 @@ func (n *NeighbourResult) servers() []namedArms {
 // run's figures to to.
 func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, redisPid int, sz sizes, to *NeighbourArms) error {
 	users := cpuUsers(srv, redisPid)
-	quiet := load{Name: "quiet", URL: srv.PublicURL, Client: "bench-quiet", Body: coldBody, Rate: sz.quietSend, Duration: sz.floodDur}
+	quiet := load{Name: "quiet", URL: srv.PublicURL, Client: "bench-quiet", Body: coldBody, Rate: sz.quietSend, Duration: sz.quietDur}
 	succeeded := func(l *loadResult) float64 { return 100 * float64(l.count("201")) / float64(max(l.Requests, 1)) }
 	watch := watchArm(srv, users)
 	alone, err := quiet.runApart(ctx)
@@ -202,7 +202,7 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	})
 	wg.Go(func() {
 		flood, floodErr = load{Name: "fixed flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody, Rate: sz.fixedFlood,
-			Duration: n.Settle + sz.floodDur, Conns: sz.floodConns, Raw: true}.runApart(ctx)
+			Duration: n.Settle + sz.quietDur, Conns: sz.floodConns, Raw: true, Yield: true}.runApart(ctx)
 	})
 	wg.Go(func() {
 		q := quiet
@@ -231,10 +231,11 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	var saturatedErr error
 	wg.Go(func() {
 		wrk, wrkErr = env.runWrk(ctx, wrkLoad{Name: "saturating flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody,
-			Connections: sz.httpWorkers, Duration: max(sz.floodDur, time.Second)})
+			Connections: sz.httpWorkers, Duration: sz.quietDur + time.Second, Yield: true})
 	})
 	wg.Go(func() {
-		// wrk connects first; the quiet client starts once the flood is on.
+		// wrk connects first; the quiet client starts once the flood is on, and ends
+		// before it (wrk runs a second longer): every create of its arm is beside it.
 		time.Sleep(100 * time.Millisecond)
 		watch := watchArm(srv, users)
 		if saturated, saturatedErr = quiet.runApart(ctx); saturatedErr == nil {

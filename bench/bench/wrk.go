@@ -58,6 +58,9 @@ type wrkLoad struct {
 	Body        string
 	Connections int
 	Duration    time.Duration // whole seconds, at least 1: wrk's -d has no finer unit
+	// Yield runs wrk at the lowest CPU priority (generatorCommand): a flood beside a
+	// client whose latency is measured.
+	Yield bool
 }
 
 // wrkResult is what wrk saw. Outcomes are status codes as text, and "error" for socket
@@ -94,7 +97,7 @@ func (e *Env) runWrk(ctx context.Context, l wrkLoad) (*wrkResult, error) {
 	}
 	args := []string{"-t", strconv.Itoa(wrkThreads), "-c", strconv.Itoa(l.Connections), "-d", wrkSeconds(l.Duration),
 		"--timeout", "10s", "-s", script, l.URL + "/v1/sandboxes"}
-	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd := generatorCommand(ctx, l.Yield, bin, args...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
