@@ -134,6 +134,7 @@ func (m *Main) Run(ctx context.Context) error {
 			Degrades: cfg.Admission.FailureMode == config.FailOpen},
 	}, opts.Checks...)
 	opts.Identity = space.IdentityMode(cfg.Auth.Mode)
+	opts.RefusalPace = cfg.Admission.RefusalPace
 	m.API = api.New(opts)
 
 	if err := m.listen(); err != nil {

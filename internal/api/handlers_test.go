@@ -196,6 +196,7 @@ type handlers struct {
 	operations *fakeOperations
 	leases     *fakeLeases
 	callers    *fakeCallers
+	server     *Server
 	public     http.Handler
 	internal   http.Handler
 }
@@ -214,7 +215,7 @@ func setup(t *testing.T) *handlers {
 		Sandboxes:   h.sandboxes,
 		Operations:  h.operations,
 	})
-	h.public, h.internal = s.Public(), s.Internal()
+	h.server, h.public, h.internal = s, s.Public(), s.Internal()
 	return h
 }
 

@@ -213,10 +213,17 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		// the plan holds; Create releases it itself.
 		defer plan.Release()
 		if code := space.ErrorCode(err); code == space.ELIMITED || code == space.EUNPROCESSABLE {
+			if code == space.ELIMITED {
+				// Refused from memory: yields to another key's create at work here.
+				s.pace.hold(r.Context(), caller.Key)
+			}
 			s.writeError(w, r, err)
 			return
 		}
 	}
+	// Past the refusal from memory, this create is work another key's refusals yield
+	// to (refusalPace).
+	defer s.pace.end(s.pace.begin(caller.Key))
 	if err == nil && plan.Alongside() {
 		if placed, ok := s.concurrency.Alongside(caller.Key, caller.Concurrency); ok {
 			s.createAlongside(w, r, plan, placed)

@@ -56,6 +56,11 @@ type Options struct {
 	// refusal is logged. Every request is counted in space_http_requests_total
 	// either way.
 	RefusalLogEvery time.Duration
+	// RefusalPace is how long a create refused from memory waits before it is
+	// answered while another budget key's create is at work on the replica (see
+	// refusalPace); 0 answers every refusal at once. SPACE_REFUSAL_PACE; New takes a
+	// negative value as 0.
+	RefusalPace time.Duration
 
 	// The domain (domain.go): all required.
 	Auth        Authenticator
@@ -91,6 +96,7 @@ type Server struct {
 	draining     atomic.Bool
 	identity     space.IdentityMode
 	refusals     *logs.Throttle
+	pace         *refusalPace
 
 	auth        Authenticator
 	callers     Callers
@@ -131,6 +137,7 @@ func New(opts Options) *Server {
 		every = DefaultRefusalLogEvery
 	}
 	s.refusals = logs.NewThrottle(every, nil)
+	s.pace = newRefusalPace(max(opts.RefusalPace, 0), opts.Registry)
 	s.metrics = newHTTPMetrics(opts.Registry)
 	if opts.Registry != nil {
 		metric.Register(opts.Registry, prometheus.Collector(&readinessCollector{s: s}))

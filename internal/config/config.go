@@ -138,6 +138,9 @@ type Admission struct {
 	// refuse a create without asking Redis; 0 refuses nothing from memory. A bucket
 	// reset by hand is seen within it.
 	RefusalCacheMaxAge time.Duration
+	// RefusalPace holds a create refused from memory that long before its answer while
+	// another budget key's create is at work on the replica; 0 answers at once.
+	RefusalPace time.Duration
 }
 
 // parseClientRefill and parseClientBurst each set one half of Client; check refuses

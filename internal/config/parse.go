@@ -77,6 +77,16 @@ func durationOrOff(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// refusalPace is a Go duration from 0 (off) to 1s: a held refusal keeps a goroutine
+// and a connection, and its caller is told to retry after a second or more anyway.
+func refusalPace(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 || d > time.Second {
+		return 0, errors.New("a Go duration from 0 to 1s such as 10ms (0 answers at once)")
+	}
+	return d, nil
+}
+
 // refill is a bucket's refill rate: a finite number of tokens per second >= 0.
 func refill(s string) (float64, error) {
 	f, err := strconv.ParseFloat(s, 64)

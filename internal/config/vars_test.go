@@ -27,6 +27,7 @@ func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 			Cluster:            space.Rate{RefillRPS: 100, Burst: 200},
 			FailureMode:        FailOpen,
 			RefusalCacheMaxAge: time.Second,
+			RefusalPace:        10 * time.Millisecond,
 		},
 		Flags: Flags{PollInterval: 2 * time.Second},
 		Sandbox: Sandbox{
@@ -178,6 +179,37 @@ func TestRefusalCacheMaxAgeOfZeroTurnsItOff(t *testing.T) {
 	var ve *VarError
 	if !errors.As(err, &ve) || ve.Var != "SPACE_REFUSAL_CACHE_MAX_AGE" || !strings.Contains(err.Error(), ">= 0") {
 		t.Fatalf("SPACE_REFUSAL_CACHE_MAX_AGE=-1s: %v, want an error naming it", err)
+	}
+}
+
+func TestRefusalPace(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name, value string
+		want        time.Duration
+	}{
+		{"0 answers every refusal at once", "0", 0},
+		{"a pace is read as a Go duration", "25ms", 25 * time.Millisecond},
+		{"a second is the longest pace", "1s", time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := Load(env(map[string]string{"SPACE_REFUSAL_PACE": tc.value}))
+			if err != nil || c.Admission.RefusalPace != tc.want {
+				t.Fatalf("SPACE_REFUSAL_PACE=%s: %v, %v; want %v", tc.value, c.Admission.RefusalPace, err, tc.want)
+			}
+		})
+	}
+	for _, bad := range []string{"-1ms", "1001ms", "fast"} {
+		t.Run("a pace of "+bad+" is an error naming the variable", func(t *testing.T) {
+			t.Parallel()
+			_, err := Load(env(map[string]string{"SPACE_REFUSAL_PACE": bad}))
+			var ve *VarError
+			if !errors.As(err, &ve) || ve.Var != "SPACE_REFUSAL_PACE" || !strings.Contains(err.Error(), "from 0 to 1s") {
+				t.Fatalf("SPACE_REFUSAL_PACE=%s: %v, want an error naming it", bad, err)
+			}
+		})
 	}
 }
 

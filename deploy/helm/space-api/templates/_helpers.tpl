@@ -223,6 +223,8 @@ chartEnv, what the values render, then extraEnv.
   value: {{ .Values.admission.shadow | toString | quote }}
 - name: SPACE_REFUSAL_CACHE_MAX_AGE
   value: {{ .Values.admission.refusalCacheMaxAge | quote }}
+- name: SPACE_REFUSAL_PACE
+  value: {{ .Values.admission.refusalPace | quote }}
 {{- if .Values.flags.enabled }}
 - name: SPACE_FLAGS_FILE
   value: /etc/space/flags/flags.json

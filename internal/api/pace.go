@@ -1,0 +1,120 @@
+package api
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/metric"
+)
+
+// DefaultRefusalPace is Options.RefusalPace's default (SPACE_REFUSAL_PACE).
+const DefaultRefusalPace = 10 * time.Millisecond
+
+// maxPacedRefusals bounds the refusals held at once on a replica: past it a refusal
+// is answered at once. A held refusal is a parked goroutine and an open connection;
+// an open-loop flood of R creates a second holds about R × the pace of them, so the
+// bound is reached only by a flood of about 100,000 a second at the default pace.
+const maxPacedRefusals = 1024
+
+// refusalPace holds a create refused from memory (Service.knownRefusal) for the pace
+// before it is answered, while a create of another budget key is at work on this
+// replica; at any other moment a refusal is answered at once.
+//
+// A client flooding over its rate costs the replica the CPU of every refusal, and a
+// client that sends its next create as soon as it is answered (a closed loop, as most
+// do) sends as fast as the replica answers: on a saturated replica, that CPU is what
+// another client's create waits behind at each of its round trips to Postgres and
+// Redis. Held, the flooder's connections send nothing while the neighbour's create
+// runs (a closed loop over N connections sends at most N a pace), and the replica's
+// CPU goes to the create; answered at once otherwise, a flood alone on the replica is
+// refused as fast as it can be. The flooder loses nothing it was owed: it was refused
+// either way and is told to retry after a second or more. Refusals from Redis and
+// every other answer are never held.
+type refusalPace struct {
+	pace time.Duration // 0: never hold
+	// after is time.NewTimer's channel and stop, for tests to decide when a hold ends.
+	after func(time.Duration) (<-chan time.Time, func() bool)
+	// onHold, when set, is told each hold as it starts (tests).
+	onHold func()
+
+	working atomic.Int64 // creates at work on this replica, every key's
+	byKey   sync.Map     // space.ClientKey → *atomic.Int64: the same, by key
+	held    atomic.Int64
+	paced   prometheus.Counter
+}
+
+func newRefusalPace(pace time.Duration, reg prometheus.Registerer) *refusalPace {
+	return &refusalPace{
+		pace: pace,
+		after: func(d time.Duration) (<-chan time.Time, func() bool) {
+			t := time.NewTimer(d)
+			return t.C, t.Stop
+		},
+		paced: metric.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "space_refusals_paced_total",
+			Help: "Creates refused from memory whose answer was held for SPACE_REFUSAL_PACE because another budget key's create was at work on the replica.",
+		})),
+	}
+}
+
+// begin counts a create of key at work (past the refusal from memory) until end is
+// called with what it returns.
+func (p *refusalPace) begin(key space.ClientKey) *atomic.Int64 {
+	n, ok := p.byKey.Load(key)
+	if !ok {
+		n, _ = p.byKey.LoadOrStore(key, new(atomic.Int64))
+	}
+	c := n.(*atomic.Int64)
+	c.Add(1)
+	p.working.Add(1)
+	return c
+}
+
+func (p *refusalPace) end(c *atomic.Int64) {
+	p.working.Add(-1)
+	c.Add(-1)
+}
+
+// neighbours reports whether a create of a key other than key is at work here. The
+// two counts are read one after the other, not at one instant: a create that begins
+// or ends between them decides only whether this one refusal waits.
+func (p *refusalPace) neighbours(key space.ClientKey) bool {
+	all := p.working.Load()
+	if all <= 0 {
+		return false
+	}
+	var own int64
+	if n, ok := p.byKey.Load(key); ok {
+		own = n.(*atomic.Int64).Load()
+	}
+	return all > own
+}
+
+// hold waits for the pace before key's refusal from memory is answered, when another
+// key's create is at work here and fewer than maxPacedRefusals are held; it returns
+// early when the caller goes.
+func (p *refusalPace) hold(ctx context.Context, key space.ClientKey) {
+	if p.pace <= 0 || !p.neighbours(key) {
+		return
+	}
+	if p.held.Add(1) > maxPacedRefusals {
+		p.held.Add(-1)
+		return
+	}
+	defer p.held.Add(-1)
+	p.paced.Inc()
+	if p.onHold != nil {
+		p.onHold()
+	}
+	c, stop := p.after(p.pace)
+	select {
+	case <-c:
+	case <-ctx.Done():
+		stop()
+	}
+}
