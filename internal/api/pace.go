@@ -12,9 +12,6 @@ import (
 	"github.com/space-sandbox/space/internal/metric"
 )
 
-// DefaultRefusalPace is Options.RefusalPace's default (SPACE_REFUSAL_PACE).
-const DefaultRefusalPace = 10 * time.Millisecond
-
 // maxPacedRefusals bounds the refusals held at once on a replica: past it a refusal
 // is answered at once. A held refusal is a parked goroutine and an open connection;
 // an open-loop flood of R creates a second holds about R × the pace of them, so the
