@@ -159,6 +159,23 @@ if nothers > 0 then
   end
 end
 
+-- writeOwn stores the tier's own reserve as it now is, with its tier's last ask at
+-- now. That mark keeps others from borrowing for a refill interval (burst/refill), so
+-- the key must outlive it, not only the refill of what the reserve holds (which is
+-- never longer): an expired key reads as a full reserve whose tier is idle, and a
+-- nearly full reserve's refill ends long before the interval does. The expiry is kept
+-- while it covers now + the interval, and set to twice the interval when it does not,
+-- so that it is rewritten about once an interval.
+local function writeOwn()
+  if eo ~= nil and eo >= now + bo / ro then
+    redis.call('SET', KEYS[oi], spack('<dddd', to, now, eo, now), 'KEEPTTL')
+  else
+    local x = ceil(2 * (bo / ro) / 1000)
+    if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
+    redis.call('SET', KEYS[oi], spack('<dddd', to, now, now + x * 1000, now), 'PX', format('%d', x))
+  end
+end
+
 local clientOK = (not hasClient) or tc >= n
 local from, source = nil, 0
 if hasOwn and to >= n then
@@ -227,13 +244,7 @@ if take and admitted == 1 then
     end
   elseif source == 2 then
     to = to - n
-    if (eo ~= nil and eo >= now + (bo - to) / ro) then
-      redis.call('SET', KEYS[oi], spack('<dddd', to, now, eo, now), 'KEEPTTL')
-    else
-      local x = ceil((bo / ro) / 1000)
-      if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
-      redis.call('SET', KEYS[oi], spack('<dddd', to, now, now + x * 1000, now), 'PX', format('%d', x))
-    end
+    writeOwn()
     lo = now
   else
     local o = others[from]
@@ -253,13 +264,7 @@ end
 -- when the token did not come from the reserve itself (that write records it), and at
 -- most sixteen times per interval.
 if take and hasOwn and clientOK and source ~= 2 and now - lo > bo / ro / 16 then
-  if (eo ~= nil and eo >= now + (bo - to) / ro) then
-    redis.call('SET', KEYS[oi], spack('<dddd', to, now, eo, now), 'KEEPTTL')
-  else
-    local x = ceil((bo / ro) / 1000)
-    if not (x < 1e15) then x = 1e15 elseif x < 1 then x = 1 end
-    redis.call('SET', KEYS[oi], spack('<dddd', to, now, now + x * 1000, now), 'PX', format('%d', x))
-  end
+  writeOwn()
 end
 
 -- A refusal checks that the client bucket and the shared remainder live until they

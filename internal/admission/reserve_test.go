@@ -3,6 +3,7 @@ package admission
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -109,6 +110,30 @@ func TestReservedCapacity(t *testing.T) {
 			}
 			if got, _ := b.drainAs("acme", "pro"); got["reserve"] != 3 {
 				t.Fatalf("pro then drew %v, want the 3 left of its reserve", got)
+			}
+		})
+	})
+
+	t.Run("a tier's last ask outlives its refill interval, however full its reserve", func(t *testing.T) {
+		t.Parallel()
+		topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
+			// pro reserves 4 refilling at 4/s: nobody may borrow from it for 1 s after
+			// it asked.
+			b := reservedSetup(t, rdb, "", &space.Reservations{
+				Shared:   space.Rate{RefillRPS: neverRefills, Burst: 6},
+				Reserves: []space.TierReserve{{Tier: "pro", Reserve: space.Reserve{Rate: space.Rate{RefillRPS: 4, Burst: 4}, Lendable: 1}}},
+			})
+			b.chargeAs("acme", "pro")
+			// Full again, so that the next ask leaves a reserve whose refill (250 ms)
+			// ends long before the interval of that ask does.
+			time.Sleep(500 * time.Millisecond)
+			if d := b.chargeAs("acme", "pro"); d.Source != "reserve" {
+				t.Fatalf("pro's second charge came from %q", d.Source)
+			}
+			// The mark of that ask is in the reserve's key: gone with it, the reserve
+			// would read as full and idle, and be lent while pro is active.
+			if ttl := b.pttl(TierKey(b.prefix, "pro")); ttl < 900*time.Millisecond {
+				t.Fatalf("pro's reserve lives %v after its last ask, want at least its refill interval of 1s", ttl)
 			}
 		})
 	})
