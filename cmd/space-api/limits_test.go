@@ -376,8 +376,13 @@ func TestConcurrencyCap(t *testing.T) {
 		if got["201"] != capN || got[string(space.BucketClientConcurrency)] != burst-capN || len(got) != 2 {
 			t.Fatalf("answers %v, want %d created and %d refused client_concurrency", got, capN, burst-capN)
 		}
-		if more := s.metric("space_client_concurrency_alongside_total") - alongside; more < 1 || more > capN/2 {
-			t.Fatalf("%v of the burst took its place alongside, want 1 to %d (half the cap, the one place known held counted)", more, capN/2-1)
+		// Some of the burst went alongside. How many in all depends on when the first
+		// places came back and taught the replica the count (each lets more go while
+		// the count it learnt leaves room): the bound is on places being taken
+		// alongside at once, at most half the cap, which TestConcurrencyAlongside
+		// holds exactly.
+		if more := s.metric("space_client_concurrency_alongside_total") - alongside; more < 1 {
+			t.Fatalf("none of the burst took its place alongside")
 		}
 		var rows, starting int
 		if err := s.m.DB.QueryRow(testenv.Context(t), `SELECT count(*), count(*) FILTER (WHERE state = 'starting')
