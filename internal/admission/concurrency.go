@@ -93,8 +93,8 @@ type ConcurrencyLimiter struct {
 	instance string
 	seq      atomic.Uint64
 
-	// known is what this replica's last Acquire learnt of each client's places, for
-	// Alongside: client key -> *knownPlaces. Bounded by the budget keys, which are.
+	// known is what this replica's newest Acquire (by Redis's clock) learnt of each
+	// client's places, for Alongside: client key -> *knownPlaces. Bounded by the budget keys, which are.
 	known sync.Map
 	now   func() time.Time
 
@@ -206,10 +206,10 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 		return space.Lease{}, nil
 	}
 	reply := v.([]int64)
-	if len(reply) != 2 {
+	if len(reply) != 3 {
 		return space.Lease{}, fmt.Errorf("acquire: unexpected reply %v", reply)
 	}
-	known.learn(reply[1], c.now())
+	known.learn(reply[1], reply[2], c.now())
 	if reply[0] != 1 {
 		c.metrics.decisions.WithLabelValues(decisionRejected).Inc()
 		return space.Lease{}, &space.LimitError{
@@ -236,19 +236,67 @@ func roomy(n int64, cap int) bool { return 2*n <= int64(cap) }
 // Alongside: a key that has taken no place here for that long is asked first again.
 const alongsideFor = time.Second
 
-// knownPlaces is what this replica knows of one client's places: how many were held
-// after its last Acquire here, and when (unix nanoseconds; 0 knows nothing), and how
-// many are being taken here alongside other work now.
+// knownPlaces is what this replica knows of one client's places: the newest of its
+// Acquires' counts, and how many places are being taken here alongside other work now.
 type knownPlaces struct {
-	held, at, pending atomic.Int64
+	seen    atomic.Pointer[placesSeen]
+	pending atomic.Int64
 }
 
-func (k *knownPlaces) learn(held int64, at time.Time) {
-	k.held.Store(held)
-	k.at.Store(at.UnixNano())
+// placesSeen is one Acquire's count: held places after it, redisAt its Redis TIME
+// (microseconds), at when this replica learnt it (unix nanoseconds; 0 knows nothing).
+type placesSeen struct {
+	held, redisAt, at int64
 }
 
-func (k *knownPlaces) forget() { k.at.Store(0) }
+// reorderBound is how far back by Redis's clock a reply may be and still be taken for
+// a reordered one (and ignored): replies of one replica are apart by at most a call's
+// timeout. A reply older than that is a clock that moved back (a failover to a node
+// whose clock is behind), and is learnt, so that what a replica knows never stalls.
+const reorderBound = alongsideFor
+
+// learn takes an Acquire's count when it is the newest this replica has seen by
+// Redis's clock (of the same instant, the larger count): the replies of concurrent
+// Acquires come back in any order, and the last to come back may be the oldest, with
+// a count lower than the client holds now.
+func (k *knownPlaces) learn(held, redisAt int64, at time.Time) {
+	next := &placesSeen{held: held, redisAt: redisAt, at: at.UnixNano()}
+	for {
+		cur := k.seen.Load()
+		if cur != nil && !cur.replacedBy(held, redisAt) {
+			return
+		}
+		if k.seen.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
+
+// replacedBy reports whether a reply counting held at redisAt is newer than s: later
+// by Redis's clock, of the same instant and no smaller, or earlier past reorderBound.
+func (s *placesSeen) replacedBy(held, redisAt int64) bool {
+	switch back := time.Duration(s.redisAt-redisAt) * time.Microsecond; {
+	case back == 0:
+		return held >= s.held
+	case back < 0, back > reorderBound:
+		return true
+	}
+	return false
+}
+
+// forget makes the replica know nothing of the client (an Acquire failed) until a
+// newer reply than the last it learnt.
+func (k *knownPlaces) forget() {
+	for {
+		cur := k.seen.Load()
+		if cur == nil || cur.at == 0 {
+			return
+		}
+		if k.seen.CompareAndSwap(cur, &placesSeen{held: cur.held, redisAt: cur.redisAt}) {
+			return
+		}
+	}
+}
 
 func (c *ConcurrencyLimiter) places(client space.ClientKey) *knownPlaces {
 	if k, ok := c.known.Load(client); ok {
@@ -263,7 +311,8 @@ func (c *ConcurrencyLimiter) places(client space.ClientKey) *knownPlaces {
 // instead of before it, and if so counts that place as being taken here until done
 // is called, which must be once the Acquire it was for has returned.
 //
-// It may when this replica's last Acquire of client, within alongsideFor (1s), left
+// It may when this replica's newest Acquire of client by Redis's clock (not the last
+// reply to come back: see knownPlaces.learn), learnt within alongsideFor (1s), left
 // at most half of cap held, with every place being taken alongside here now counted
 // and this one: that is, when the Acquire is all but certain to succeed. Whatever
 // else, it may not: a client that nears its cap, or that this replica has not asked
@@ -275,11 +324,11 @@ func (c *ConcurrencyLimiter) Alongside(client space.ClientKey, cap int) (done fu
 		return nil, false
 	}
 	k := c.places(client)
-	at := k.at.Load()
-	if at == 0 || c.now().Sub(time.Unix(0, at)) > alongsideFor {
+	seen := k.seen.Load()
+	if seen == nil || seen.at == 0 || c.now().Sub(time.Unix(0, seen.at)) > alongsideFor {
 		return nil, false
 	}
-	held := k.held.Load()
+	held := seen.held
 	for {
 		pending := k.pending.Load()
 		if !roomy(held+pending+1, cap) {

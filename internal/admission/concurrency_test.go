@@ -473,3 +473,76 @@ func TestConcurrencyAlongside(t *testing.T) {
 		}
 	})
 }
+
+func TestConcurrencyKnownPlaces(t *testing.T) {
+	t.Parallel()
+
+	for name, rdb := range map[string]func(testing.TB) redis.UniversalClient{"standalone": testenv.Redis, "cluster": testenv.RedisCluster} {
+		t.Run("what a replica knows is its newest place by Redis's clock, not its last reply/"+name, func(t *testing.T) {
+			t.Parallel()
+			b := setupConcurrency(t, rdb(t), ConcurrencyOptions{})
+			// Sixty-four places taken at once and none given back: the script that ran
+			// last in Redis counted all of them. Replies come back in any order over
+			// the pool's connections; the count learnt must be the newest one's.
+			const n = 64
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					if _, err := b.lim.Acquire(b.ctx, "acme", 1000); err != nil {
+						t.Errorf("Acquire: %v", err)
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			if held := b.lim.places("acme").seen.Load().held; held != n {
+				t.Fatalf("the replica knows %d places held, want %d (the newest reply's count)", held, n)
+			}
+		})
+	}
+
+	t.Run("an older reply teaches nothing; one of the same instant teaches the larger count; a clock moved back is followed", func(t *testing.T) {
+		t.Parallel()
+		var k knownPlaces
+		now := time.Now()
+		k.learn(5, 1000, now)
+		k.learn(1, 999, now)
+		if got := k.seen.Load().held; got != 5 {
+			t.Fatalf("held %d after an older reply of 1, want 5", got)
+		}
+		k.learn(3, 1000, now)
+		if got := k.seen.Load().held; got != 5 {
+			t.Fatalf("held %d after a reply of 3 at the same instant, want the larger 5", got)
+		}
+		k.learn(7, 1000, now)
+		if got := k.seen.Load().held; got != 7 {
+			t.Fatalf("held %d after a reply of 7 at the same instant, want 7", got)
+		}
+		k.learn(2, 1001, now)
+		if got := k.seen.Load().held; got != 2 {
+			t.Fatalf("held %d after a newer reply of 2, want 2", got)
+		}
+		k.forget()
+		if k.seen.Load().at != 0 {
+			t.Fatal("forget left the replica knowing something")
+		}
+		k.learn(4, 1000, now)
+		if k.seen.Load().at != 0 {
+			t.Fatal("a reply older than the forgotten one's taught again")
+		}
+		k.learn(4, 1002, now)
+		if got := k.seen.Load(); got.held != 4 || got.at == 0 {
+			t.Fatalf("after a newer reply the replica knows %+v, want 4 places", got)
+		}
+		// Past reorderBound back, a reply is a clock that moved back (a failover), not
+		// a reordered reply: learnt, so that what the replica knows does not stall.
+		k.learn(6, 1002-(reorderBound+time.Millisecond).Microseconds(), now)
+		if got := k.seen.Load().held; got != 6 {
+			t.Fatalf("held %d after a reply from a clock %s back, want 6", got, reorderBound+time.Millisecond)
+		}
+	})
+}
