@@ -115,6 +115,9 @@ func (s *Server) identify(next http.Handler) http.Handler {
 func (s *Server) limitConcurrency(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caller := callerFrom(r.Context())
+		// A restore, a pause, a read: work another key's refusals yield to, as a
+		// create past its refusal is (refusalPace).
+		defer s.pace.end(s.pace.begin(caller.Key))
 		lease, err := s.concurrency.Acquire(r.Context(), caller.Key, caller.Concurrency)
 		if err != nil {
 			s.writeError(w, r, err)

@@ -19,16 +19,18 @@ import (
 const maxPacedRefusals = 1024
 
 // refusalPace holds a create refused from memory (Service.knownRefusal) for the pace
-// before it is answered, while a create of another budget key is at work on this
-// replica; at any other moment a refusal is answered at once.
+// before it is answered, while a request of another budget key is at work on this
+// replica (a create past its own refusal from memory, or any request on a route that
+// takes a concurrency place: a restore, a pause, a delete, a read); at any other
+// moment a refusal is answered at once.
 //
 // A client flooding over its rate costs the replica the CPU of every refusal, and a
 // client that sends its next create as soon as it is answered (a closed loop, as most
 // do) sends as fast as the replica answers: on a saturated replica, that CPU is what
-// another client's create waits behind at each of its round trips to Postgres and
-// Redis. Held, the flooder's connections send nothing while the neighbour's create
+// another client's create or restore waits behind at each of its round trips to
+// Postgres and Redis. Held, the flooder's connections send nothing while the neighbour's request
 // runs (a closed loop over N connections sends at most N a pace), and the replica's
-// CPU goes to the create; answered at once otherwise, a flood alone on the replica is
+// CPU goes to that request; answered at once otherwise, a flood alone on the replica is
 // refused as fast as it can be. The flooder loses nothing it was owed: it was refused
 // either way and is told to retry after a second or more. Refusals from Redis and
 // every other answer are never held.
@@ -39,7 +41,7 @@ type refusalPace struct {
 	// onHold, when set, is told each hold as it starts (tests).
 	onHold func()
 
-	working atomic.Int64 // creates at work on this replica, every key's
+	working atomic.Int64 // requests at work on this replica, every key's
 	byKey   sync.Map     // space.ClientKey → *atomic.Int64: the same, by key
 	held    atomic.Int64
 	paced   prometheus.Counter
@@ -54,13 +56,14 @@ func newRefusalPace(pace time.Duration, reg prometheus.Registerer) *refusalPace 
 		},
 		paced: metric.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "space_refusals_paced_total",
-			Help: "Creates refused from memory whose answer was held for SPACE_REFUSAL_PACE because another budget key's create was at work on the replica.",
+			Help: "Creates refused from memory whose answer was held for SPACE_REFUSAL_PACE because another budget key's request was at work on the replica.",
 		})),
 	}
 }
 
-// begin counts a create of key at work (past the refusal from memory) until end is
-// called with what it returns.
+// begin counts a request of key at work (a create past the refusal from memory, a
+// request past the identity on a route with a concurrency place) until end is called
+// with what it returns.
 func (p *refusalPace) begin(key space.ClientKey) *atomic.Int64 {
 	n, ok := p.byKey.Load(key)
 	if !ok {
@@ -77,8 +80,8 @@ func (p *refusalPace) end(c *atomic.Int64) {
 	c.Add(-1)
 }
 
-// neighbours reports whether a create of a key other than key is at work here. The
-// two counts are read one after the other, not at one instant: a create that begins
+// neighbours reports whether a request of a key other than key is at work here. The
+// two counts are read one after the other, not at one instant: a request that begins
 // or ends between them decides only whether this one refusal waits.
 func (p *refusalPace) neighbours(key space.ClientKey) bool {
 	all := p.working.Load()
@@ -93,7 +96,7 @@ func (p *refusalPace) neighbours(key space.ClientKey) bool {
 }
 
 // hold waits for the pace before key's refusal from memory is answered, when another
-// key's create is at work here and fewer than maxPacedRefusals are held; it returns
+// key's request is at work here and fewer than maxPacedRefusals are held; it returns
 // early when the caller goes.
 func (p *refusalPace) hold(ctx context.Context, key space.ClientKey) {
 	if p.pace <= 0 || !p.neighbours(key) {

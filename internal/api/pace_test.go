@@ -150,6 +150,46 @@ func TestRefusalPace(t *testing.T) {
 		}
 	})
 
+	t.Run("refusals from memory wait while another key's restore is at work, not beside the key's own", func(t *testing.T) {
+		t.Parallel()
+		b := setupPace(t, 10*time.Millisecond)
+		b.h.sandboxes.restore = func(space.Caller, string) (*space.Sandbox, error) {
+			b.started <- struct{}{}
+			<-b.finish
+			return running, nil
+		}
+		restore := func(client string) <-chan *httptest.ResponseRecorder {
+			done := make(chan *httptest.ResponseRecorder, 1)
+			go func() {
+				done <- b.h.do(b.h.public, "POST", "/v1/sandboxes/"+running.ID+"/restore", "", HeaderClientID, client)
+			}()
+			return done
+		}
+		own := restore("acme")
+		<-b.started
+		refusedAtOnce(t, b)
+
+		beta := restore("beta")
+		<-b.started
+		refusal := send(b, context.Background(), "acme")
+		within(t, "a refusal's hold began beside beta's restore", b.holds)
+		select {
+		case w := <-refusal:
+			t.Fatalf("the refusal answered %d before its pace ended", w.Code)
+		default:
+		}
+		b.fire <- time.Now()
+		if w := answered(t, refusal); w.Code != http.StatusTooManyRequests {
+			t.Fatalf("acme's create = %d %s, want 429", w.Code, w.Body)
+		}
+		close(b.finish)
+		for name, a := range map[string]<-chan *httptest.ResponseRecorder{"acme": own, "beta": beta} {
+			if w := answered(t, a); w.Code != http.StatusOK {
+				t.Fatalf("%s's restore = %d %s", name, w.Code, w.Body)
+			}
+		}
+	})
+
 	t.Run("a refusal with no other key's create at work is answered at once", func(t *testing.T) {
 		t.Parallel()
 		refusedAtOnce(t, setupPace(t, 10*time.Millisecond))

@@ -214,7 +214,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		defer plan.Release()
 		if code := space.ErrorCode(err); code == space.ELIMITED || code == space.EUNPROCESSABLE {
 			if code == space.ELIMITED {
-				// Refused from memory: yields to another key's create at work here.
+				// Refused from memory: yields to another key's request at work here.
 				s.pace.hold(r.Context(), caller.Key)
 			}
 			s.writeError(w, r, err)

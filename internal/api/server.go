@@ -57,7 +57,7 @@ type Options struct {
 	// either way.
 	RefusalLogEvery time.Duration
 	// RefusalPace is how long a create refused from memory waits before it is
-	// answered while another budget key's create is at work on the replica (see
+	// answered while another budget key's request is at work on the replica (see
 	// refusalPace); 0 answers every refusal at once. SPACE_REFUSAL_PACE; New takes a
 	// negative value as 0.
 	RefusalPace time.Duration

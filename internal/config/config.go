@@ -139,7 +139,7 @@ type Admission struct {
 	// reset by hand is seen within it.
 	RefusalCacheMaxAge time.Duration
 	// RefusalPace holds a create refused from memory that long before its answer while
-	// another budget key's create is at work on the replica; 0 answers at once.
+	// another budget key's request is at work on the replica; 0 answers at once.
 	RefusalPace time.Duration
 }
 
