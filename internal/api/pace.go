@@ -18,11 +18,12 @@ import (
 // bound is reached only by a flood of about 100,000 a second at the default pace.
 const maxPacedRefusals = 1024
 
-// refusalPace holds a create refused from memory (Service.knownRefusal) for the pace
-// before it is answered, while a request of another budget key is at work on this
-// replica (a create past its own refusal from memory, or any request on a route that
-// takes a concurrency place: a restore, a pause, a delete, a read); at any other
-// moment a refusal is answered at once.
+// refusalPace holds a create refused from memory (Service.knownRefusal) before it is
+// answered, while a request of another budget key is at work on this replica (a
+// create past its own refusal from memory, or any request on a route that takes a
+// concurrency place: a restore, a pause, a delete, a read): until no request at all is
+// at work here, or for the pace, whichever comes first. At any other moment a refusal
+// is answered at once.
 //
 // A client flooding over its rate costs the replica the CPU of every refusal, and a
 // client that sends its next create as soon as it is answered (a closed loop, as most
@@ -31,7 +32,11 @@ const maxPacedRefusals = 1024
 // Postgres and Redis. Held, the flooder's connections send nothing while the neighbour's request
 // runs (a closed loop over N connections sends at most N a pace), and the replica's
 // CPU goes to that request; answered at once otherwise, a flood alone on the replica is
-// refused as fast as it can be. The flooder loses nothing it was owed: it was refused
+// refused as fast as it can be. A held refusal is answered as soon as the replica has
+// nothing else at work, not at the end of a fixed wait: the writes of a flood's
+// answers, most of a refusal's CPU (a system call that carries the answer through the
+// kernel), then fall in the gaps between the neighbour's requests instead of on the
+// next one. The flooder loses nothing it was owed: it was refused
 // either way and is told to retry after a second or more. Refusals from Redis and
 // every other answer are never held.
 type refusalPace struct {
@@ -44,11 +49,14 @@ type refusalPace struct {
 	working atomic.Int64 // requests at work on this replica, every key's
 	byKey   sync.Map     // space.ClientKey → *atomic.Int64: the same, by key
 	held    atomic.Int64
-	paced   prometheus.Counter
+	// idle is closed, and replaced, when the last request at work here ends while
+	// refusals are held: they are answered then, before their pace.
+	idle  atomic.Pointer[chan struct{}]
+	paced prometheus.Counter
 }
 
 func newRefusalPace(pace time.Duration, reg prometheus.Registerer) *refusalPace {
-	return &refusalPace{
+	p := &refusalPace{
 		pace: pace,
 		after: func(d time.Duration) (<-chan time.Time, func() bool) {
 			t := time.NewTimer(d)
@@ -56,9 +64,12 @@ func newRefusalPace(pace time.Duration, reg prometheus.Registerer) *refusalPace 
 		},
 		paced: metric.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "space_refusals_paced_total",
-			Help: "Creates refused from memory whose answer was held for SPACE_REFUSAL_PACE because another budget key's request was at work on the replica.",
+			Help: "Creates refused from memory whose answer was held (for SPACE_REFUSAL_PACE at most) because another budget key's request was at work on the replica.",
 		})),
 	}
+	idle := make(chan struct{})
+	p.idle.Store(&idle)
+	return p
 }
 
 // begin counts a request of key at work (a create past the refusal from memory, a
@@ -75,8 +86,12 @@ func (p *refusalPace) begin(key space.ClientKey) *atomic.Int64 {
 	return c
 }
 
+// end ends a request begun with begin; the last at work lets the held refusals go.
 func (p *refusalPace) end(c *atomic.Int64) {
-	p.working.Add(-1)
+	if p.working.Add(-1) == 0 && p.held.Load() > 0 {
+		next := make(chan struct{})
+		close(*p.idle.Swap(&next))
+	}
 	c.Add(-1)
 }
 
@@ -95,14 +110,21 @@ func (p *refusalPace) neighbours(key space.ClientKey) bool {
 	return all > own
 }
 
-// hold waits for the pace before key's refusal from memory is answered, when another
-// key's request is at work here and fewer than maxPacedRefusals are held; it returns
-// early when the caller goes.
+// hold waits before key's refusal from memory is answered, when another key's request
+// is at work here and fewer than maxPacedRefusals are held: until no request is at
+// work here, for the pace at most; it returns early when the caller goes.
 func (p *refusalPace) hold(ctx context.Context, key space.ClientKey) {
-	if p.pace <= 0 || !p.neighbours(key) {
-		return
+	if p.pace <= 0 || p.working.Load() <= 0 || !p.neighbours(key) {
+		return // a flood alone on the replica: one atomic load
 	}
-	if p.held.Add(1) > maxPacedRefusals {
+	// The order matters: the channel is read before this hold is counted, and the
+	// count before the requests at work are; end counts the requests first, then the
+	// holds. Whichever way the two interleave, a hold that sees a request at work is
+	// seen by the end of the last one, which closes this channel or a later one (this
+	// one then already closed): no hold waits its whole pace for an end it missed.
+	// Hence neighbours is asked again once the hold is counted.
+	idle := *p.idle.Load()
+	if p.held.Add(1) > maxPacedRefusals || !p.neighbours(key) {
 		p.held.Add(-1)
 		return
 	}
@@ -114,6 +136,8 @@ func (p *refusalPace) hold(ctx context.Context, key space.ClientKey) {
 	c, stop := p.after(p.pace)
 	select {
 	case <-c:
+	case <-idle:
+		stop()
 	case <-ctx.Done():
 		stop()
 	}

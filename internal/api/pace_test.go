@@ -150,6 +150,68 @@ func TestRefusalPace(t *testing.T) {
 		}
 	})
 
+	t.Run("held refusals are answered when the last request at work ends, before their pace", func(t *testing.T) {
+		t.Parallel()
+		b := setupPace(t, 10*time.Millisecond)
+		beta := betaAtWork(t, b)
+		const refused = 4
+		answers := make([]<-chan *httptest.ResponseRecorder, refused)
+		for i := range answers {
+			answers[i] = send(b, context.Background(), "acme")
+			within(t, "a refusal's hold began", b.holds)
+		}
+		close(b.finish) // beta's create ends; the test's timer never fires
+		if w := answered(t, beta); w.Code != http.StatusCreated {
+			t.Fatalf("beta's create = %d %s", w.Code, w.Body)
+		}
+		for i, a := range answers {
+			if w := answered(t, a); w.Code != http.StatusTooManyRequests {
+				t.Fatalf("refusal %d = %d %s, want 429", i, w.Code, w.Body)
+			}
+		}
+		if n := b.h.server.pace.held.Load(); n != 0 {
+			t.Fatalf("held = %d after every refusal was answered, want 0", n)
+		}
+	})
+
+	t.Run("a request of the refused key's own at work keeps its held refusals to their pace", func(t *testing.T) {
+		t.Parallel()
+		b := setupPace(t, 10*time.Millisecond)
+		b.refuseAcme.Store(false)
+		own := send(b, context.Background(), "acme") // acme's admitted create, at work
+		<-b.started
+		b.refuseAcme.Store(true)
+		restoring, release := make(chan struct{}), make(chan struct{})
+		b.h.sandboxes.restore = func(space.Caller, string) (*space.Sandbox, error) {
+			close(restoring)
+			<-release
+			return running, nil
+		}
+		restored := make(chan *httptest.ResponseRecorder, 1)
+		go func() {
+			restored <- b.h.do(b.h.public, "POST", "/v1/sandboxes/"+running.ID+"/restore", "", HeaderClientID, "beta")
+		}()
+		<-restoring
+		refusal := send(b, context.Background(), "acme")
+		within(t, "a refusal's hold began beside beta's restore", b.holds)
+		close(release) // beta's restore ends, acme's own create is still at work
+		if w := answered(t, restored); w.Code != http.StatusOK {
+			t.Fatalf("beta's restore = %d %s", w.Code, w.Body)
+		}
+		select {
+		case b.fire <- time.Now(): // the hold was still waiting for its pace
+		case w := <-refusal:
+			t.Fatalf("the refusal answered %d with acme's own create still at work, before its pace", w.Code)
+		}
+		if w := answered(t, refusal); w.Code != http.StatusTooManyRequests {
+			t.Fatalf("acme's create = %d %s, want 429", w.Code, w.Body)
+		}
+		close(b.finish)
+		if w := answered(t, own); w.Code != http.StatusCreated {
+			t.Fatalf("acme's admitted create = %d %s", w.Code, w.Body)
+		}
+	})
+
 	t.Run("refusals from memory wait while another key's restore is at work, not beside the key's own", func(t *testing.T) {
 		t.Parallel()
 		b := setupPace(t, 10*time.Millisecond)

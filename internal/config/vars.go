@@ -149,7 +149,7 @@ func declare(c *Config) []Var {
 		Var{Name: "SPACE_REFUSAL_CACHE_MAX_AGE", Default: "1s", parse: into(&a.RefusalCacheMaxAge, durationOrOff),
 			Help: "How old a replica's memory of an empty bucket may be and still refuse without asking Redis (`0`: never); a bucket reset by hand is seen within it."},
 		Var{Name: "SPACE_REFUSAL_PACE", Default: "10ms", parse: into(&a.RefusalPace, refusalPace),
-			Help: "How long a create refused from memory waits before its 429 while another client key's request (a create, a restore, any budgeted route) is at work on the replica, so that a flood's closed loop yields the CPU to it (`0`: answer at once; at most 1s)."},
+			Help: "How long at most a create refused from memory waits before its 429 while another client key's request (a create, a restore, any budgeted route) is at work on the replica; it is answered as soon as nothing is at work there. A flood's refusals yield the CPU to its neighbours (`0`: answer at once; at most 1s)."},
 	)...)
 	vars = append(vars, group("Flags",
 		Var{Name: "SPACE_FLAGS_FILE", Unset: "the env defaults alone", parse: into(&c.Flags.File, text),
