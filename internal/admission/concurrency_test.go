@@ -509,23 +509,20 @@ func TestConcurrencyKnownPlaces(t *testing.T) {
 		t.Parallel()
 		var k knownPlaces
 		now := time.Now()
-		k.learn(5, 1000, now)
-		k.learn(1, 999, now)
-		if got := k.seen.Load().held; got != 5 {
-			t.Fatalf("held %d after an older reply of 1, want 5", got)
+		// learn teaches a reply of held places at redisAt, and wants the replica to
+		// know want after it.
+		learn := func(held, redisAt, want int64, what string) {
+			t.Helper()
+			k.learn(held, redisAt, now)
+			if got := k.seen.Load().held; got != want {
+				t.Fatalf("held %d after %s, want %d", got, what, want)
+			}
 		}
-		k.learn(3, 1000, now)
-		if got := k.seen.Load().held; got != 5 {
-			t.Fatalf("held %d after a reply of 3 at the same instant, want the larger 5", got)
-		}
-		k.learn(7, 1000, now)
-		if got := k.seen.Load().held; got != 7 {
-			t.Fatalf("held %d after a reply of 7 at the same instant, want 7", got)
-		}
-		k.learn(2, 1001, now)
-		if got := k.seen.Load().held; got != 2 {
-			t.Fatalf("held %d after a newer reply of 2, want 2", got)
-		}
+		learn(5, 1000, 5, "a first reply of 5")
+		learn(1, 999, 5, "an older reply of 1")
+		learn(3, 1000, 5, "a reply of 3 at the same instant (the larger stays)")
+		learn(7, 1000, 7, "a reply of 7 at the same instant")
+		learn(2, 1001, 2, "a newer reply of 2")
 		k.forget()
 		if k.seen.Load().at != 0 {
 			t.Fatal("forget left the replica knowing something")
@@ -540,9 +537,6 @@ func TestConcurrencyKnownPlaces(t *testing.T) {
 		}
 		// Past reorderBound back, a reply is a clock that moved back (a failover), not
 		// a reordered reply: learnt, so that what the replica knows does not stall.
-		k.learn(6, 1002-(reorderBound+time.Millisecond).Microseconds(), now)
-		if got := k.seen.Load().held; got != 6 {
-			t.Fatalf("held %d after a reply from a clock %s back, want 6", got, reorderBound+time.Millisecond)
-		}
+		learn(6, 1002-(reorderBound+time.Millisecond).Microseconds(), 6, "a reply from a clock moved back past reorderBound")
 	})
 }

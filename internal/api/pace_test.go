@@ -92,6 +92,19 @@ func TestRefusalPace(t *testing.T) {
 			t.Fatalf("%s: not after 10s", what)
 		}
 	}
+	// heldRefusals sends n creates of acme's, refused from memory, and returns their
+	// answers once every one's hold has begun.
+	heldRefusals := func(t *testing.T, b *paceBundle, n int) []<-chan *httptest.ResponseRecorder {
+		t.Helper()
+		answers := make([]<-chan *httptest.ResponseRecorder, n)
+		for i := range answers {
+			answers[i] = send(b, context.Background(), "acme")
+		}
+		for range n {
+			within(t, "a refusal's hold began", b.holds)
+		}
+		return answers
+	}
 	answered := func(t *testing.T, a <-chan *httptest.ResponseRecorder) *httptest.ResponseRecorder {
 		t.Helper()
 		select {
@@ -118,13 +131,7 @@ func TestRefusalPace(t *testing.T) {
 		b := setupPace(t, 10*time.Millisecond)
 		beta := betaAtWork(t, b)
 		const refused = 8
-		answers := make([]<-chan *httptest.ResponseRecorder, refused)
-		for i := range answers {
-			answers[i] = send(b, context.Background(), "acme")
-		}
-		for range refused {
-			within(t, "a refusal's hold began", b.holds)
-		}
+		answers := heldRefusals(t, b, refused)
 		// Every refusal is now parked on the test's timer: none can have answered.
 		for i, a := range answers {
 			select {
@@ -154,12 +161,7 @@ func TestRefusalPace(t *testing.T) {
 		t.Parallel()
 		b := setupPace(t, 10*time.Millisecond)
 		beta := betaAtWork(t, b)
-		const refused = 4
-		answers := make([]<-chan *httptest.ResponseRecorder, refused)
-		for i := range answers {
-			answers[i] = send(b, context.Background(), "acme")
-			within(t, "a refusal's hold began", b.holds)
-		}
+		answers := heldRefusals(t, b, 4)
 		close(b.finish) // beta's create ends; the test's timer never fires
 		if w := answered(t, beta); w.Code != http.StatusCreated {
 			t.Fatalf("beta's create = %d %s", w.Code, w.Body)
