@@ -94,7 +94,8 @@ type ConcurrencyLimiter struct {
 	seq      atomic.Uint64
 
 	// known is what this replica's newest Acquire (by Redis's clock) learnt of each
-	// client's places, for Alongside: client key -> *knownPlaces. Bounded by the budget keys, which are.
+	// client's places, for Alongside: client key -> *knownPlaces. Bounded by the
+	// budget keys, which are.
 	known sync.Map
 	now   func() time.Time
 

@@ -29,14 +29,14 @@ const maxPacedRefusals = 1024
 // client that sends its next create as soon as it is answered (a closed loop, as most
 // do) sends as fast as the replica answers: on a saturated replica, that CPU is what
 // another client's create or restore waits behind at each of its round trips to
-// Postgres and Redis. Held, the flooder's connections send nothing while the neighbour's request
-// runs (a closed loop over N connections sends at most N a pace), and the replica's
-// CPU goes to that request; answered at once otherwise, a flood alone on the replica is
-// refused as fast as it can be. A held refusal is answered as soon as the replica has
-// nothing else at work, not at the end of a fixed wait: the writes of a flood's
-// answers, most of a refusal's CPU (a system call that carries the answer through the
-// kernel), then fall in the gaps between the neighbour's requests instead of on the
-// next one. The flooder loses nothing it was owed: it was refused
+// Postgres and Redis. Held, the flooder's connections send nothing while the
+// neighbour's request runs (a closed loop over N connections sends at most N a pace),
+// and the replica's CPU goes to that request; answered at once otherwise, a flood
+// alone on the replica is refused as fast as it can be. A held refusal is answered as
+// soon as the replica has nothing else at work, not at the end of a fixed wait: the
+// writes of a flood's answers, most of a refusal's CPU (a system call that carries the
+// answer through the kernel), then fall in the gaps between the neighbour's requests
+// instead of on the next one. The flooder loses nothing it was owed: it was refused
 // either way and is told to retry after a second or more. Refusals from Redis and
 // every other answer are never held.
 type refusalPace struct {
@@ -114,8 +114,8 @@ func (p *refusalPace) neighbours(key space.ClientKey) bool {
 // is at work here and fewer than maxPacedRefusals are held: until no request is at
 // work here, for the pace at most; it returns early when the caller goes.
 func (p *refusalPace) hold(ctx context.Context, key space.ClientKey) {
-	if p.pace <= 0 || p.working.Load() <= 0 || !p.neighbours(key) {
-		return // a flood alone on the replica: one atomic load
+	if p.pace <= 0 || !p.neighbours(key) {
+		return // a flood alone on the replica: one atomic load (neighbours')
 	}
 	// The order matters: the channel is read before this hold is counted, and the
 	// count before the requests at work are; end counts the requests first, then the
