@@ -24,6 +24,7 @@ import (
 	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/reload"
+	"github.com/space-sandbox/space/internal/replicas"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/store"
 	"github.com/space-sandbox/space/internal/substrate"
@@ -62,6 +63,7 @@ type Main struct {
 	PoolView    *pool.View
 	Replenisher *pool.Replenisher
 	Reconciler  *sandbox.Reconciler
+	Roster      *replicas.Roster
 	Sandboxes   *sandbox.Service
 	Keys        *apikey.Store // api_key mode only
 
@@ -137,9 +139,14 @@ func (m *Main) Run(ctx context.Context) error {
 	opts.RefusalPace = cfg.Admission.RefusalPace
 	m.API = api.New(opts)
 
+	// Counted before serving, so that a replica that starts during a Redis outage
+	// fails open within its share from its first create; a failed heartbeat is logged
+	// and the next one tries again.
+	m.Roster.Beat(ctx) //nolint:errcheck // logged by the roster
 	if err := m.listen(); err != nil {
 		return err
 	}
+	m.background(func(ctx context.Context) { m.Roster.Run(ctx, nil) })
 	if !m.noReplenisher {
 		m.background(func(ctx context.Context) { m.Replenisher.Run(ctx, nil) })
 	}

@@ -455,6 +455,43 @@ func TestRedisOutage(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("two replicas in an outage admit one cluster burst between them, not one each", func(t *testing.T) {
+		t.Parallel()
+		redisSrv := testenv.StartRedis(t)
+		proxy := testenv.StartProxy(t, redisSrv.Addr)
+		cfg := testConfig(t)
+		cfg.Redis.Addrs = []string{proxy.Addr}
+		cfg.Redis.Timeout = 100 * time.Millisecond
+		cfg.Admission.FailureMode = config.FailOpen
+		cfg.Admission.Cluster = space.Rate{RefillRPS: 1e-6, Burst: 10}
+		cfg.Flags.File = testenv.WriteFile(t, "flags.json", quotaFlags(`{"clients": {"acme": {"concurrency": 50, "live_sandboxes": 1000}}, "rate": {"acme": {"refill_rps": 0.000001, "burst": 1000}}}`, ""))
+		ms := startMains(t, cfg, 2, false)
+		// The second replica counted both at its start; the first counts again now,
+		// as its next heartbeat would.
+		if n, err := ms[0].Roster.Beat(testenv.Context(t)); err != nil || n != 2 || ms[1].Roster.Count() != 2 {
+			t.Fatalf("the replicas counted %d (%v) and %d, want 2 and 2", n, err, ms[1].Roster.Count())
+		}
+		proxy.Cut()
+		for i, m := range ms {
+			s := &server{t: t, m: m}
+			got := map[int]int{}
+			for range 8 {
+				got[s.requestNoFail(m.PublicURL(), "POST", "/v1/sandboxes", "acme", pythonBody)]++
+			}
+			// The cluster bucket of 10, never learnt (full), shared by 2: 5 each.
+			if want := map[int]int{http.StatusCreated: 5, http.StatusTooManyRequests: 3}; !maps.Equal(got, want) {
+				t.Fatalf("replica %d answered %v during the outage, want %v", i, got, want)
+			}
+			r := s.do("POST", "/v1/sandboxes", "acme", pythonBody)
+			if p := r.problem(t); r.StatusCode != http.StatusTooManyRequests || p.Bucket != space.BucketClusterActivation {
+				t.Fatalf("replica %d past its share: %d %+v, want a 429 of the cluster bucket", i, r.StatusCode, p)
+			}
+			if got := s.metric("space_replicas"); got != 2 {
+				t.Fatalf("replica %d: space_replicas %v, want 2", i, got)
+			}
+		}
+	})
 }
 
 func TestBucketExpiryAndRetryAfter(t *testing.T) {

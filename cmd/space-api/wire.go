@@ -19,7 +19,9 @@ import (
 	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/idempotency"
 	"github.com/space-sandbox/space/internal/pool"
+	"github.com/space-sandbox/space/internal/replicas"
 	"github.com/space-sandbox/space/internal/sandbox"
+	"github.com/space-sandbox/space/internal/store"
 	"github.com/space-sandbox/space/internal/substrate"
 	"github.com/space-sandbox/space/internal/substrate/kubernetes"
 )
@@ -56,6 +58,13 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Registerer: m.Registry,
 	})
 
+	// The roster of live replicas, in Postgres: how many share the cluster bucket, so
+	// that while Redis cannot decide each fails open within its share of it.
+	m.Roster, err = replicas.New(replicas.Options{DB: store.Wrap(m.DB), Registerer: m.Registry, Logger: m.Logger.With("component", "replicas")})
+	if err != nil {
+		return opts, err
+	}
+
 	// One breaker for every Redis call on this replica's request path: once Redis is
 	// known to be down, the failure mode applies at once instead of after a timeout
 	// per call.
@@ -71,6 +80,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		PipelineAbove: pipelineAbove(cfg.Redis),
 		RefusalMaxAge: cfg.Admission.RefusalCacheMaxAge,
 		Reservations:  m.Resolver.Reservations,
+		Replicas:      m.Roster.Count,
 		Breaker:       m.Breaker,
 		Registerer:    m.Registry,
 		Logger:        m.Logger,

@@ -91,6 +91,12 @@ type Options struct {
 	// bucket for everyone. Every charge, a warm-up's included, follows it, so that the
 	// total admitted never exceeds the cluster rate whoever charges.
 	Reservations func() *space.Reservations
+	// Replicas says how many replicas share the buckets now (the roster's count of
+	// live replicas, *replicas.Roster.Count); nil, or an answer below 1, is 1. It
+	// matters only while Redis cannot decide and the failure mode is open: each
+	// replica then spends its share of the cluster bucket (see spendLocally), so that
+	// n replicas in an outage admit about the cluster's rate between them, not n times it.
+	Replicas func() int
 }
 
 // Admitter decides activations against the cluster bucket and, when the caller has a
@@ -128,6 +134,10 @@ type Admitter struct {
 	known  sync.Map // string (Redis key) -> *atomic.Pointer[knownBucket]
 	now    func() time.Time
 	maxAge time.Duration
+	// shares holds, per cluster-side bucket, this replica's share of it as spent
+	// while Redis cannot decide (spendShare); replicas is Options.Replicas.
+	shares   sync.Map // string (Redis key) -> *atomic.Pointer[outageShare]
+	replicas func() int
 }
 
 // knownBucket is one bucket as a decision found it: at most Tokens at time At (the
@@ -249,6 +259,7 @@ func New(opts Options) (*Admitter, error) {
 		clientPrefix: "{" + clusterKey + "}:client:",
 		tierPrefix:   "{" + clusterKey + "}:tier:",
 		reservations: opts.Reservations,
+		replicas:     opts.Replicas,
 		metrics:      metrics,
 		errLog:       newThrottledLog(opts.Logger, "admission: redis failed"),
 	}, nil
@@ -731,7 +742,8 @@ func (a *Admitter) failed(c space.Charge, err error) (Decision, error) {
 // bucket as this replica knows it (its last decision's state and the refill since,
 // as CachedRefusal reads it; a bucket it never learnt, or learnt under another rate,
 // as full) must hold the cost, and the cost is then spent from that state here, both
-// buckets or neither. It returns the refusal, with refused true, when one is short.
+// buckets or neither; of the cluster side, this replica spends only its share
+// (spendShare). It returns the refusal, with refused true, when one is short.
 //
 // Failing open is for an outage of the budget store: it must not stop activations.
 // It must not stop budgets either. Before this, every charge was admitted while Redis
@@ -741,11 +753,15 @@ func (a *Admitter) failed(c space.Charge, err error) (Decision, error) {
 // three calls in a row, the breaker opened, and for the breaker's second the flooder
 // was admitted about 1,300 times instead of 50 (make bench, flood scenario). Now a
 // replica that cannot ask Redis admits what its own view of each bucket allows: a
-// client keeps its rate, a flooder gets its rate, and n replicas admit at most n
-// times a bucket's burst and rate between them for as long as the outage lasts,
-// where the shared bucket would admit it once. A bucket a replica never learnt is
-// taken as full, the most it can hold. What is spent here is this replica's alone:
-// the first decision Redis makes again replaces it with the bucket's real state.
+// client keeps its rate, a flooder gets its rate, and the n replicas that
+// Options.Replicas counts admit about the cluster bucket's burst and rate between
+// them, each its nth, for as long as the outage lasts. A client's bucket is not
+// shared out: a client's creates do not spread evenly over the replicas (a
+// keep-alive connection stays on one), and a client sent to one replica would get a
+// nth of its rate there; it may get up to n times its rate across the replicas,
+// within the cluster's. A bucket a replica never learnt is taken as full, the most it
+// can hold. What is spent here is this replica's alone: the first decision Redis
+// makes again replaces it with the bucket's real state.
 //
 // The charges CachedRefusal let through hold their cost against the same state; it
 // is not counted here, since each of them comes here too and spends for itself.
@@ -765,19 +781,90 @@ func (a *Admitter) spendLocally(c space.Charge) (Decision, bool) {
 			return d, true
 		}
 	}
-	need := cost + float64(c.Floor)
-	left, ok := a.spend(clusterKey, clusterRate, need, cost, now)
+	left, wait, ok := a.spendShare(clusterKey, clusterRate, cost+float64(c.Floor), cost, now)
 	d.Cluster.Remaining = left
 	if !ok {
 		if clientKey != "" {
 			// Both or neither: the client's tokens back.
 			d.Client.Remaining, _ = a.spend(clientKey, *c.Rate, 0, -cost, now)
 		}
-		d.Bucket, d.RetryAfter = space.BucketClusterActivation, micros((need-left)/clusterRate.RefillRPS*1e6)
+		d.Bucket, d.RetryAfter = space.BucketClusterActivation, wait
 		d.Cluster.Refill = d.RetryAfter
 		return d, true
 	}
 	return d, false
+}
+
+// outageShare is this replica's share of a cluster-side bucket while Redis cannot
+// decide (spendShare): the bucket's tokens at At as spent here, counted as the whole
+// bucket's, and the known state it was started from, so that a decision learnt since
+// starts it afresh.
+type outageShare struct {
+	from   *knownBucket // nil: started from a full bucket
+	rate   space.Rate
+	tokens float64
+	at     time.Time
+}
+
+// spendShare is the cluster side of a charge decided here (spendLocally): the bucket
+// under key as this replica knows it, of which each of the n replicas that
+// Options.Replicas counts spends a share of 1/n. A local admission takes its cost n
+// times from the replica's copy of the whole bucket, so that n replicas, each
+// spending its own copy, take the bucket about once between them and its refill once:
+// each admits about a nth of its tokens and of its rate. A charge whose need n times
+// over is more than the burst (more replicas than tokens) is admitted from a full
+// copy and leaves it in debt, so that each replica still admits a nth of the rate on
+// average rather than nothing.
+//
+// The share is kept apart from the state CachedRefusal reads, which stays an upper
+// bound of the bucket (what this replica spent n times over is a guess at what the
+// others spent, not a bound), so that a refusal from memory stays one Redis would
+// make once it decides again. It returns the share left (a nth of the copy), how long
+// until the share holds need when short, and whether it took the cost.
+func (a *Admitter) spendShare(key string, rate space.Rate, need, cost float64, now time.Time) (float64, time.Duration, bool) {
+	n := 1.0
+	if a.replicas != nil {
+		n = float64(max(a.replicas(), 1))
+	}
+	from := a.cell(key).Load()
+	if from != nil && from.Rate != rate {
+		from = nil
+	}
+	burst := float64(rate.Burst)
+	required := math.Min(need*n, burst)
+	p := a.shareCell(key)
+	for {
+		s := p.Load()
+		var tokens float64
+		switch {
+		case s != nil && s.from == from && s.rate == rate:
+			tokens = s.tokens
+			if age := now.Sub(s.at); age > 0 {
+				tokens += age.Seconds() * rate.RefillRPS
+			}
+			tokens = math.Min(tokens, burst)
+		case from != nil:
+			tokens = from.upTo(now)
+		default:
+			tokens = burst
+		}
+		if tokens < required {
+			return tokens / n, micros((required - tokens) / rate.RefillRPS * 1e6), false
+		}
+		next := &outageShare{from: from, rate: rate, tokens: tokens - cost*n, at: now}
+		if p.CompareAndSwap(s, next) {
+			return next.tokens / n, 0, true
+		}
+	}
+}
+
+// shareCell is where this replica keeps its share of the bucket under key.
+func (a *Admitter) shareCell(key string) *atomic.Pointer[outageShare] {
+	v, ok := a.shares.Load(key)
+	if !ok {
+		v, _ = a.shares.LoadOrStore(key, &atomic.Pointer[outageShare]{})
+	}
+	return v.(*atomic.Pointer[outageShare])
 }
 
 // spend takes cost from the bucket under key as this replica knows it at now, if it
