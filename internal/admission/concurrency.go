@@ -64,8 +64,9 @@ type ConcurrencyOptions struct {
 	// negative sends every script on its own.
 	PipelineAbove int
 	// FailClosed: on a Redis error or timeout, false (the default) lets the request
-	// through with a no-op release; true returns an error wrapping ErrUnavailable.
-	// Both are counted as decision="error".
+	// through within the cap as this replica alone counts it (placeLocally); true
+	// returns an error wrapping ErrUnavailable. Both are counted as decision="error",
+	// and a request the replica's own count refuses as decision="rejected".
 	FailClosed bool
 	// Registerer receives the metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
@@ -105,7 +106,10 @@ type ConcurrencyLimiter struct {
 	// Redis yet (lease set key -> lease ids): an Acquire here drops them first, so a
 	// request answered before its place was given back (space.Lease.Roomy) never has
 	// its place counted against its caller's next request to this replica.
-	leaving  leaseSets
+	leaving leaseSets
+	// local counts, per lease set key, the places this replica gave out while Redis
+	// could not be asked and not yet given back (placeLocally); a key at 0 is not kept.
+	local    map[string]int
 	renewing bool // a renewer goroutine is running
 	closed   bool
 	// ctx is cancelled by Close: it stops the renewer and its calls in flight.
@@ -160,6 +164,7 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 		now:        time.Now,
 		held:       leaseSets{},
 		leaving:    leaseSets{},
+		local:      map[string]int{},
 		ctx:        ctx,
 		cancel:     cancel,
 	}, nil
@@ -170,8 +175,9 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 // of cap was held with it. cap <= 0 means unlimited: no Redis call, a no-op release.
 //
 // Over the cap it returns a *space.LimitError for bucket client_concurrency with a
-// RetryAfter of one second. On a Redis error or timeout it fails open (a no-op
-// release, no error) or, with FailClosed, returns an error wrapping ErrUnavailable.
+// RetryAfter of one second. On a Redis error or timeout it fails open, within the cap
+// as this replica counts it alone (placeLocally), or, with FailClosed, returns an
+// error wrapping ErrUnavailable.
 func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey, cap int) (space.Lease, error) {
 	if cap <= 0 {
 		return space.Lease{}, nil
@@ -199,12 +205,12 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 		// The script may still have run after the timeout: that lease is held by no
 		// one, is never renewed, and frees its place after LeaseTTL.
 		known.forget()
-		c.metrics.decisions.WithLabelValues(decisionError).Inc()
 		c.errLog.log(err, "client", string(client), "fail_closed", c.failClosed)
 		if c.failClosed {
+			c.metrics.decisions.WithLabelValues(decisionError).Inc()
 			return space.Lease{}, fmt.Errorf("acquire: %w", unavailable(err))
 		}
-		return space.Lease{}, nil
+		return c.placeLocally(client, key, cap)
 	}
 	reply := v.([]int64)
 	if len(reply) != 3 {
@@ -213,12 +219,7 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 	known.learn(reply[1], reply[2], c.now())
 	if reply[0] != 1 {
 		c.metrics.decisions.WithLabelValues(decisionRejected).Inc()
-		return space.Lease{}, &space.LimitError{
-			Bucket:     space.BucketClientConcurrency,
-			Client:     client,
-			RetryAfter: time.Second,
-			Cap:        cap,
-		}
+		return space.Lease{}, overCapError(client, cap)
 	}
 	c.metrics.decisions.WithLabelValues(decisionAdmitted).Inc()
 	c.hold(key, lease)
@@ -226,6 +227,48 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 	var once sync.Once
 	release := func() { once.Do(func() { c.release(releaseCtx, key, lease) }) }
 	return space.NewLease(release, roomy(reply[1], cap)), nil
+}
+
+// placeLocally takes one of client's places that Redis could not be asked for,
+// failing open: within cap over this replica's own places, the leases Redis gave it
+// that it still holds and the places it gave out itself since Redis stopped
+// answering. Before, failing open lifted the cap: a client could start any number of
+// requests at once for as long as the outage lasted. Now it keeps its cap on each
+// replica, and n replicas let it have at most n times the cap between them. The cap
+// is not shared out between replicas as the cluster bucket is (see
+// Admitter.spendShare): a client's requests do not spread evenly over the replicas
+// (a keep-alive connection stays on one), and a nth of the cap on the one it uses
+// would refuse a client that is within it.
+//
+// A place given here is not in Redis: once Redis answers again, the count there
+// starts without it until it is given back, so a replica may briefly hold its places
+// from the outage beside up to cap new ones.
+func (c *ConcurrencyLimiter) placeLocally(client space.ClientKey, key string, cap int) (space.Lease, error) {
+	c.mu.Lock()
+	if len(c.held[key])+c.local[key] >= cap {
+		c.mu.Unlock()
+		c.metrics.decisions.WithLabelValues(decisionRejected).Inc()
+		return space.Lease{}, overCapError(client, cap)
+	}
+	c.local[key]++
+	c.mu.Unlock()
+	c.metrics.decisions.WithLabelValues(decisionError).Inc()
+	var once sync.Once
+	return space.NewLease(func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.local[key]--; c.local[key] <= 0 {
+				delete(c.local, key)
+			}
+		})
+	}, false), nil
+}
+
+// overCapError is the refusal of a place over client's cap: a 429 client_concurrency,
+// to be retried after a second.
+func overCapError(client space.ClientKey, cap int) *space.LimitError {
+	return &space.LimitError{Bucket: space.BucketClientConcurrency, Client: client, RetryAfter: time.Second, Cap: cap}
 }
 
 // roomy is the one rule of "far from its cap": n places held, this one counted, are

@@ -292,20 +292,81 @@ func TestConcurrencyLimiter(t *testing.T) {
 		}
 	})
 
-	t.Run("a stopped redis fails open with a no-op release and counts an error", func(t *testing.T) {
+	t.Run("a stopped redis fails open within the cap as this replica counts it", func(t *testing.T) {
+		t.Parallel()
+		srv := testenv.StartRedis(t)
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { rdb.Close() })
+		b := setupConcurrency(t, rdb, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
+		release := b.acquire("acme", 3) // a place Redis gave, still held
+		srv.Stop()
+		failOpen := func(client space.ClientKey) space.Lease {
+			t.Helper()
+			lease, err := b.lim.Acquire(b.ctx, client, 3)
+			if err != nil || lease.Roomy {
+				t.Fatalf("fail-open Acquire(%s) = %+v, %v; want a lease that is not roomy", client, lease, err)
+			}
+			return lease
+		}
+		refused := func(client space.ClientKey) {
+			t.Helper()
+			if _, err := b.lim.Acquire(b.ctx, client, 3); !overCap(err, client, 3) {
+				t.Fatalf("Acquire(%s) over the cap during the outage = %v, want a client_concurrency refusal of cap 3", client, err)
+			}
+		}
+		first := failOpen("acme")
+		failOpen("acme")
+		refused("acme") // the held place and the two given here fill the cap of 3
+		failOpen("globex")
+		first.Release()
+		first.Release() // idempotent: one place back, not two
+		failOpen("acme")
+		refused("acme")
+		release() // its ZREM fails, but the place is no longer held here
+		failOpen("acme")
+		refused("acme")
+		for decision, want := range map[string]float64{"admitted": 1, "error": 5, "rejected": 3} {
+			if n := metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", decision); n != want {
+				t.Errorf("%s decisions = %v, want %v", decision, n, want)
+			}
+		}
+	})
+
+	t.Run("many acquires at once during an outage get exactly the cap", func(t *testing.T) {
 		t.Parallel()
 		srv := testenv.StartRedis(t)
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		t.Cleanup(func() { rdb.Close() })
 		srv.Stop()
 		b := setupConcurrency(t, rdb, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
-		lease, err := b.lim.Acquire(b.ctx, "acme", 1)
-		if err != nil || lease.Roomy {
-			t.Fatalf("fail-open Acquire = %+v, %v; want a lease that is not roomy", lease, err)
+		var mu sync.Mutex
+		var leases []space.Lease
+		refusals := 0
+		var wg sync.WaitGroup
+		for range 32 {
+			wg.Go(func() {
+				lease, err := b.lim.Acquire(b.ctx, "acme", 5)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					leases = append(leases, lease)
+				case overCap(err, "acme", 5):
+					refusals++
+				default:
+					t.Error(err)
+				}
+			})
 		}
-		lease.Release()
-		if n := metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error"); n != 1 {
-			t.Fatalf("error decisions = %v, want 1", n)
+		wg.Wait()
+		if len(leases) != 5 || refusals != 27 {
+			t.Fatalf("%d places and %d refusals of 32 acquires at once, want the cap of 5 and 27", len(leases), refusals)
+		}
+		for _, l := range leases {
+			l.Release()
+		}
+		if _, err := b.lim.Acquire(b.ctx, "acme", 5); err != nil {
+			t.Fatalf("Acquire once every place was given back = %v, want a place", err)
 		}
 	})
 
