@@ -796,14 +796,11 @@ func (a *Admitter) spendLocally(c space.Charge) (Decision, bool) {
 }
 
 // outageShare is this replica's share of a cluster-side bucket while Redis cannot
-// decide (spendShare): the bucket's tokens at At as spent here, counted as the whole
-// bucket's, and the known state it was started from, so that a decision learnt since
-// starts it afresh.
+// decide (spendShare): the replica's copy of the whole bucket as spent here, and the
+// known state it was started from, so that a decision learnt since starts it afresh.
 type outageShare struct {
-	from   *knownBucket // nil: started from a full bucket
-	rate   space.Rate
-	tokens float64
-	at     time.Time
+	from *knownBucket // nil: started from a full bucket
+	knownBucket
 }
 
 // spendShare is the cluster side of a charge decided here (spendLocally): the bucket
@@ -837,12 +834,8 @@ func (a *Admitter) spendShare(key string, rate space.Rate, need, cost float64, n
 		s := p.Load()
 		var tokens float64
 		switch {
-		case s != nil && s.from == from && s.rate == rate:
-			tokens = s.tokens
-			if age := now.Sub(s.at); age > 0 {
-				tokens += age.Seconds() * rate.RefillRPS
-			}
-			tokens = math.Min(tokens, burst)
+		case s != nil && s.from == from && s.Rate == rate:
+			tokens = s.upTo(now)
 		case from != nil:
 			tokens = from.upTo(now)
 		default:
@@ -851,9 +844,9 @@ func (a *Admitter) spendShare(key string, rate space.Rate, need, cost float64, n
 		if tokens < required {
 			return tokens / n, micros((required - tokens) / rate.RefillRPS * 1e6), false
 		}
-		next := &outageShare{from: from, rate: rate, tokens: tokens - cost*n, at: now}
+		next := &outageShare{from: from, knownBucket: knownBucket{Rate: rate, Tokens: tokens - cost*n, At: now}}
 		if p.CompareAndSwap(s, next) {
-			return next.tokens / n, 0, true
+			return next.Tokens / n, 0, true
 		}
 	}
 }
