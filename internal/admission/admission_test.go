@@ -744,9 +744,7 @@ func TestFailure(t *testing.T) {
 	}
 	outages := []outage{
 		{"redis is stopped", func(t *testing.T) redis.UniversalClient {
-			srv := testenv.StartRedis(t)
-			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-			t.Cleanup(func() { rdb.Close() })
+			srv, rdb := privateRedis(t)
 			if err := rdb.Ping(testenv.Context(t)).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -840,9 +838,7 @@ func TestScriptCache(t *testing.T) {
 		t.Parallel()
 		// A private server: flushing the shared one's scripts would only slow others
 		// down, but its command statistics must be ours to read.
-		srv := testenv.StartRedis(t)
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-		t.Cleanup(func() { rdb.Close() })
+		_, rdb := privateRedis(t)
 		b := setup(t, rdb, enabled(space.Rate{RefillRPS: neverRefills, Burst: 3}))
 		acme := rate(neverRefills, 2)
 		b.admit("acme", acme)

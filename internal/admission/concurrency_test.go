@@ -294,9 +294,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 
 	t.Run("a stopped redis fails open within the cap as this replica counts it", func(t *testing.T) {
 		t.Parallel()
-		srv := testenv.StartRedis(t)
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-		t.Cleanup(func() { rdb.Close() })
+		srv, rdb := privateRedis(t)
 		b := setupConcurrency(t, rdb, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
 		release := b.acquire("acme", 3) // a place Redis gave, still held
 		srv.Stop()
@@ -334,9 +332,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 
 	t.Run("many acquires at once during an outage get exactly the cap", func(t *testing.T) {
 		t.Parallel()
-		srv := testenv.StartRedis(t)
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-		t.Cleanup(func() { rdb.Close() })
+		srv, rdb := privateRedis(t)
 		srv.Stop()
 		b := setupConcurrency(t, rdb, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
 		var mu sync.Mutex
@@ -501,9 +497,7 @@ func TestConcurrencyAlongside(t *testing.T) {
 			t.Fatal("Alongside allowed a client whose one place is half its new cap")
 		}
 
-		srv := testenv.StartRedis(t)
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-		t.Cleanup(func() { rdb.Close() })
+		srv, rdb := privateRedis(t)
 		down := setupConcurrency(t, rdb, ConcurrencyOptions{Timeout: 100 * time.Millisecond})
 		down.acquire("initech", 100)
 		if _, ok := alongside(down, "initech", 100); !ok {

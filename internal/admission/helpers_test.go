@@ -56,6 +56,16 @@ func setup(t *testing.T, rdb redis.UniversalClient, opts Options) *bundle {
 	return b
 }
 
+// privateRedis starts a redis-server of the test's own (one it may stop, pause or
+// flush) and a client of it, closed when the test ends.
+func privateRedis(t *testing.T) (*testenv.RedisServer, *redis.Client) {
+	t.Helper()
+	srv := testenv.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	return srv, rdb
+}
+
 // enabled is the Options of most tests: admission on, failing closed.
 func enabled(cluster space.Rate) Options {
 	return Options{Enabled: true, FailClosed: true, Cluster: cluster, RefusalMaxAge: time.Hour}

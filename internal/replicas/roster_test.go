@@ -149,10 +149,13 @@ func TestRoster(t *testing.T) {
 		go func() {
 			defer close(done)
 			r.Run(runCtx, func(n int, err error) {
-				if err != nil {
+				if err != nil && runCtx.Err() == nil { // a beat cut by the stop may fail
 					t.Errorf("heartbeat: %v", err)
 				}
-				beats <- n
+				select {
+				case beats <- n:
+				default: // the test reads only the first few
+				}
 			})
 		}()
 		for range 3 {
