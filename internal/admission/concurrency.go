@@ -187,9 +187,12 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 	}
 	key := c.prefix + string(client)
 	lease := c.instance + ":" + strconv.FormatUint(c.seq.Add(1), 10)
-	args := []any{strconv.Itoa(cap), c.ttlArg, lease}
 	c.mu.Lock()
 	closed := c.closed
+	// Places this replica gave out while Redis could not be asked are in no count
+	// there: until they are given back, they take their part of the cap here.
+	local := c.local[key]
+	args := []any{strconv.Itoa(max(cap-local, 0)), c.ttlArg, lease}
 	for l := range c.leaving[key] {
 		args = append(args, l)
 	}
@@ -216,7 +219,8 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 	if len(reply) != 3 {
 		return space.Lease{}, fmt.Errorf("acquire: unexpected reply %v", reply)
 	}
-	known.learn(reply[1], reply[2], c.now())
+	held := reply[1] + int64(local)
+	known.learn(held, reply[2], c.now())
 	if reply[0] != 1 {
 		c.metrics.decisions.WithLabelValues(decisionRejected).Inc()
 		return space.Lease{}, overCapError(client, cap)
@@ -226,7 +230,7 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 	releaseCtx := context.WithoutCancel(ctx)
 	var once sync.Once
 	release := func() { once.Do(func() { c.release(releaseCtx, key, lease) }) }
-	return space.NewLease(release, roomy(reply[1], cap)), nil
+	return space.NewLease(release, roomy(held, cap)), nil
 }
 
 // placeLocally takes one of client's places that Redis could not be asked for,
@@ -240,9 +244,12 @@ func (c *ConcurrencyLimiter) Acquire(ctx context.Context, client space.ClientKey
 // (a keep-alive connection stays on one), and a nth of the cap on the one it uses
 // would refuse a client that is within it.
 //
-// A place given here is not in Redis: once Redis answers again, the count there
-// starts without it until it is given back, so a replica may briefly hold its places
-// from the outage beside up to cap new ones.
+// A place given here is not in Redis. Once Redis answers again, the replica asks it
+// for a place within the cap less its own places from the outage still held
+// (Acquire), so that it never holds more than cap between the two counts. Other
+// replicas do not see those places: across n replicas a client may hold, for as long
+// as its outage places last (a request's length), up to cap plus the places the
+// others gave out during the outage and still hold.
 func (c *ConcurrencyLimiter) placeLocally(client space.ClientKey, key string, cap int) (space.Lease, error) {
 	c.mu.Lock()
 	if len(c.held[key])+c.local[key] >= cap {

@@ -330,6 +330,62 @@ func TestConcurrencyLimiter(t *testing.T) {
 		}
 	})
 
+	t.Run("places given during an outage count against the cap once redis answers again, until given back", func(t *testing.T) {
+		t.Parallel()
+		srv, rdb := privateRedis(t)
+		b := setupConcurrency(t, rdb, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
+		srv.Stop()
+		var outage []space.Lease
+		for range 2 {
+			lease, err := b.lim.Acquire(b.ctx, "acme", 3)
+			if err != nil {
+				t.Fatalf("fail-open Acquire during the outage = %v, want a place", err)
+			}
+			outage = append(outage, lease)
+		}
+		srv.Start()
+		acquire := func(client space.ClientKey) space.Lease {
+			t.Helper()
+			for {
+				// The client's connections may still be reconnecting: a place given
+				// locally here would hide what this test is about.
+				before := metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error")
+				lease, err := b.lim.Acquire(b.ctx, client, 3)
+				if err != nil {
+					t.Fatalf("Acquire(%s) after the outage = %v, want a place", client, err)
+				}
+				if metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error") == before {
+					return lease
+				}
+				lease.Release()
+			}
+		}
+		third := acquire("acme")
+		if third.Roomy {
+			t.Error("a place beside two outage places of a cap of 3 is roomy")
+		}
+		if _, err := b.lim.Acquire(b.ctx, "acme", 3); !overCap(err, "acme", 3) {
+			t.Fatalf("a fourth place with two from the outage still held = %v, want a client_concurrency refusal of cap 3", err)
+		}
+		if n := b.inFlight("acme"); n != 1 {
+			t.Fatalf("Redis holds %d of acme's places, want the 1 it gave", n)
+		}
+		acquire("globex").Release() // another client's cap owes nothing to acme's outage
+		outage[0].Release()
+		acquire("acme")
+		if _, err := b.lim.Acquire(b.ctx, "acme", 3); !overCap(err, "acme", 3) {
+			t.Fatalf("a place past the cap once one outage place was given back = %v, want a refusal", err)
+		}
+		outage[1].Release()
+		third.Release()
+		for range 2 {
+			acquire("acme")
+		}
+		if n := b.inFlight("acme"); n != 3 {
+			t.Fatalf("Redis holds %d of acme's places once the outage's were given back, want the whole cap of 3", n)
+		}
+	})
+
 	t.Run("many acquires at once during an outage get exactly the cap", func(t *testing.T) {
 		t.Parallel()
 		srv, rdb := privateRedis(t)
