@@ -292,12 +292,11 @@ func TestConcurrencyLimiter(t *testing.T) {
 		}
 	})
 
-	t.Run("a stopped redis fails open within the cap as this replica counts it", func(t *testing.T) {
-		t.Parallel()
-		srv, rdb := privateRedis(t)
-		b := setupConcurrency(t, rdb, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
+	cuttable(t, "a redis gone fails open within the cap as this replica counts it", func(t *testing.T, dial cuttableDial) {
+		cut := dial(t)
+		b := setupConcurrency(t, cut.Client, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
 		release := b.acquire("acme", 3) // a place Redis gave, still held
-		srv.Stop()
+		cut.Cut()
 		failOpen := func(client space.ClientKey) space.Lease {
 			t.Helper()
 			lease, err := b.lim.Acquire(b.ctx, client, 3)
@@ -330,11 +329,10 @@ func TestConcurrencyLimiter(t *testing.T) {
 		}
 	})
 
-	t.Run("places given during an outage count against the cap once redis answers again, until given back", func(t *testing.T) {
-		t.Parallel()
-		srv, rdb := privateRedis(t)
-		b := setupConcurrency(t, rdb, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
-		srv.Stop()
+	cuttable(t, "places given during an outage count against the cap once redis answers again, until given back", func(t *testing.T, dial cuttableDial) {
+		cut := dial(t)
+		b := setupConcurrency(t, cut.Client, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
+		cut.Cut()
 		var outage []space.Lease
 		for range 2 {
 			lease, err := b.lim.Acquire(b.ctx, "acme", 3)
@@ -343,7 +341,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 			}
 			outage = append(outage, lease)
 		}
-		srv.Start()
+		cut.Restore()
 		acquire := func(client space.ClientKey) space.Lease {
 			t.Helper()
 			for {
@@ -386,11 +384,10 @@ func TestConcurrencyLimiter(t *testing.T) {
 		}
 	})
 
-	t.Run("many acquires at once during an outage get exactly the cap", func(t *testing.T) {
-		t.Parallel()
-		srv, rdb := privateRedis(t)
-		srv.Stop()
-		b := setupConcurrency(t, rdb, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
+	cuttable(t, "many acquires at once during an outage get exactly the cap", func(t *testing.T, dial cuttableDial) {
+		cut := dial(t)
+		cut.Cut()
+		b := setupConcurrency(t, cut.Client, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
 		var mu sync.Mutex
 		var leases []space.Lease
 		refusals := 0

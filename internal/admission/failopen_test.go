@@ -6,11 +6,27 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/testenv"
 )
+
+// cuttableDial reaches the shared test Redis through proxies a test can cut.
+type cuttableDial = func(testing.TB) *testenv.CuttableRedis
+
+// cuttable runs test as subtest name on the standalone Redis and on the 3-node
+// cluster, each reached through proxies it can cut, in parallel.
+func cuttable(t *testing.T, name string, test func(t *testing.T, dial cuttableDial)) {
+	t.Helper()
+	t.Run(name, func(t *testing.T) {
+		t.Parallel()
+		for _, topo := range testenv.CuttableTopologies {
+			t.Run(topo.Name, func(t *testing.T) {
+				t.Parallel()
+				test(t, topo.Dial)
+			})
+		}
+	})
+}
 
 // TestFailOpenSpendsLocally covers what a replica admits while Redis cannot decide
 // and the failure mode is open: each bucket as the replica knows it, spent here.
@@ -22,18 +38,16 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 	// first failure and letting a probe through every 50ms.
 	type outage struct {
 		*bundle
-		proxy *testenv.Proxy
+		redis *testenv.CuttableRedis
 		clock *testenv.Clock
 	}
-	setupOutage := func(t *testing.T, cluster space.Rate) *outage {
+	setupOutage := func(t *testing.T, dial cuttableDial, cluster space.Rate) *outage {
 		t.Helper()
-		proxy := testenv.StartProxy(t, testenv.RedisAddr(t))
-		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: -1})
-		t.Cleanup(func() { rdb.Close() })
+		cut := dial(t)
 		clock := testenv.NewClock(time.Now())
 		opts := Options{Enabled: true, Cluster: cluster, Timeout: time.Second, RefusalMaxAge: time.Hour, Now: clock.Now,
 			Breaker: NewBreaker(BreakerOptions{Failures: 1, OpenFor: 50 * time.Millisecond})}
-		return &outage{bundle: setup(t, rdb, opts), proxy: proxy, clock: clock}
+		return &outage{bundle: setup(t, cut.Client, opts), redis: cut, clock: clock}
 	}
 	// failOpen charges and expects the charge admitted without Redis.
 	failOpen := func(o *outage, client space.ClientKey, r *space.Rate) {
@@ -54,14 +68,13 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 	}
 	neverRefillsCluster := space.Rate{RefillRPS: neverRefills, Burst: 1000}
 
-	t.Run("a client its last decision found empty is refused, not admitted, while redis is down", func(t *testing.T) {
-		t.Parallel()
-		o := setupOutage(t, neverRefillsCluster)
+	cuttable(t, "a client its last decision found empty is refused, not admitted, while redis is down", func(t *testing.T, dial cuttableDial) {
+		o := setupOutage(t, dial, neverRefillsCluster)
 		r := rate(1, 3)
 		if n, _ := o.drain("acme", r); n != 3 {
 			t.Fatalf("drained %d, want the burst of 3", n)
 		}
-		o.proxy.Cut()
+		o.redis.Cut()
 		d := refused(o, "acme", r, space.BucketClientActivation)
 		if d.RetryAfter <= 0 || d.RetryAfter > time.Second {
 			t.Fatalf("retry after %v, want the refill of one token at 1/s", d.RetryAfter)
@@ -81,10 +94,9 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 		}
 	})
 
-	t.Run("a bucket never learnt is spent from full", func(t *testing.T) {
-		t.Parallel()
-		o := setupOutage(t, space.Rate{RefillRPS: neverRefills, Burst: 5})
-		o.proxy.Cut()
+	cuttable(t, "a bucket never learnt is spent from full", func(t *testing.T, dial cuttableDial) {
+		o := setupOutage(t, dial, space.Rate{RefillRPS: neverRefills, Burst: 5})
+		o.redis.Cut()
 		r := rate(neverRefills, 3)
 		for range 3 {
 			failOpen(o, "acme", r)
@@ -96,10 +108,9 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 		refused(o, "umbrella", r, space.BucketClusterActivation)
 	})
 
-	t.Run("a refusal by the cluster bucket takes no client token", func(t *testing.T) {
-		t.Parallel()
-		o := setupOutage(t, space.Rate{RefillRPS: neverRefills, Burst: 1})
-		o.proxy.Cut()
+	cuttable(t, "a refusal by the cluster bucket takes no client token", func(t *testing.T, dial cuttableDial) {
+		o := setupOutage(t, dial, space.Rate{RefillRPS: neverRefills, Burst: 1})
+		o.redis.Cut()
 		r := rate(neverRefills, 1)
 		failOpen(o, "globex", nil) // the cluster's only token
 		refused(o, "acme", r, space.BucketClusterActivation)
@@ -111,10 +122,9 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 		}
 	})
 
-	t.Run("many charges at once admit exactly the bucket", func(t *testing.T) {
-		t.Parallel()
-		o := setupOutage(t, neverRefillsCluster)
-		o.proxy.Cut()
+	cuttable(t, "many charges at once admit exactly the bucket", func(t *testing.T, dial cuttableDial) {
+		o := setupOutage(t, dial, neverRefillsCluster)
+		o.redis.Cut()
 		r := rate(neverRefills, 10)
 		var admitted, refusals atomic.Int64
 		var wg sync.WaitGroup
@@ -137,16 +147,15 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 		}
 	})
 
-	t.Run("once redis decides again its state replaces the local one", func(t *testing.T) {
-		t.Parallel()
-		o := setupOutage(t, neverRefillsCluster)
+	cuttable(t, "once redis decides again its state replaces the local one", func(t *testing.T, dial cuttableDial) {
+		o := setupOutage(t, dial, neverRefillsCluster)
 		r := rate(neverRefills, 3)
 		o.admit("acme", r)
-		o.proxy.Cut()
+		o.redis.Cut()
 		failOpen(o, "acme", r)
 		failOpen(o, "acme", r)
 		refused(o, "acme", r, space.BucketClientActivation)
-		o.proxy.Restore()
+		o.redis.Restore()
 		o.clock.Advance(2 * time.Hour) // what the replica knows is old: the next charge asks Redis
 		testenv.Eventually(t, 5*time.Second, "redis to decide again", func() bool {
 			d, err := o.adm.Admit(o.ctx, "acme", r)
@@ -159,13 +168,10 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 		}
 	})
 
-	t.Run("shadow mode spends nothing locally and admits everything", func(t *testing.T) {
-		t.Parallel()
-		proxy := testenv.StartProxy(t, testenv.RedisAddr(t))
-		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: -1})
-		t.Cleanup(func() { rdb.Close() })
-		b := setup(t, rdb, Options{Enabled: true, Shadow: true, Cluster: space.Rate{RefillRPS: neverRefills, Burst: 1}, Timeout: time.Second})
-		proxy.Cut()
+	cuttable(t, "shadow mode spends nothing locally and admits everything", func(t *testing.T, dial cuttableDial) {
+		cut := dial(t)
+		b := setup(t, cut.Client, Options{Enabled: true, Shadow: true, Cluster: space.Rate{RefillRPS: neverRefills, Burst: 1}, Timeout: time.Second})
+		cut.Cut()
 		for range 3 {
 			if d, err := b.adm.Admit(b.ctx, "acme", rate(neverRefills, 1)); err != nil || !d.Admitted || !d.FailedOpen {
 				t.Fatalf("Admit = %+v, %v; want admitted, failed open", d, err)

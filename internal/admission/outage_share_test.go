@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/testenv"
 )
@@ -17,24 +15,21 @@ import (
 func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 	t.Parallel()
 
-	// fleet is n replicas failing open through one proxy to the shared Redis, which
-	// the test cuts and restores: one key prefix (the same buckets), one clock the
+	// fleet is n replicas failing open through one cuttable client of the shared Redis
+	// (standalone or cluster), which the test cuts and restores: one key prefix (the same buckets), one clock the
 	// test moves, each its own breaker opening at the first failure, and a roster
 	// that counts replicas (n unless the test changes it).
 	type fleet struct {
 		replicas []*bundle
-		proxy    *testenv.Proxy
+		redis    *testenv.CuttableRedis
 		clock    *testenv.Clock
 		counted  atomic.Int64
 	}
-	setupFleet := func(t *testing.T, n int, cluster space.Rate) *fleet {
+	setupFleet := func(t *testing.T, dial cuttableDial, n int, cluster space.Rate) *fleet {
 		t.Helper()
-		f := &fleet{proxy: testenv.StartProxy(t, testenv.RedisAddr(t)), clock: testenv.NewClock(time.Now())}
+		f := &fleet{redis: dial(t), clock: testenv.NewClock(time.Now())}
 		f.counted.Store(int64(n))
-		// One dial a call: a probe of the cut proxy fails at once, not after go-redis's
-		// five dials 100ms apart.
-		rdb := redis.NewClient(&redis.Options{Addr: f.proxy.Addr, MaxRetries: -1, DialerRetries: 1})
-		t.Cleanup(func() { rdb.Close() })
+		rdb := f.redis.Client
 		prefix := testenv.Prefix(t)
 		for range n {
 			f.replicas = append(f.replicas, setup(t, rdb, Options{Prefix: prefix, Enabled: true, Cluster: cluster, Timeout: time.Second,
@@ -69,10 +64,9 @@ func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 		return got
 	}
 
-	t.Run("three replicas in an outage admit one cluster burst between them, not three", func(t *testing.T) {
-		t.Parallel()
-		f := setupFleet(t, 3, space.Rate{RefillRPS: neverRefills, Burst: 30})
-		f.proxy.Cut()
+	cuttable(t, "three replicas in an outage admit one cluster burst between them, not three", func(t *testing.T, dial cuttableDial) {
+		f := setupFleet(t, dial, 3, space.Rate{RefillRPS: neverRefills, Burst: 30})
+		f.redis.Cut()
 		var admitted, refused atomic.Int64
 		var wg sync.WaitGroup
 		for _, b := range f.replicas {
@@ -98,10 +92,9 @@ func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 		}
 	})
 
-	t.Run("a replica's share refills at a nth of the cluster rate", func(t *testing.T) {
-		t.Parallel()
-		f := setupFleet(t, 3, space.Rate{RefillRPS: 3, Burst: 3})
-		f.proxy.Cut()
+	cuttable(t, "a replica's share refills at a nth of the cluster rate", func(t *testing.T, dial cuttableDial) {
+		f := setupFleet(t, dial, 3, space.Rate{RefillRPS: 3, Burst: 3})
+		f.redis.Cut()
 		b := f.replicas[0]
 		if _, ok := local(t, b, nil); !ok {
 			t.Fatal("the first charge of a replica whose share is full was refused")
@@ -123,12 +116,11 @@ func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 		}
 	})
 
-	t.Run("more replicas than tokens still admit the cluster rate between them", func(t *testing.T) {
-		t.Parallel()
+	cuttable(t, "more replicas than tokens still admit the cluster rate between them", func(t *testing.T, dial cuttableDial) {
 		// 4 replicas, a burst of 2 refilling 2/s: a share is half a token, half a
 		// token a second. Each replica admits one activation every 2s.
-		f := setupFleet(t, 4, space.Rate{RefillRPS: 2, Burst: 2})
-		f.proxy.Cut()
+		f := setupFleet(t, dial, 4, space.Rate{RefillRPS: 2, Burst: 2})
+		f.redis.Cut()
 		total := 0
 		for range 5 { // 10s in 2s steps
 			for _, b := range f.replicas {
@@ -141,16 +133,15 @@ func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 		}
 	})
 
-	t.Run("the share starts from what the replica last learnt", func(t *testing.T) {
-		t.Parallel()
-		f := setupFleet(t, 3, space.Rate{RefillRPS: neverRefills, Burst: 30})
+	cuttable(t, "the share starts from what the replica last learnt", func(t *testing.T, dial cuttableDial) {
+		f := setupFleet(t, dial, 3, space.Rate{RefillRPS: neverRefills, Burst: 30})
 		b := f.replicas[0]
 		for range 18 {
 			if d := b.admit("acme", nil); !d.Admitted {
 				t.Fatalf("Admit = %+v before the bucket of 30 ran dry", d)
 			}
 		}
-		f.proxy.Cut()
+		f.redis.Cut()
 		if n := admitted(t, b, 10); n != 4 {
 			t.Fatalf("admitted %d locally of a bucket learnt at 12 tokens, want a third: 4", n)
 		}
@@ -162,31 +153,29 @@ func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 		}
 	})
 
-	t.Run("a decision learnt since starts the share afresh", func(t *testing.T) {
-		t.Parallel()
-		f := setupFleet(t, 2, space.Rate{RefillRPS: neverRefills, Burst: 20})
+	cuttable(t, "a decision learnt since starts the share afresh", func(t *testing.T, dial cuttableDial) {
+		f := setupFleet(t, dial, 2, space.Rate{RefillRPS: neverRefills, Burst: 20})
 		b := f.replicas[0]
-		f.proxy.Cut()
+		f.redis.Cut()
 		if n := admitted(t, b, 11); n != 10 {
 			t.Fatalf("admitted %d of a bucket of 20 never learnt, want the share of 10", n)
 		}
-		f.proxy.Restore()
+		f.redis.Restore()
 		// Redis was never charged: the bucket holds 20, and this decision takes one.
 		testenv.Eventually(t, 5*time.Second, "redis to decide again", func() bool {
 			d, err := b.adm.Admit(b.ctx, "acme", nil)
 			return err == nil && !d.FailedOpen && d.Admitted
 		})
-		f.proxy.Cut()
+		f.redis.Cut()
 		if n := admitted(t, b, 12); n != 9 {
 			t.Fatalf("admitted %d locally after Redis left 19 tokens, want half: 9", n)
 		}
 	})
 
-	t.Run("a roster that counts no replica counts this one", func(t *testing.T) {
-		t.Parallel()
-		f := setupFleet(t, 1, space.Rate{RefillRPS: neverRefills, Burst: 2})
+	cuttable(t, "a roster that counts no replica counts this one", func(t *testing.T, dial cuttableDial) {
+		f := setupFleet(t, dial, 1, space.Rate{RefillRPS: neverRefills, Burst: 2})
 		f.counted.Store(0)
-		f.proxy.Cut()
+		f.redis.Cut()
 		b := f.replicas[0]
 		for i := range 2 {
 			if _, ok := local(t, b, nil); !ok {
@@ -198,10 +187,9 @@ func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 		}
 	})
 
-	t.Run("a client's bucket is not shared out", func(t *testing.T) {
-		t.Parallel()
-		f := setupFleet(t, 3, space.Rate{RefillRPS: neverRefills, Burst: 300})
-		f.proxy.Cut()
+	cuttable(t, "a client's bucket is not shared out", func(t *testing.T, dial cuttableDial) {
+		f := setupFleet(t, dial, 3, space.Rate{RefillRPS: neverRefills, Burst: 300})
+		f.redis.Cut()
 		b := f.replicas[0]
 		r := rate(neverRefills, 6)
 		admitted := 0

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/url"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space/internal/store"
 )
@@ -266,3 +269,76 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// CuttableRedis is a client of a shared test Redis whose every connection goes
+// through a Proxy, for a test to cut them all (Redis gone, as its clients see it) and
+// restore them, without stopping the server under every other test.
+type CuttableRedis struct {
+	Client  redis.UniversalClient
+	proxies []*Proxy
+}
+
+// CuttableStandalone is a CuttableRedis of the standalone test Redis. Its client
+// never retries a command and dials once a call, so that a cut fails each call at
+// once, not after go-redis's five dials 100ms apart.
+func CuttableStandalone(t testing.TB) *CuttableRedis {
+	t.Helper()
+	p := StartProxy(t, RedisAddr(t))
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { c.Close() })
+	return &CuttableRedis{Client: c, proxies: []*Proxy{p}}
+}
+
+// CuttableCluster is a CuttableRedis of the 3-node test cluster: one Proxy per node,
+// and a client whose dialer sends every node address it learns (CLUSTER SLOTS names
+// the nodes themselves) through that node's proxy, and refuses any other. Its
+// options are those space-api gives a cluster client, bar timeouts (the caller's
+// deadline bounds each call, as the admission components' own does) and one dial a
+// call, as CuttableStandalone's.
+func CuttableCluster(t testing.TB) *CuttableRedis {
+	t.Helper()
+	addrs := RedisClusterAddrs(t)
+	through := make(map[string]string, len(addrs))
+	var proxies []*Proxy
+	for _, a := range addrs {
+		p := StartProxy(t, a)
+		through[a] = p.Addr
+		proxies = append(proxies, p)
+	}
+	var d net.Dialer
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:                 addrs,
+		ContextTimeoutEnabled: true,
+		DialerRetries:         1,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			p, ok := through[addr]
+			if !ok {
+				return nil, fmt.Errorf("cuttable cluster: %s is not a node of the test cluster", addr)
+			}
+			return d.DialContext(ctx, network, p)
+		},
+	})
+	t.Cleanup(func() { c.Close() })
+	return &CuttableRedis{Client: c, proxies: proxies}
+}
+
+// Cut closes every proxy: new connections are refused and open ones fail.
+func (c *CuttableRedis) Cut() {
+	for _, p := range c.proxies {
+		p.Cut()
+	}
+}
+
+// Restore lets connections through again.
+func (c *CuttableRedis) Restore() {
+	for _, p := range c.proxies {
+		p.Restore()
+	}
+}
+
+// CuttableTopologies names the two ways to reach the shared test Redis through
+// proxies: standalone and the 3-node cluster.
+var CuttableTopologies = []struct {
+	Name string
+	Dial func(testing.TB) *CuttableRedis
+}{{"standalone", CuttableStandalone}, {"cluster", CuttableCluster}}
