@@ -294,7 +294,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 
 	cuttable(t, "a redis gone fails open within the cap as this replica counts it", func(t *testing.T, dial cuttableDial) {
 		cut := dial(t)
-		b := setupConcurrency(t, cut.Client, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
+		b := setupConcurrency(t, cut.Client, ConcurrencyOptions{FailClosed: false})
 		release := b.acquire("acme", 3) // a place Redis gave, still held
 		cut.Cut()
 		failOpen := func(client space.ClientKey) space.Lease {
@@ -331,7 +331,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 
 	cuttable(t, "places given during an outage count against the cap once redis answers again, until given back", func(t *testing.T, dial cuttableDial) {
 		cut := dial(t)
-		b := setupConcurrency(t, cut.Client, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
+		b := setupConcurrency(t, cut.Client, ConcurrencyOptions{FailClosed: false})
 		cut.Cut()
 		var outage []space.Lease
 		for range 2 {
@@ -387,7 +387,7 @@ func TestConcurrencyLimiter(t *testing.T) {
 	cuttable(t, "many acquires at once during an outage get exactly the cap", func(t *testing.T, dial cuttableDial) {
 		cut := dial(t)
 		cut.Cut()
-		b := setupConcurrency(t, cut.Client, ConcurrencyOptions{FailClosed: false, Timeout: 50 * time.Millisecond})
+		b := setupConcurrency(t, cut.Client, ConcurrencyOptions{FailClosed: false})
 		var mu sync.Mutex
 		var leases []space.Lease
 		refusals := 0

@@ -286,6 +286,7 @@ func CuttableStandalone(t testing.TB) *CuttableRedis {
 	p := StartProxy(t, RedisAddr(t))
 	c := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { c.Close() })
+	warm(t, func(ctx context.Context) error { return c.Ping(ctx).Err() })
 	return &CuttableRedis{Client: c, proxies: []*Proxy{p}}
 }
 
@@ -319,7 +320,23 @@ func CuttableCluster(t testing.TB) *CuttableRedis {
 		},
 	})
 	t.Cleanup(func() { c.Close() })
+	warm(t, func(ctx context.Context) error {
+		return c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error { return shard.Ping(ctx).Err() })
+	})
 	return &CuttableRedis{Client: c, proxies: proxies}
+}
+
+// warm pings a new cuttable client through its proxies (every node of a cluster,
+// which also loads its slots), so that a test's first call does not pay the dials:
+// on a loaded machine they can take longer than a component's timeout, and a test
+// that wants a decision of Redis's would get one failing open.
+func warm(t testing.TB, ping func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := ping(ctx); err != nil {
+		t.Fatalf("redis through its proxies does not answer (%v); start the services with\n\t%s", err, StartCommand)
+	}
 }
 
 // Cut closes every proxy: new connections are refused and open ones fail.
