@@ -344,19 +344,23 @@ func TestConcurrencyLimiter(t *testing.T) {
 		cut.Restore()
 		acquire := func(client space.ClientKey) space.Lease {
 			t.Helper()
-			for {
-				// The client's connections may still be reconnecting: a place given
-				// locally here would hide what this test is about.
+			var lease space.Lease
+			// The client's connections may still be reconnecting: a place given
+			// locally here would hide what this test is about.
+			testenv.Eventually(t, 5*time.Second, "a place given by Redis", func() bool {
 				before := metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error")
-				lease, err := b.lim.Acquire(b.ctx, client, 3)
+				l, err := b.lim.Acquire(b.ctx, client, 3)
 				if err != nil {
 					t.Fatalf("Acquire(%s) after the outage = %v, want a place", client, err)
 				}
 				if metricValue(t, b.reg, "space_client_concurrency_decisions_total", "decision", "error") == before {
-					return lease
+					lease = l
+					return true
 				}
-				lease.Release()
-			}
+				l.Release()
+				return false
+			})
+			return lease
 		}
 		third := acquire("acme")
 		if third.Roomy {
