@@ -39,6 +39,24 @@ func eachTopology(t *testing.T, test func(t *testing.T, dial func(testing.TB) re
 	}
 }
 
+// cuttableDial reaches the shared test Redis through proxies a test can cut.
+type cuttableDial = func(testing.TB) *testenv.CuttableRedis
+
+// cuttable runs test as subtest name on the standalone Redis and on the 3-node
+// cluster, each reached through proxies it can cut, in parallel.
+func cuttable(t *testing.T, name string, test func(t *testing.T, dial cuttableDial)) {
+	t.Helper()
+	t.Run(name, func(t *testing.T) {
+		t.Parallel()
+		for _, topo := range testenv.CuttableTopologies {
+			t.Run(topo.Name, func(t *testing.T) {
+				t.Parallel()
+				test(t, topo.Dial)
+			})
+		}
+	})
+}
+
 func TestBothBucketsOrNeither(t *testing.T) {
 	t.Parallel()
 

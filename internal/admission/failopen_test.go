@@ -10,31 +10,13 @@ import (
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
-// cuttableDial reaches the shared test Redis through proxies a test can cut.
-type cuttableDial = func(testing.TB) *testenv.CuttableRedis
-
-// cuttable runs test as subtest name on the standalone Redis and on the 3-node
-// cluster, each reached through proxies it can cut, in parallel.
-func cuttable(t *testing.T, name string, test func(t *testing.T, dial cuttableDial)) {
-	t.Helper()
-	t.Run(name, func(t *testing.T) {
-		t.Parallel()
-		for _, topo := range testenv.CuttableTopologies {
-			t.Run(topo.Name, func(t *testing.T) {
-				t.Parallel()
-				test(t, topo.Dial)
-			})
-		}
-	})
-}
-
 // TestFailOpenSpendsLocally covers what a replica admits while Redis cannot decide
 // and the failure mode is open: each bucket as the replica knows it, spent here.
 func TestFailOpenSpendsLocally(t *testing.T) {
 	t.Parallel()
 
-	// outage is an Admitter failing open through a proxy to the shared Redis that the
-	// test cuts and restores, its clock the test's, and its breaker opening at the
+	// outage is an Admitter failing open through a cuttable client of the shared Redis
+	// (standalone or cluster) that the test cuts and restores, its clock the test's, and its breaker opening at the
 	// first failure and letting a probe through every 50ms.
 	type outage struct {
 		*bundle
