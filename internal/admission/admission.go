@@ -603,11 +603,17 @@ func (a *Admitter) remember(key string, st BucketState, at time.Time) {
 
 // cell is where this replica keeps what it knows of the bucket under key.
 func (a *Admitter) cell(key string) *atomic.Pointer[knownBucket] {
-	v, ok := a.known.Load(key)
+	return pointerIn[knownBucket](&a.known, key)
+}
+
+// pointerIn is m's cell under key, made empty the first time: a load, and a store
+// only for a key not seen before.
+func pointerIn[T any](m *sync.Map, key string) *atomic.Pointer[T] {
+	v, ok := m.Load(key)
 	if !ok {
-		v, _ = a.known.LoadOrStore(key, &atomic.Pointer[knownBucket]{})
+		v, _ = m.LoadOrStore(key, &atomic.Pointer[T]{})
 	}
-	return v.(*atomic.Pointer[knownBucket])
+	return v.(*atomic.Pointer[T])
 }
 
 // upTo is the most the bucket can hold at now: the known tokens and every refill
@@ -853,11 +859,7 @@ func (a *Admitter) spendShare(key string, rate space.Rate, need, cost float64, n
 
 // shareCell is where this replica keeps its share of the bucket under key.
 func (a *Admitter) shareCell(key string) *atomic.Pointer[outageShare] {
-	v, ok := a.shares.Load(key)
-	if !ok {
-		v, _ = a.shares.LoadOrStore(key, &atomic.Pointer[outageShare]{})
-	}
-	return v.(*atomic.Pointer[outageShare])
+	return pointerIn[outageShare](&a.shares, key)
 }
 
 // spend takes cost from the bucket under key as this replica knows it at now, if it

@@ -42,6 +42,17 @@ func TestRoster(t *testing.T) {
 			t.Fatalf("Beat(%s) = %d, Count %d; want %d", r.ID(), n, r.Count(), want)
 		}
 	}
+	// joined makes a roster for each id, and beats each in turn: the nth counts n.
+	joined := func(t *testing.T, b *bundle, ids ...string) []*Roster {
+		t.Helper()
+		var rs []*Roster
+		for i, id := range ids {
+			r := roster(t, b.tx, id)
+			beat(t, b.ctx, r, i+1)
+			rs = append(rs, r)
+		}
+		return rs
+	}
 
 	t.Run("a replica alone counts itself, before and after its first heartbeat", func(t *testing.T) {
 		t.Parallel()
@@ -57,10 +68,7 @@ func TestRoster(t *testing.T) {
 	t.Run("replicas count each other", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		x, y, z := roster(t, b.tx, "x"), roster(t, b.tx, "y"), roster(t, b.tx, "z")
-		beat(t, b.ctx, x, 1)
-		beat(t, b.ctx, y, 2)
-		beat(t, b.ctx, z, 3)
+		x := joined(t, b, "x", "y", "z")[0]
 		beat(t, b.ctx, x, 3)
 	})
 
@@ -86,9 +94,8 @@ func TestRoster(t *testing.T) {
 	t.Run("a replica that leaves is not counted at the next heartbeat", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		x, y := roster(t, b.tx, "x"), roster(t, b.tx, "y")
-		beat(t, b.ctx, x, 1)
-		beat(t, b.ctx, y, 2)
+		rs := joined(t, b, "x", "y")
+		x, y := rs[0], rs[1]
 		if err := y.Leave(b.ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -98,9 +105,7 @@ func TestRoster(t *testing.T) {
 	t.Run("a failed heartbeat keeps the last count", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		x, y := roster(t, b.tx, "x"), roster(t, b.tx, "y")
-		beat(t, b.ctx, x, 1)
-		beat(t, b.ctx, y, 2)
+		y := joined(t, b, "x", "y")[1]
 		if err := b.tx.Rollback(b.ctx); err != nil {
 			t.Fatal(err)
 		}
