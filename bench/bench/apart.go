@@ -23,6 +23,18 @@ const loadEnv = "SPACE_BENCH_LOAD"
 // scheduler, and the flood's generator not a thousand goroutines beside the quiet
 // client's. Both processes still share the machine's two cores with the servers.
 func (l load) runApart(ctx context.Context) (*loadResult, error) {
+	return l.runApartNotify(ctx, nil)
+}
+
+// startedLine is what a stream's process writes to its stderr just before it sends
+// its first request: runApartNotify's parent reads it as the stream's start.
+const startedLine = "space-bench-load: sending"
+
+// runApartNotify is runApart, closing started (when not nil) once the stream's
+// process is up and sending. A process started at the lowest priority on a busy
+// machine can take seconds to get there; an arm measured beside it waits for this,
+// not for a guess of how long a start takes.
+func (l load) runApartNotify(ctx context.Context, started chan<- struct{}) (*loadResult, error) {
 	spec, err := json.Marshal(l)
 	if err != nil {
 		return nil, err
@@ -31,10 +43,12 @@ func (l load) runApart(ctx context.Context) (*loadResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", l.Name, err)
 	}
-	var stdout, stderr bytes.Buffer
+	var stdout bytes.Buffer
+	stderr := &startWatch{started: started}
+	defer stderr.close()
 	cmd := generatorCommand(ctx, l.Yield, self)
 	cmd.Env = append(os.Environ(), loadEnv+"="+string(spec))
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.Stdout, cmd.Stderr = &stdout, stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("load %s in its own process: %w", l.Name, err)
 	}
@@ -46,9 +60,42 @@ func (l load) runApart(ctx context.Context) (*loadResult, error) {
 	}
 	streams.ended(cmd.Process.Pid, w.Ticks)
 	if err != nil {
-		return nil, fmt.Errorf("load %s in its own process: %w: %s", l.Name, err, bytes.TrimSpace(stderr.Bytes()))
+		return nil, fmt.Errorf("load %s in its own process: %w: %s", l.Name, err, bytes.TrimSpace(stderr.out.Bytes()))
 	}
 	return w.result(), nil
+}
+
+// startWatch is a stream process's stderr: kept for the error it may explain, and
+// watched for startedLine, which closes started once.
+type startWatch struct {
+	mu      sync.Mutex
+	out     bytes.Buffer
+	started chan<- struct{}
+}
+
+func (w *startWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.out.Write(p)
+	if w.started != nil && bytes.Contains(w.out.Bytes(), []byte(startedLine)) {
+		w.closeLocked()
+	}
+	return len(p), nil
+}
+
+// close closes started if the process never said it started (it failed), so that
+// nothing waits on it for ever.
+func (w *startWatch) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closeLocked()
+}
+
+func (w *startWatch) closeLocked() {
+	if w.started != nil {
+		close(w.started)
+		w.started = nil
+	}
 }
 
 // streams are the processes runApart started, for the CPU they used (cpuUser.streams).
@@ -101,6 +148,7 @@ func ServeLoad(ctx context.Context, out io.Writer) (bool, error) {
 	if err := json.Unmarshal([]byte(spec), &l); err != nil {
 		return true, fmt.Errorf("%s: %w", loadEnv, err)
 	}
+	fmt.Fprintln(os.Stderr, startedLine)
 	var r *loadResult
 	if l.Raw {
 		var err error

@@ -79,12 +79,26 @@ func (r *loadResult) add(outcome string, at, latency time.Duration) {
 // after the stream's first (to 0: to its end).
 func (r *loadResult) latencyWithin(from, to time.Duration, p float64) time.Duration {
 	var ls []time.Duration
-	for _, a := range r.answers {
-		if a.at >= from && (to == 0 || a.at < to) {
-			ls = append(ls, a.latency)
-		}
+	for _, a := range r.within(from, to) {
+		ls = append(ls, a.latency)
 	}
 	return percentile(ls, p)
+}
+
+// countWithin is the number of requests sent in [from, to) after the stream's first
+// (to 0: to its end).
+func (r *loadResult) countWithin(from, to time.Duration) int { return len(r.within(from, to)) }
+
+// within are the answers to the requests sent in [from, to) after the stream's first
+// (to 0: to its end).
+func (r *loadResult) within(from, to time.Duration) []answer {
+	var out []answer
+	for _, a := range r.answers {
+		if a.at >= from && (to == 0 || a.at < to) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // rps is the rate of answers with the given outcome prefix ("" for all).

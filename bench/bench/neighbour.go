@@ -51,6 +51,10 @@ type NeighbourArms struct {
 	// Cores are the CPU seconds a second each process of cpuUserNames (by index) used
 	// during each arm.
 	Cores []ArmSet
+	// Sent are the quiet client's creates in each arm's measured part, and Logged
+	// those of them the server's log holds (space-api only): the smoke test's check
+	// that the log is read back whole.
+	Sent, Logged ArmSet
 }
 
 // cpuUserNames name the processes whose CPU the quiet neighbour's arms report: what
@@ -76,6 +80,7 @@ type ArmSet struct{ Alone, Fixed, Saturated []float64 }
 // armFigures are what one arm measured besides the driver's latencies.
 type armFigures struct {
 	serverP99 float64 // ms; 0 where the server logs no requests
+	logged    int     // the quiet client's creates read back from the server's log
 	cpu       CPUShare
 	cores     []float64 // by cpuUserNames
 	cpuOK     bool
@@ -89,6 +94,7 @@ func (a *NeighbourArms) add(alone, fixed, saturated armFigures) {
 	}
 	figures := []figure{
 		{&a.Server, func(f armFigures) (float64, bool) { return f.serverP99, f.serverP99 > 0 }},
+		{&a.Logged, func(f armFigures) (float64, bool) { return float64(f.logged), f.serverP99 > 0 }},
 		{&a.Busy, func(f armFigures) (float64, bool) { return f.cpu.Busy, f.cpuOK }},
 		{&a.Steal, func(f armFigures) (float64, bool) { return f.cpu.Steal, f.cpuOK }},
 	}
@@ -139,9 +145,15 @@ func (w armWatch) figures() (armFigures, error) {
 	}
 	if len(ls) > 0 {
 		f.serverP99 = ms(percentile(ls, 99))
+		f.logged = len(ls)
 	}
 	return f, nil
 }
+
+// floodSlack is how much longer than the quiet client's arm the fixed flood runs: the
+// quiet client's process starts only once the flood's is sending, and may take that
+// long to send its own first create.
+const floodSlack = 2 * time.Second
 
 // runNeighbour measures the quiet neighbour on srv, whose flags give bench-quiet a
 // rate far above what it sends and bench-flood the flood scenario's rate, then the
@@ -189,22 +201,26 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 		return err
 	}
 
-	// The fixed flood and the quiet client start together; the quiet client runs
-	// Settle longer, so that as many of its creates as alone are sent beside the
-	// flood over its rate.
+	// The quiet client starts once the fixed flood's process is sending (at the
+	// lowest priority, on a busy machine, its start can take longer than the whole
+	// arm), and runs Settle longer than alone, so that as many of its creates as alone
+	// are sent beside the flood over its rate. The flood runs floodSlack longer, for
+	// the quiet client's own start; only the quiet creates sent while it ran count.
 	var fixed, flood *loadResult
 	var fixedErr, floodErr error
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		// The arm's figures, as its p99, are those after Settle.
-		time.Sleep(n.Settle)
-		watch = watchArm(srv, users)
-	})
+	floodOn := make(chan struct{})
 	wg.Go(func() {
 		flood, floodErr = load{Name: "fixed flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody, Rate: sz.fixedFlood,
-			Duration: n.Settle + sz.quietDur, Conns: sz.floodConns, Raw: true, Yield: true}.runApart(ctx)
+			Duration: n.Settle + sz.quietDur + floodSlack, Conns: sz.floodConns, Raw: true, Yield: true}.runApartNotify(ctx, floodOn)
 	})
 	wg.Go(func() {
+		<-floodOn
+		wg.Go(func() {
+			// The arm's figures, as its p99, are those after Settle.
+			time.Sleep(n.Settle)
+			watch = watchArm(srv, users)
+		})
 		q := quiet
 		q.Duration += n.Settle
 		fixed, fixedErr = q.runApart(ctx)
@@ -254,10 +270,16 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	}
 	to.Alone = append(to.Alone, ms(alone.latency("", 99)))
 	// The flood's burst is the Settle after the flood's first request, which its
-	// process may send a little after the quiet client's first.
-	burst := max(flood.First.Sub(fixed.First), 0)
-	to.Burst = append(to.Burst, ms(fixed.latencyWithin(burst, burst+n.Settle, 99)))
-	to.Fixed = append(to.Fixed, ms(fixed.latencyWithin(burst+n.Settle, 0, 99)))
+	// process sent before the quiet client's first; its over-the-rate part lasts until
+	// its last request. Both windows are read in the quiet client's time.
+	burst := flood.First.Sub(fixed.First)
+	over := burst + n.Settle
+	end := max(flood.First.Add(flood.Elapsed).Sub(fixed.First), over+1)
+	to.Burst = append(to.Burst, ms(fixed.latencyWithin(max(burst, 0), max(over, 0), 99)))
+	to.Fixed = append(to.Fixed, ms(fixed.latencyWithin(max(over, 0), end, 99)))
+	to.Sent.Alone = append(to.Sent.Alone, float64(alone.Requests))
+	to.Sent.Fixed = append(to.Sent.Fixed, float64(fixed.countWithin(max(over, 0), end)))
+	to.Sent.Saturated = append(to.Sent.Saturated, float64(saturated.Requests))
 	to.Saturated = append(to.Saturated, ms(saturated.latency("", 99)))
 	to.add(aloneFig, fixedFig, saturatedFig)
 	to.Success = append(to.Success, min(succeeded(alone), succeeded(fixed), succeeded(saturated)))

@@ -149,8 +149,17 @@ func TestSmoke(t *testing.T) {
 		if n == nil {
 			t.Fatal("the flood scenario has no quiet neighbour")
 		}
-		for name, v := range map[string][]float64{"alone": n.Space.Alone, "burst": n.Space.Burst, "fixed": n.Space.Fixed, "saturated": n.Space.Saturated,
-			"peer alone": n.Peer.Alone, "peer burst": n.Peer.Burst, "peer fixed": n.Peer.Fixed, "peer saturated": n.Peer.Saturated,
+		// The burst is measured only when the quiet client's process was up within the
+		// flood's first Settle, which a busy machine does not promise: it is reported,
+		// with no target, and checked present.
+		for name, v := range map[string][]float64{"burst": n.Space.Burst, "peer burst": n.Peer.Burst} {
+			if len(v) != 1 || v[0] < 0 {
+				t.Errorf("quiet neighbour %s: %v", name, v)
+			}
+		}
+		for name, v := range map[string][]float64{"alone": n.Space.Alone, "fixed": n.Space.Fixed, "saturated": n.Space.Saturated,
+			"peer alone": n.Peer.Alone, "peer fixed": n.Peer.Fixed, "peer saturated": n.Peer.Saturated,
+			"sent alone": n.Space.Sent.Alone, "sent beside the fixed flood": n.Space.Sent.Fixed, "sent beside wrk": n.Space.Sent.Saturated,
 			"fixed flood rps": n.Space.FixedFloodRPS, "saturating flood rps": n.Space.SaturatedFloodRPS,
 			"peer fixed flood rps": n.Peer.FixedFloodRPS, "peer saturating flood rps": n.Peer.SaturatedFloodRPS} {
 			if len(v) != 1 || !(v[0] > 0) {
@@ -169,20 +178,19 @@ func TestSmoke(t *testing.T) {
 	})
 	t.Run("the quiet neighbour's creates are read back from space-api's log and the machine's CPU is split by process", func(t *testing.T) {
 		n := servers.Flood.Neighbour
-		// A create's time inside the server is part of its time at the driver, and the
-		// alone and wrk arms read the same creates on both sides: the server's p99 is
-		// above zero and at most the driver's, but for the moment the server reads its
-		// clock after its write returns, which on busy cores can come up to a
-		// scheduling slice (a few ms) after the client has read the answer: one such
-		// create among the few of a smoke run is its p99 (seen beside wrk, 3.86 ms
-		// inside against 3.54 at the driver).
-		const slice = 3 // ms
+		// The alone and wrk arms read the same creates on both sides: every create the
+		// quiet client sent is read back from the server's log, with a time inside the
+		// server. (Which of the two p99s is the larger is a timing, not checked: the
+		// server reads its clock after its write, which on busy cores can come a
+		// scheduling slice after the client read the answer.)
 		for _, arm := range []struct {
-			name           string
-			server, driver []float64
-		}{{"alone", n.Space.Server.Alone, n.Space.Alone}, {"beside wrk", n.Space.Server.Saturated, n.Space.Saturated}} {
-			if len(arm.server) != 1 || !(arm.server[0] > 0) || arm.server[0] > arm.driver[0]+slice {
-				t.Errorf("%s: p99 inside space-api %v ms, at the driver %v ms", arm.name, arm.server, arm.driver)
+			name         string
+			server       []float64
+			sent, logged []float64
+		}{{"alone", n.Space.Server.Alone, n.Space.Sent.Alone, n.Space.Logged.Alone},
+			{"beside wrk", n.Space.Server.Saturated, n.Space.Sent.Saturated, n.Space.Logged.Saturated}} {
+			if len(arm.server) != 1 || !(arm.server[0] > 0) || len(arm.logged) != 1 || arm.logged[0] != arm.sent[0] {
+				t.Errorf("%s: p99 inside space-api %v ms; %v of the %v creates sent read back from its log", arm.name, arm.server, arm.logged, arm.sent)
 			}
 		}
 		if len(n.Space.Server.Fixed) != 1 || len(n.Peer.Server.Alone) != 0 {

@@ -65,6 +65,11 @@ type ReconcilerOptions struct {
 //   - whatever Also settles or tidies (operations whose job ended without an
 //     outcome, expired idempotency keys).
 //
+// A sandbox is settled by its guarded write first, and what ran for it is stopped
+// after, in the same round: the write decides (a replica that finished meanwhile wins
+// and keeps what it started), so its end can be read while the stops are under way,
+// and a stop that fails is left to the sweep.
+//
 // It runs on one replica at a time: a round runs under a Postgres advisory lock, and a
 // replica that cannot take it skips its round, as the replenisher does.
 //
