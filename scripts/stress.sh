@@ -17,6 +17,9 @@ fi
 export SPACE_TEST_DATABASE_URL SPACE_TEST_REDIS_ADDR SPACE_TEST_REDIS_CLUSTER_ADDRS
 
 count="${COUNT:-5}"
+# The differential tests of admission against its reference model play ten times the
+# configurations of make test (internal/admission, reference_test.go).
+export SPACE_REFERENCE_SCALE="${SPACE_REFERENCE_SCALE:-10}"
 pkgs="${PKGS:-./cmd/space-api/ ./internal/admission/ ./internal/sandbox/ ./internal/dispatcher/}"
 
 # The load: the whole suite, again and again, until the stressed runs are done.

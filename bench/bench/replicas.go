@@ -151,11 +151,12 @@ func runReplicas(ctx context.Context, env *Env, runs int, sz sizes) (*ReplicasRe
 		if err != nil {
 			return nil, fmt.Errorf("GET %s after the flood: %w", clusterKey, err)
 		}
-		if len(raw) != 24 {
-			return nil, fmt.Errorf("%s holds %d bytes, not bucket.lua's 24", clusterKey, len(raw))
+		if len(raw) != 32 {
+			return nil, fmt.Errorf("%s holds %d bytes, not bucket.lua's 32", clusterKey, len(raw))
 		}
 		// bucket.lua's state: the tokens left and the Redis time (µs) of the last
-		// decision that wrote, i.e. the last admission (then the key's expiry).
+		// decision that wrote, i.e. the last admission (then the key's expiry and
+		// when the bucket is full).
 		tokens := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[:8])))
 		lastMicros := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[8:16])))
 

@@ -278,7 +278,7 @@ func TestActivationCost(t *testing.T) {
 			t.Fatalf("admitted %d tokens of activations; the bucket says %.2f were taken (burst 30, %.2f refilled, %.2f left)",
 				tokens, taken, refilled, d.Cluster.Remaining)
 		}
-		if raw, err := rdb.Get(testenv.Context(t), admission.ClusterKey(replicas[0].RedisPrefix)).Result(); err != nil || len(raw) != 24 {
+		if raw, err := rdb.Get(testenv.Context(t), admission.ClusterKey(replicas[0].RedisPrefix)).Result(); err != nil || len(raw) != 32 {
 			t.Fatalf("cluster key %q, %v", raw, err)
 		}
 	})

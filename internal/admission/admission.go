@@ -29,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/admission/model"
 	"github.com/space-sandbox/space/internal/logs"
 )
 
@@ -134,10 +135,13 @@ type Admitter struct {
 	known  sync.Map // string (Redis key) -> *atomic.Pointer[knownBucket]
 	now    func() time.Time
 	maxAge time.Duration
-	// shares holds, per cluster-side bucket, this replica's share of it as spent
-	// while Redis cannot decide (spendShare); replicas is Options.Replicas.
-	shares   sync.Map // string (Redis key) -> *atomic.Pointer[outageShare]
+	// share is this replica's copy of the cluster side as spent while Redis cannot
+	// decide (spendShare); replicas is Options.Replicas; learnt counts the decisions
+	// Redis made, so that a copy of the untiered cluster bucket starts again from
+	// what Redis said last once it has spoken since.
+	share    outageShare
 	replicas func() int
+	learnt   atomic.Uint64
 }
 
 // knownBucket is one bucket as a decision found it: at most Tokens at time At (the
@@ -188,14 +192,21 @@ type Decision struct {
 	Shadow bool
 	// SoftBreach is true when the decision admitted the client over its soft limit.
 	SoftBreach bool
-	// Source is where an admitted decision's cluster token came from when tiers
+	// Source is where an admitted decision's cluster tokens came from first when tiers
 	// reserve shares of the cluster bucket: "reserve" (the tier's own), "shared" or
-	// "borrowed" (another tier's idle reserve); "" otherwise.
+	// "borrowed" (another tier's idle reserve); "" otherwise. Drawn says how many
+	// came from each.
 	Source string
+	Drawn  model.Drawn
 	// FailedOpen is true when Redis failed and fail-open mode admitted from the
 	// replica's own view of the buckets; the bucket states are then unknown (zero
 	// Remaining). A charge that view refuses is an ordinary rejection.
 	FailedOpen bool
+
+	// bound is the cluster side's upper bound the refusal memory keeps (model rule
+	// 11); redisNow the Redis time of the decision (µs), for the reference tests.
+	bound    float64
+	redisNow float64
 }
 
 // LimitError describes a rejection for the API (a 429): the rejecting bucket, its
@@ -360,6 +371,9 @@ func (a *Admitter) decide(ctx context.Context, c space.Charge, mode string) (Dec
 	} else {
 		d, err = a.plain(ctx, c, cost, sent)
 	}
+	if err == nil {
+		a.learnt.Add(1)
+	}
 	if mode == peek {
 		return d, err
 	}
@@ -385,8 +399,10 @@ func (a *Admitter) plain(ctx context.Context, c space.Charge, cost string, sent 
 	keys := []string{a.clusterKey}
 	clusterArgs := a.clusterArgs
 	var clientArgs, softArgs bucketArgs
+	floor := 0.0
 	if c.Floor > 0 && c.Rate == nil {
 		clusterArgs = withFloor(clusterArgs, c.Floor)
+		floor = float64(c.Floor)
 	}
 	if c.Rate != nil {
 		keys = append(keys, a.clientPrefix+string(c.Key))
@@ -395,17 +411,40 @@ func (a *Admitter) plain(ctx context.Context, c space.Charge, cost string, sent 
 			softArgs = argsOf(*c.Soft)
 		}
 	}
-	admitted, states, breach, err := a.run.decide(ctx, cost, keys, clusterArgs, clientArgs, softArgs)
+	admitted, states, breach, now, err := a.run.decide(ctx, cost, keys, clusterArgs, clientArgs, softArgs)
 	if err != nil {
 		return Decision{}, err
 	}
-	d := a.decision(admitted, states, c.Rate)
-	d.SoftBreach = breach
-	a.remember(a.clusterKey, d.Cluster, sent)
-	if d.Client != nil {
-		a.remember(keys[1], *d.Client, sent)
+	d := Decision{Admitted: admitted, SoftBreach: breach, Cluster: states[0], bound: states[0].Remaining, redisNow: now}
+	d.Cluster.Rate = a.cluster
+	// What the charge can draw: the level less the floor (model rule 9); the memory
+	// keeps the level itself.
+	d.Cluster.Remaining = d.bound - floor
+	a.remember(a.clusterKey, BucketState{Rate: a.cluster, Remaining: d.bound}, sent)
+	if c.Rate != nil {
+		cs := states[1]
+		cs.Rate = *c.Rate
+		d.Client = &cs
+		a.remember(keys[1], cs, sent)
+	}
+	if !admitted {
+		d.refused()
 	}
 	return d, nil
+}
+
+// refused names a refusal's bucket and its retry (model rule 8): the client bucket
+// when it was short of the cost (it refills later than now), whatever the cluster
+// held; the retry is the later of the short buckets' refills.
+func (d *Decision) refused() {
+	if d.Client != nil && d.Client.Refill > 0 {
+		d.Bucket, d.RetryAfter = space.BucketClientActivation, d.Client.Refill
+	} else {
+		d.Bucket = space.BucketClusterActivation
+	}
+	if d.Cluster.Refill > 0 {
+		d.RetryAfter = max(d.RetryAfter, d.Cluster.Refill)
+	}
 }
 
 // CachedRefusal returns the refusal that a Charge of c now would meet, when this
@@ -563,7 +602,9 @@ func (a *Admitter) knownState(key string, rate space.Rate, need int, now time.Ti
 			return known{}
 		}
 	}
-	return known{k: k, tokens: k.upTo(now), need: float64(need)}
+	// A bucket may reach its burst up to model.MemorySlack early after a rate change
+	// (model rule 3): what it may hold is read that much later.
+	return known{k: k, tokens: k.upTo(now.Add(memorySlack)), need: float64(need)}
 }
 
 // refusal is the bucket's refusal if it cannot hold what the charge needs yet.
@@ -685,32 +726,6 @@ func (a *Admitter) Report(ctx context.Context, c space.Charge) (Decision, Enforc
 	return d, Enforced, nil
 }
 
-// decision builds a Decision from the script's answer.
-func (a *Admitter) decision(admitted bool, states []BucketState, clientRate *space.Rate) Decision {
-	d := Decision{Admitted: admitted, Cluster: states[0]}
-	d.Cluster.Rate = a.cluster
-	if clientRate != nil {
-		c := states[1]
-		c.Rate = *clientRate
-		d.Client = &c
-	}
-	if admitted {
-		return d
-	}
-	// A bucket is short of the cost when the script says it holds it only later
-	// (Refill > 0), whatever the cost.
-	if d.Client != nil && d.Client.Refill > 0 {
-		d.Bucket = space.BucketClientActivation
-		d.RetryAfter = d.Client.Refill
-	} else {
-		d.Bucket = space.BucketClusterActivation
-	}
-	if d.Cluster.Refill > 0 {
-		d.RetryAfter = max(d.RetryAfter, d.Cluster.Refill)
-	}
-	return d
-}
-
 // disabled is the decision of a disabled Admitter: admitted, every bucket full.
 func (a *Admitter) disabled(clientRate *space.Rate) Decision {
 	d := Decision{Admitted: true, Cluster: BucketState{Rate: a.cluster, Remaining: float64(a.cluster.Burst)}}
@@ -744,12 +759,12 @@ func (a *Admitter) failed(c space.Charge, err error) (Decision, error) {
 	return d, nil
 }
 
-// spendLocally decides a charge that Redis could not decide, failing open: each
-// bucket as this replica knows it (its last decision's state and the refill since,
-// as CachedRefusal reads it; a bucket it never learnt, or learnt under another rate,
-// as full) must hold the cost, and the cost is then spent from that state here, both
-// buckets or neither; of the cluster side, this replica spends only its share
-// (spendShare). It returns the refusal, with refused true, when one is short.
+// spendLocally decides a charge that Redis could not decide, failing open: the client
+// bucket as this replica knows it (its last decision's state and the refill since, as
+// CachedRefusal reads it; a bucket it never learnt, or learnt under another rate, as
+// full) must hold the cost, and the cluster side must give it from this replica's
+// share (spendShare); the cost is then spent from both here, or from neither. It
+// returns the refusal, with refused true, when one is short.
 //
 // Failing open is for an outage of the budget store: it must not stop activations.
 // It must not stop budgets either. Before this, every charge was admitted while Redis
@@ -758,23 +773,21 @@ func (a *Admitter) failed(c space.Charge, err error) (Decision, error) {
 // hundreds of connections, every create in flight queued behind them) timed out
 // three calls in a row, the breaker opened, and for the breaker's second the flooder
 // was admitted about 1,300 times instead of 50 (make bench, flood scenario). Now a
-// replica that cannot ask Redis admits what its own view of each bucket allows: a
-// client keeps its rate, a flooder gets its rate, and the n replicas that
-// Options.Replicas counts admit about the cluster bucket's burst and rate between
-// them, each its nth, for as long as the outage lasts. A client's bucket is not
-// shared out: a client's creates do not spread evenly over the replicas (a
-// keep-alive connection stays on one), and a client sent to one replica would get a
-// nth of its rate there; it may get up to n times its rate across the replicas,
-// within the cluster's. A bucket a replica never learnt is taken as full, the most it
-// can hold. What is spent here is this replica's alone: the first decision Redis
-// makes again replaces it with the bucket's real state.
+// replica that cannot ask Redis admits what its own view allows: a client keeps its
+// rate, a flooder gets its rate, and the n replicas that Options.Replicas counts
+// admit about the cluster bucket's burst and rate between them, tiers and reserves
+// included (model rule 12). A client's bucket is not shared out: a client's creates
+// do not spread evenly over the replicas (a keep-alive connection stays on one), and
+// a client sent to one replica would get a nth of its rate there; it may get up to n
+// times its rate across the replicas, within the cluster's. What is spent here is
+// this replica's alone: the first decision Redis makes again replaces the client's
+// state with the bucket's real one.
 //
 // The charges CachedRefusal let through hold their cost against the same state; it
 // is not counted here, since each of them comes here too and spends for itself.
 func (a *Admitter) spendLocally(c space.Charge) (Decision, bool) {
 	now := a.now()
 	cost := float64(c.Cost)
-	clusterKey, clusterRate := a.knownCluster(c.Tier)
 	d := Decision{Cluster: BucketState{Rate: a.cluster}}
 	var clientKey string
 	if c.Rate != nil && c.Key != "" {
@@ -787,80 +800,80 @@ func (a *Admitter) spendLocally(c space.Charge) (Decision, bool) {
 			return d, true
 		}
 	}
-	left, wait, ok := a.spendShare(clusterKey, clusterRate, cost+float64(c.Floor), cost, now)
-	d.Cluster.Remaining = left
-	if !ok {
+	share := a.spendShare(c, now)
+	d.Cluster.Remaining = share.Cluster.Remaining
+	d.Drawn = share.Drawn
+	if !share.Admitted {
 		if clientKey != "" {
 			// Both or neither: the client's tokens back.
 			d.Client.Remaining, _ = a.spend(clientKey, *c.Rate, 0, -cost, now)
 		}
-		d.Bucket, d.RetryAfter = space.BucketClusterActivation, wait
+		d.Bucket, d.RetryAfter = space.BucketClusterActivation, micros(share.RetryAfter)
 		d.Cluster.Refill = d.RetryAfter
 		return d, true
 	}
 	return d, false
 }
 
-// outageShare is this replica's share of a cluster-side bucket while Redis cannot
-// decide (spendShare): the replica's copy of the whole bucket as spent here, and the
-// known state it was started from, so that a decision learnt since starts it afresh.
+// outageShare is this replica's copy of the cluster side while Redis cannot decide:
+// the model's state of the cluster bucket (or the shared remainder and the reserves)
+// as spent here, and how many decisions Redis had made when it was last spent.
 type outageShare struct {
-	from *knownBucket // nil: started from a full bucket
-	knownBucket
+	mu     sync.Mutex
+	state  *model.State
+	learnt uint64
 }
 
-// spendShare is the cluster side of a charge decided here (spendLocally): the bucket
-// under key as this replica knows it, of which each of the n replicas that
-// Options.Replicas counts spends a share of 1/n. A local admission takes its cost n
-// times from the replica's copy of the whole bucket, so that n replicas, each
-// spending its own copy, take the bucket about once between them and its refill once:
-// each admits about a nth of its tokens and of its rate. A charge whose need n times
-// over is more than the burst (more replicas than tokens) is admitted from a full
-// copy and leaves it in debt, so that each replica still admits a nth of the rate on
-// average rather than nothing.
+// spendShare is the cluster side of a charge decided here (spendLocally), by the
+// model's rule 12: the tier table in force decides it on this replica's copy of the
+// cluster side, its cost taken n times, n the replicas that Options.Replicas counts,
+// so that n replicas, each spending its own copy, take the cluster budget about once
+// between them. A cost n times over larger than a copy can give is admitted from a
+// full copy, into debt, so that more replicas than tokens still admit a nth of the
+// rate each.
 //
-// The share is kept apart from the state CachedRefusal reads, which stays an upper
-// bound of the bucket (what this replica spent n times over is a guess at what the
-// others spent, not a bound), so that a refusal from memory stays one Redis would
-// make once it decides again. It returns the share left (a nth of the copy), how long
-// until the share holds need when short, and whether it took the cost.
-func (a *Admitter) spendShare(key string, rate space.Rate, need, cost float64, now time.Time) (float64, time.Duration, bool) {
-	n := 1.0
+// The copy starts full. Without reserves, a copy of the cluster bucket starts again
+// from what this replica last learnt of it whenever Redis has decided since the copy
+// was last spent (an outage after a recovery starts from Redis's word, not from the
+// last outage's copy); with reserves, the replica knows no bucket apart, and the copy
+// goes on from what it spent, refilling as the rules say. The copy is kept apart from
+// the state CachedRefusal reads, which stays an upper bound of the buckets (what this
+// replica spent n times over is a guess at what the others spent, not a bound), so
+// that a refusal from memory stays one Redis would make once it decides again.
+func (a *Admitter) spendShare(c space.Charge, now time.Time) model.Decision {
+	var res *space.Reservations
+	if a.reservations != nil {
+		res = a.reservations()
+	}
+	n := 1
 	if a.replicas != nil {
-		n = float64(max(a.replicas(), 1))
+		n = max(a.replicas(), 1)
 	}
-	from := a.cell(key).Load()
-	if from != nil && from.Rate != rate {
-		from = nil
+	at := micro(now)
+	s := &a.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == nil {
+		s.state = model.NewState()
 	}
-	burst := float64(rate.Burst)
-	required := math.Min(need*n, burst)
-	p := a.shareCell(key)
-	for {
-		s := p.Load()
-		var tokens float64
-		switch {
-		case s != nil && s.from == from && s.Rate == rate:
-			tokens = s.upTo(now)
-		case from != nil:
-			tokens = from.upTo(now)
-		default:
-			tokens = burst
-		}
-		if tokens < required {
-			return tokens / n, micros((required - tokens) / rate.RefillRPS * 1e6), false
-		}
-		next := &outageShare{from: from, knownBucket: knownBucket{Rate: rate, Tokens: tokens - cost*n, At: now}}
-		if p.CompareAndSwap(s, next) {
-			return next.Tokens / n, 0, true
+	if learnt := a.learnt.Load(); learnt != s.learnt && res == nil {
+		s.state = model.NewState()
+		if k := a.cell(a.clusterKey).Load(); k != nil && k.Rate == a.cluster {
+			r := model.RateOf(a.cluster)
+			kat := micro(k.At)
+			s.state.Cluster = model.Bucket{Written: true, Tokens: k.Tokens, At: kat, Full: model.FullAt(k.Tokens, r, kat)}
 		}
 	}
+	s.learnt = a.learnt.Load()
+	out := model.Outage{State: s.state, Replicas: n}
+	return out.Decide(model.Limits{Cluster: a.cluster, Reservations: res}, c, at)
 }
 
-// shareCell is where this replica keeps its share of the bucket under key.
-func (a *Admitter) shareCell(key string) *atomic.Pointer[outageShare] {
-	return pointerIn[outageShare](&a.shares, key)
-}
+// micro is t in microseconds, as the model reads time.
+func micro(t time.Time) float64 { return float64(t.UnixMicro()) }
+
+// memorySlack is model.MemorySlack as a Duration.
+const memorySlack = time.Duration(model.MemorySlack) * time.Microsecond
 
 // spend takes cost from the bucket under key as this replica knows it at now, if it
 // holds need, and records what is left as the replica's state of the bucket. It

@@ -219,34 +219,36 @@ func withFloor(args bucketArgs, floor int64) bucketArgs {
 
 // decide runs the script over one bucket (second == "") or two, the second with its
 // soft limit when soft is not empty, and returns whether the decision admitted, each
-// bucket's state, and whether it was a soft breach.
-func (r runner) decide(ctx context.Context, cost string, keys []string, first, second, soft bucketArgs) (admitted bool, states []BucketState, breach bool, err error) {
+// bucket's state, whether it was a soft breach, and the Redis time it was made at
+// (µs).
+func (r runner) decide(ctx context.Context, cost string, keys []string, first, second, soft bucketArgs) (admitted bool, states []BucketState, breach bool, now float64, err error) {
 	rates := string(first + second + soft)
 	v, err := r.run(ctx, func(ctx context.Context) (any, error) {
 		return r.script(ctx, bucketScript, keys, cost, rates).Text()
 	})
 	if err != nil {
-		return false, nil, false, err
+		return false, nil, false, 0, err
 	}
-	return parseReply(v.(string), len(keys), soft != "")
+	return parseReply(v.(string), len(keys))
 }
 
-// parseReply reads the script's reply, struct '<Bdd' or '<Bdddd': admitted, then per
-// bucket the tokens left and the microseconds until a whole token; with a soft limit,
-// '<BddddB', the last byte the soft breach.
-func parseReply(reply string, buckets int, soft bool) (bool, []BucketState, bool, error) {
-	want := 1 + 16*buckets
-	if soft {
+// parseReply reads the script's reply: '<Bddd' for one bucket (admitted, its level
+// and the µs until it holds the cost, the time), '<BddddBd' for two (admitted, both
+// buckets' level and wait, the soft breach, the time).
+func parseReply(reply string, buckets int) (bool, []BucketState, bool, float64, error) {
+	want := 1 + 16*buckets + 8
+	if buckets == 2 {
 		want++
 	}
 	if len(reply) != want {
-		return false, nil, false, fmt.Errorf("bucket script: unexpected reply %q", reply)
+		return false, nil, false, 0, fmt.Errorf("bucket script: unexpected reply %q", reply)
 	}
 	states := make([]BucketState, buckets)
 	for i := range states {
 		states[i] = BucketState{Remaining: double(reply, 1+16*i), Refill: micros(double(reply, 9+16*i))}
 	}
-	return reply[0] == 1, states, soft && reply[want-1] == 1, nil
+	breach := buckets == 2 && reply[1+16*buckets] == 1
+	return reply[0] == 1, states, breach, double(reply, want-8), nil
 }
 
 // double reads the little-endian double at offset at of a script's reply.

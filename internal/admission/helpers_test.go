@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,8 +109,10 @@ type stored struct {
 	raw    string
 	tokens float64
 	micros float64
-	// expires is when the script last set the key to expire (microseconds).
-	expires float64
+	// expires is when the script last set the key to expire (microseconds); full is
+	// the bucket's F, when it is full (model rule 1); fourth is a client key's soft
+	// tokens (1e300: none) or a reserve's idle time, 0 for a bucket.
+	expires, full, fourth float64
 }
 
 func (b *bundle) stored(key string) stored {
@@ -117,8 +120,9 @@ func (b *bundle) stored(key string) stored {
 	return readStored(b.t, b.ctx, b.rdb, key)
 }
 
-// readStored decodes the script's state: three little-endian doubles, tokens, the
-// Redis time they were counted at and the key's expiry, both in microseconds.
+// readStored decodes the script's state: little-endian doubles, tokens, the Redis time
+// they were counted at and the key's expiry, both in microseconds, then F for a bucket
+// (32 bytes), or a fourth double and F for a client key or a reserve (40 bytes).
 func readStored(t *testing.T, ctx context.Context, rdb redis.UniversalClient, key string) stored {
 	t.Helper()
 	raw, err := rdb.Get(ctx, key).Result()
@@ -128,27 +132,38 @@ func readStored(t *testing.T, ctx context.Context, rdb redis.UniversalClient, ke
 	if err != nil {
 		t.Fatalf("GET %s: %v", key, err)
 	}
-	if len(raw) != 24 {
-		t.Fatalf("GET %s = %q, not 24 bytes of state", key, raw)
+	at := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[8*i : 8*i+8]))) }
+	s := stored{exists: true, raw: raw}
+	switch len(raw) {
+	case 32:
+		s.full = at(3)
+	case 40:
+		s.fourth, s.full = at(3), at(4)
+	default:
+		t.Fatalf("GET %s = %q, not 32 or 40 bytes of state", key, raw)
 	}
-	return stored{
-		exists:  true,
-		raw:     raw,
-		tokens:  math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[:8]))),
-		micros:  math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[8:16]))),
-		expires: math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[16:]))),
-	}
+	s.tokens, s.micros, s.expires = at(0), at(1), at(2)
+	return s
 }
 
 // writeStored sets a bucket's state as the script would have written it, expiring in
-// ttl.
+// ttl, with F at the expiry (a bucket full no sooner than its key vanishes): 32 bytes
+// for a bucket, 40 for a client key (no soft tokens yet) or a reserve (never asked).
 func (b *bundle) writeStored(key string, tokens float64, at time.Time, ttl time.Duration) {
 	b.t.Helper()
-	var raw [24]byte
-	binary.LittleEndian.PutUint64(raw[:8], math.Float64bits(tokens))
-	binary.LittleEndian.PutUint64(raw[8:16], math.Float64bits(float64(at.UnixMicro())))
-	binary.LittleEndian.PutUint64(raw[16:], math.Float64bits(float64(at.Add(ttl).UnixMicro())))
-	if err := b.rdb.Set(b.ctx, key, string(raw[:]), ttl).Err(); err != nil {
+	expires := float64(at.Add(ttl).UnixMicro())
+	doubles := []float64{tokens, float64(at.UnixMicro()), expires, expires}
+	switch {
+	case strings.Contains(key, ":client:"):
+		doubles = []float64{tokens, float64(at.UnixMicro()), expires, 1e300, expires}
+	case strings.Contains(key, ":tier:"):
+		doubles = []float64{tokens, float64(at.UnixMicro()), expires, math.Inf(-1), expires}
+	}
+	raw := make([]byte, 0, 8*len(doubles))
+	for _, d := range doubles {
+		raw = binary.LittleEndian.AppendUint64(raw, math.Float64bits(d))
+	}
+	if err := b.rdb.Set(b.ctx, key, string(raw), ttl).Err(); err != nil {
 		b.t.Fatalf("SET %s: %v", key, err)
 	}
 }

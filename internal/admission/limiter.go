@@ -83,7 +83,7 @@ func (l *Limiter) Peek(ctx context.Context, key string) (allowed bool, state Buc
 }
 
 func (l *Limiter) decide(ctx context.Context, cost, key string) (bool, BucketState, error) {
-	allowed, states, _, err := l.run.decide(ctx, cost, []string{l.prefix + key}, l.args, "", "")
+	allowed, states, _, _, err := l.run.decide(ctx, cost, []string{l.prefix + key}, l.args, "", "")
 	if err != nil {
 		return false, BucketState{Rate: l.rate}, unavailable(err)
 	}

@@ -92,8 +92,8 @@ func newAdmissionMetrics(reg prometheus.Registerer) (*admissionMetrics, error) {
 	return m, nil
 }
 
-// admitted counts an admitted charge: one token per bucket taken, the soft breach, and
-// where a reserved-tier cluster token came from.
+// admitted counts an admitted charge: one count per bucket charged, the soft breach,
+// and where a reserved-tier charge's cluster tokens came from.
 func (m *admissionMetrics) admitted(c space.Charge, d Decision) {
 	if c.Tier == "" {
 		m.admittedCluster.Inc()
@@ -109,8 +109,13 @@ func (m *admissionMetrics) admitted(c space.Charge, d Decision) {
 	if d.SoftBreach {
 		m.soft.WithLabelValues(string(c.Key), c.Tier).Inc()
 	}
-	if d.Source != "" {
-		m.sources.WithLabelValues(c.Tier, d.Source).Inc()
+	for _, from := range [...]struct {
+		source string
+		tokens float64
+	}{{"reserve", d.Drawn.Own}, {"shared", d.Drawn.Shared}, {"borrowed", d.Drawn.Borrowed}} {
+		if from.tokens > 0 {
+			m.sources.WithLabelValues(c.Tier, from.source).Add(from.tokens)
+		}
 	}
 }
 

@@ -92,6 +92,62 @@ func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 		}
 	})
 
+	cuttable(t, "three replicas in an outage with tiers and reserves admit one cluster budget between them, not one per tier", func(t *testing.T, dial cuttableDial) {
+		// Cluster 20/s burst 20; pro and enterprise reserve 5/s burst 5 each (free
+		// has none); a client of each tier floods each replica for 8 s. One budget is
+		// the burst and 8 s of refill: 180. Before the share followed the tier table,
+		// each tier spent a copy of its own: 3 budgets (534 of 200 measured).
+		cluster := space.Rate{RefillRPS: 20, Burst: 20}
+		res := &space.Reservations{
+			Shared: space.Rate{RefillRPS: 10, Burst: 10},
+			Reserves: []space.TierReserve{
+				{Tier: "enterprise", Reserve: space.Reserve{Rate: space.Rate{RefillRPS: 5, Burst: 5}, Lendable: 0.5}},
+				{Tier: "pro", Reserve: space.Reserve{Rate: space.Rate{RefillRPS: 5, Burst: 5}, Lendable: 0.5}},
+			},
+		}
+		f := setupFleet(t, dial, 3, cluster)
+		for _, b := range f.replicas {
+			b.adm.reservations = func() *space.Reservations { return res }
+			// Open for the whole test once Redis has failed: the 8 s are the test
+			// clock's, and no probe of the cut cluster (a slot refresh, seconds)
+			// should stretch them into minutes of the machine's.
+			b.adm.run.breaker = NewBreaker(BreakerOptions{Failures: 1, OpenFor: time.Hour})
+		}
+		f.redis.Cut()
+		var admitted atomic.Int64
+		byTier := map[string]*atomic.Int64{"free": {}, "pro": {}, "enterprise": {}}
+		for range 800 { // 8 s in 10 ms steps, every replica and tier asking at once
+			var wg sync.WaitGroup
+			for _, b := range f.replicas {
+				for tier, n := range byTier {
+					wg.Go(func() {
+						for range 2 {
+							d, err := b.adm.Charge(b.ctx, space.Charge{Key: space.ClientKey(tier), Rate: rate(1000, 1000), Tier: tier, Cost: 1})
+							if err == nil && !d.SoftBreach {
+								admitted.Add(1)
+								n.Add(1)
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			f.clock.Advance(10 * time.Millisecond)
+		}
+		budget := float64(cluster.Burst) + cluster.RefillRPS*8
+		if got := float64(admitted.Load()); got > budget+3 || got < 0.9*budget {
+			t.Fatalf("admitted %v in 8 s across 3 replicas and 3 tiers (%d free, %d pro, %d enterprise), want the one budget of %v",
+				got, byTier["free"].Load(), byTier["pro"].Load(), byTier["enterprise"].Load(), budget)
+		}
+		// The reserves hold during the outage too: each reserved tier gets at least
+		// its reserved rate, whatever free does.
+		for _, tier := range []string{"pro", "enterprise"} {
+			if n := byTier[tier].Load(); n < 5*8 {
+				t.Errorf("%s admitted %d in 8 s, below its reserved 5/s", tier, n)
+			}
+		}
+	})
+
 	cuttable(t, "a replica's share refills at a nth of the cluster rate", func(t *testing.T, dial cuttableDial) {
 		f := setupFleet(t, dial, 3, space.Rate{RefillRPS: 3, Burst: 3})
 		f.redis.Cut()

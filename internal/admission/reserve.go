@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/admission/model"
 )
 
 //go:embed reserve.lua
@@ -103,13 +104,11 @@ func (p *reservePlan) of(tier string) *tierPlan {
 	return p.none
 }
 
-// Where a reserved-tier admission's cluster token came from (Decision.Source).
-var sources = [...]string{"", "shared", "reserve", "borrowed"}
-
 // reserved is the decision of reserve.lua for charge c under res.
 func (a *Admitter) reserved(ctx context.Context, c space.Charge, res *space.Reservations, cost string, sent time.Time) (Decision, error) {
 	p := a.plan(res)
 	t := p.of(c.Tier)
+	warmUp := c.Floor > 0 && c.Rate == nil
 	keys := make([]string, 0, 2+len(t.keys))
 	keys = append(keys, a.clusterKey)
 	// The layout's three bytes lead the packed rates (reserve.lua, ARGV[2]).
@@ -125,15 +124,18 @@ func (a *Admitter) reserved(ctx context.Context, c space.Charge, res *space.Rese
 			args = append(args, argsOf(*c.Soft)...)
 		}
 	}
-	if t.own {
-		args[2] = 'o'
-	}
-	keys = append(keys, t.keys...)
-	args = append(args, t.args...)
-	argv := []any{cost, string(args)}
-	if c.Floor > 0 && c.Rate == nil {
+	argv := []any{cost, ""}
+	if warmUp {
+		// A warm-up draws on the shared remainder alone and reads no reserve.
 		argv = append(argv, strconv.FormatInt(c.Floor, 10))
+	} else {
+		if t.own {
+			args[2] = 'o'
+		}
+		keys = append(keys, t.keys...)
+		args = append(args, t.args...)
 	}
+	argv[1] = string(args)
 	v, err := a.run.run(ctx, func(ctx context.Context) (any, error) {
 		return a.run.script(ctx, reserveScript, keys, argv...).Text()
 	})
@@ -141,32 +143,28 @@ func (a *Admitter) reserved(ctx context.Context, c space.Charge, res *space.Rese
 		return Decision{}, err
 	}
 	reply := v.(string)
-	if len(reply) != 3+32 {
+	if len(reply) != 2+9*8 {
 		return Decision{}, fmt.Errorf("reserve script: unexpected reply %q", reply)
 	}
 	d := Decision{
 		Admitted:   reply[0] == 1,
 		SoftBreach: reply[1] == 1,
-		Cluster:    BucketState{Rate: a.cluster, Remaining: double(reply, 19), Refill: micros(double(reply, 27))},
+		Cluster:    BucketState{Rate: a.cluster, Remaining: double(reply, 18), Refill: micros(double(reply, 26))},
+		Drawn:      model.Drawn{Own: double(reply, 42), Shared: double(reply, 50), Borrowed: double(reply, 58)},
+		bound:      double(reply, 34),
+		redisNow:   double(reply, 66),
 	}
-	if reply[2] < byte(len(sources)) {
-		d.Source = sources[reply[2]]
-	}
+	d.Source = d.Drawn.Source()
 	if c.Rate != nil {
-		d.Client = &BucketState{Rate: *c.Rate, Remaining: double(reply, 3), Refill: micros(double(reply, 11))}
+		d.Client = &BucketState{Rate: *c.Rate, Remaining: double(reply, 2), Refill: micros(double(reply, 10))}
 		a.remember(keys[1], *d.Client, sent)
 	}
-	a.remember(t.knownKey, BucketState{Rate: t.drawable, Remaining: d.Cluster.Remaining}, sent)
+	if !warmUp {
+		a.remember(t.knownKey, BucketState{Rate: t.drawable, Remaining: d.bound}, sent)
+	}
 	if !d.Admitted {
 		d.Source = ""
-		if d.Client != nil && d.Client.Refill > 0 {
-			d.Bucket, d.RetryAfter = space.BucketClientActivation, d.Client.Refill
-		} else {
-			d.Bucket = space.BucketClusterActivation
-		}
-		if d.Cluster.Refill > 0 {
-			d.RetryAfter = max(d.RetryAfter, d.Cluster.Refill)
-		}
+		d.refused()
 	}
 	return d, nil
 }

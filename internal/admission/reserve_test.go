@@ -220,7 +220,9 @@ func TestReservedCapacity(t *testing.T) {
 		b := reservedSetup(t, testenv.Redis(t), "", proReserve(1))
 		b.drainAs("acme", "pro")
 		for source, want := range map[string]float64{"reserve": 4, "shared": 6, "borrowed": 0} {
-			if got := metricValue(t, b.reg, "space_sandbox_admission_cluster_tokens_total", "tier", "pro", "source", source); got != want {
+			// Tokens, not charges: the charge that empties the reserve draws what it
+			// refilled since (a trillionth) there, the rest of its token shared.
+			if got := metricValue(t, b.reg, "space_sandbox_admission_cluster_tokens_total", "tier", "pro", "source", source); !near(got, want, 1e-6) {
 				t.Errorf("cluster tokens of pro from %s = %v, want %v", source, got, want)
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/admission/model"
 	"github.com/space-sandbox/space/internal/idempotency"
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/substrate"
@@ -176,6 +177,20 @@ func (s *Service) resolve(caller space.Caller, shape space.Shape) (substrate.Tem
 		return tmpl, space.FieldError(space.EUNPROCESSABLE, "template",
 			"template %q costs %d activation tokens, more than the client_activation bucket of %q holds (burst %d): it could never be admitted",
 			shape.Template, tmpl.ActivationCost(), caller.Key, r.Burst)
+	}
+	if caller.AdmissionEnabled {
+		// The cluster side: what the caller's tier may ever draw (its reserve, the
+		// shared remainder, what idle tiers lend), or the cluster bucket's burst.
+		lim := model.Limits{Cluster: caller.Cluster, Reservations: caller.Reservations}
+		if most := model.Most(lim, caller.Tier); float64(tmpl.ActivationCost()) > most {
+			where := "the cluster_activation bucket's burst"
+			if caller.Reservations != nil {
+				where = fmt.Sprintf("what tier %q can ever draw from the cluster_activation bucket (its reserve, the shared remainder and what idle tiers lend)", caller.Tier)
+			}
+			return tmpl, space.FieldError(space.EUNPROCESSABLE, "template",
+				"template %q costs %d activation tokens, more than %s holds (%g): it could never be admitted",
+				shape.Template, tmpl.ActivationCost(), where, most)
+		}
 	}
 	return tmpl, nil
 }
