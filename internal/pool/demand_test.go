@@ -722,3 +722,70 @@ func counter(t *testing.T, reg *prometheus.Registry, metric string, labels ...st
 	t.Fatalf("%s%v is not in the registry", metric, labels)
 	return 0
 }
+
+func TestAWarmUpNoRefillCanPayFor(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a shape whose cost and floor are more than a warm-up may ever draw backs off alone, and the others are warmed", func(t *testing.T) {
+		t.Parallel()
+		// Tiers reserve half of a cluster bucket of 20: the shared remainder, all a
+		// warm-up may draw on, holds 10, and the floor keeps 4. A gpu slot costs 8:
+		// 8 + 4 > 10, so no refill ever pays for it; python costs 1.
+		res := &space.Reservations{
+			Shared:   space.Rate{RefillRPS: 5, Burst: 10},
+			Reserves: []space.TierReserve{{Tier: "pro", Reserve: space.Reserve{Rate: space.Rate{RefillRPS: 5, Burst: 10}, Lendable: 1}}},
+		}
+		b := setup(t)
+		reg := prometheus.NewRegistry()
+		adm, err := admission.New(admission.Options{Redis: testenv.Redis(t), Prefix: testenv.Prefix(t), Enabled: true, FailClosed: true,
+			Cluster: space.Rate{RefillRPS: 10, Burst: 20}, Timeout: 5 * time.Second, Reservations: func() *space.Reservations { return res }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpu := space.Shape{Template: "gpu", CPUMillis: 4000, MemoryMiB: 16384, DiskGiB: 20}
+		r := b.replenisher(func(o *pool.ReplenisherOptions) {
+			o.Charger, o.Reserve, o.Registerer = adm, 4, reg
+			o.Resolve = resolveIn(substrate.Templates{
+				python.Template: {Name: python.Template, Image: "python", MaxDiskGiB: 50},
+				gpu.Template:    {Name: gpu.Template, Image: "cuda", MaxDiskGiB: 50, Cost: 8},
+			})
+			o.Targets = func(context.Context) ([]pool.Target, error) {
+				// gpu sorts first: it is asked before python in every round.
+				return []pool.Target{pool.Fixed(gpu, 2), pool.Fixed(python, 3)}, nil
+			}
+		})
+		res1 := mustRound(t, r, b.ctx)
+		if res1.Warmed != 3 || res1.Rejected {
+			t.Fatalf("first round = %+v, want python's 3 warmed and no backoff of the whole pool", res1)
+		}
+		if got := counterValue(t, reg, "space_pool_refills_skipped_total", "cost"); got != 1 {
+			t.Fatalf("refills skipped for their cost = %v, want the one gpu warm-up tried", got)
+		}
+		// The next round does not ask for gpu again while it backs off.
+		if res2 := mustRound(t, r, b.ctx); res2.Warmed != 0 || res2.Rejected {
+			t.Fatalf("second round = %+v, want nothing to do", res2)
+		}
+		if got := counterValue(t, reg, "space_pool_refills_skipped_total", "cost"); got != 1 {
+			t.Fatalf("refills skipped for their cost = %v after a second round, want gpu still backing off", got)
+		}
+	})
+}
+
+// counterValue is the value of the counter vector name's series with the one label
+// value; the test fails when there is none.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, value string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			if f.GetName() == name && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == value {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no series %s{%q}", name, value)
+	return 0
+}

@@ -179,9 +179,9 @@ func NewReplenisher(opts ReplenisherOptions) *Replenisher {
 	}))
 	r.skipped = metric.Register(opts.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "space_pool_refills_skipped_total",
-		Help: "Warm pool refills put off because the cluster bucket could not pay for them: reserve (taking the tokens would have left less than SPACE_POOL_REFILL_RESERVE, the users' share) or empty (no reserve is set and the bucket was empty).",
+		Help: "Warm pool refills put off because the cluster bucket could not pay for them: reserve (taking the tokens would have left less than SPACE_POOL_REFILL_RESERVE, the users' share), empty (no reserve is set and the bucket was empty) or cost (the template's cost and the reserve are more than a warm-up may ever draw: the shape is never warmed).",
 	}, []string{"reason"}))
-	for _, reason := range []string{skipReserve, skipEmpty} {
+	for _, reason := range []string{skipReserve, skipEmpty, skipCost} {
 		r.skipped.WithLabelValues(reason)
 	}
 	r.idle = metric.Register(opts.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -196,7 +196,12 @@ func NewReplenisher(opts ReplenisherOptions) *Replenisher {
 const (
 	skipReserve = "reserve"
 	skipEmpty   = "empty"
+	// skipCost: the shape's cost and the floor are more than a warm-up may ever draw.
+	skipCost = "cost"
 )
+
+// errNeverFits is start's answer for a warm-up no refill could ever pay for.
+var errNeverFits = errors.New("the warm-up can never be paid for")
 
 // Kick asks for a round now rather than at the next interval, e.g. after a claim.
 func (r *Replenisher) Kick() {
@@ -548,6 +553,10 @@ func (r *Replenisher) fill(ctx context.Context, want map[kind]*wanted, ready, wa
 				}
 			}
 			started, err := r.start(ctx, w, rs)
+			if errors.Is(err, errNeverFits) {
+				<-r.slots
+				continue // this kind backs off; the others go on
+			}
 			if !started || err != nil {
 				<-r.slots
 				return err
@@ -566,6 +575,19 @@ func (r *Replenisher) fill(ctx context.Context, want map[kind]*wanted, ready, wa
 func (r *Replenisher) start(ctx context.Context, w *wanted, rs *roundState) (bool, error) {
 	_, err := r.opts.Charger.Charge(ctx, space.Charge{Cost: w.tmpl.ActivationCost(), Floor: r.opts.Reserve})
 	var le *space.LimitError
+	if errors.As(err, &le) && le.RetryAfter == time.Duration(math.MaxInt64) {
+		// The cost and the floor are more than a warm-up may ever draw (the shared
+		// remainder's burst, or the cluster's): no refill makes room, so the kind backs
+		// off as a failing one does, and the other kinds are not held up by it.
+		r.warmups.WithLabelValues("rejected").Inc()
+		r.skipped.WithLabelValues(skipCost).Inc()
+		until := r.failed(w.kind, r.opts.Now())
+		if ok, _ := r.warnings.Allow("cost:" + w.Shape.String()); ok {
+			r.logger.WarnContext(ctx, "a warm-up of this shape costs more than the cluster bucket lets a warm-up draw; it is not warmed",
+				"shape", w.Shape.String(), "cost", w.tmpl.ActivationCost(), "floor", r.opts.Reserve, "retry_at", until)
+		}
+		return false, errNeverFits
+	}
 	if errors.As(err, &le) {
 		r.warmups.WithLabelValues("rejected").Inc()
 		reason := skipEmpty
