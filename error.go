@@ -154,6 +154,8 @@ func (e *LimitError) MessageFor(mode IdentityMode) string {
 		return "too many failed authentications from this address; retry after the Retry-After delay"
 	case BucketLiveSandboxCap:
 		return fmt.Sprintf("client %q has reached its cap of %d live sandboxes; pause or delete one first", string(e.Client), e.Cap)
+	case BucketPausedSandboxCap:
+		return fmt.Sprintf("client %q has reached its cap of %d paused sandboxes; delete one, or restore one, first", string(e.Client), e.Cap)
 	}
 	return "rate limited"
 }

@@ -3,6 +3,7 @@ package space
 import (
 	"fmt"
 	"regexp"
+	"time"
 )
 
 // ClientID is who a request is from: the client its API key was issued for
@@ -101,6 +102,42 @@ const (
 // Sources says where each of a caller's limits came from.
 type Sources struct {
 	ClientRate, Concurrency, LiveSandboxes, MaxActivationCost, SoftRate, QueueWeight RateSource
+	// The lifecycle's fields (Caller.Lifecycle).
+	MaxLifetime, IdleTimeout, IdleAction, PausedRetention, PausedSandboxes RateSource
+}
+
+// IdleAction is what the lifecycle does to a running sandbox idle for its idle
+// timeout.
+type IdleAction string
+
+const (
+	// IdlePause pauses it: it keeps its state and frees its live place (the
+	// default).
+	IdlePause IdleAction = "pause"
+	// IdleTerminate ends it.
+	IdleTerminate IdleAction = "terminate"
+)
+
+// Lifecycle bounds how long a client's sandboxes live and idle (docs/lifecycle.md):
+// its tier's, each field overridable by its client entry. A zero field bounds
+// nothing. The deadlines are fixed when a sandbox is created, paused or kept alive,
+// from the lifecycle in force then.
+type Lifecycle struct {
+	// MaxLifetime ends a sandbox this long after its creation, however active, paused
+	// or not (max_lifetime_seconds).
+	MaxLifetime time.Duration
+	// IdleTimeout is how long a running sandbox may go without activity before
+	// IdleAction is taken (idle_timeout_seconds).
+	IdleTimeout time.Duration
+	// IdleAction is taken on an idle sandbox (idle_action): IdlePause when empty.
+	IdleAction IdleAction
+	// PausedRetention deletes a paused sandbox with its snapshot this long after its
+	// pause (paused_retention_seconds).
+	PausedRetention time.Duration
+	// PausedSandboxes caps the client's paused sandboxes, which hold storage
+	// (paused_sandboxes): a pause past it is refused, an idle action past it
+	// terminates instead.
+	PausedSandboxes int
 }
 
 // Reserve is a tier's reserved share of the cluster activation bucket: its own bucket
@@ -188,6 +225,8 @@ type Caller struct {
 	// Reservations is how the cluster bucket is shared out between tiers, from the
 	// same tier table as Tier; nil when nothing is reserved.
 	Reservations *Reservations
+	// Lifecycle bounds how long the caller's sandboxes live and idle.
+	Lifecycle Lifecycle
 	// Sources says where each limit came from.
 	Sources Sources
 	// Warnings are what the resolution found wrong with the caller's entry or tier

@@ -118,7 +118,36 @@ type Sandbox struct {
 	Answered bool `json:"-"`
 	// LastError says why a failed sandbox failed.
 	LastError string `json:"last_error,omitempty"`
+
+	// ExpiresAt is when its max lifetime ends it (Lifecycle.MaxLifetime from its
+	// creation), nil when unbounded. IdleAt is when its idle action is due (the
+	// idle timeout after its last activity: creation, restore, wake, keepalive), nil
+	// while paused or when unbounded. A sandbox paused by the lifecycle says so in
+	// PauseReason; an ended one why in TerminationReason (docs/lifecycle.md).
+	ExpiresAt         *time.Time `json:"expires_at"`
+	IdleAt            *time.Time `json:"idle_at"`
+	PauseReason       *string    `json:"pause_reason"`
+	TerminationReason *string    `json:"termination_reason"`
+	// RetainUntil is when a paused sandbox is deleted with its snapshot
+	// (Lifecycle.PausedRetention after its pause); nil when kept. Not shown: its
+	// expires_at says when it ends.
+	RetainUntil *time.Time `json:"-"`
 }
+
+// Why a sandbox was paused (Sandbox.PauseReason) or ended (TerminationReason).
+const (
+	// ReasonClient: its owner asked (POST .../pause, DELETE).
+	ReasonClient = "client"
+	// ReasonIdle: no activity for its idle timeout.
+	ReasonIdle = "idle"
+	// ReasonMaxLifetime: its max lifetime ended it, however active.
+	ReasonMaxLifetime = "max_lifetime"
+	// ReasonRetention: paused for its paused retention, deleted with its snapshot.
+	ReasonRetention = "retention"
+	// ReasonPausedSandboxCap: idle, to be paused, but its client was at its cap of
+	// paused sandboxes: terminated instead.
+	ReasonPausedSandboxCap = "paused_sandbox_cap"
+)
 
 // Bucket names a limit that can turn a request away. The names appear in 429 problem
 // bodies and metric labels.
@@ -129,6 +158,8 @@ const (
 	BucketClusterActivation Bucket = "cluster_activation"
 	BucketClientConcurrency Bucket = "client_concurrency"
 	BucketLiveSandboxCap    Bucket = "live_sandbox_cap"
+	// BucketPausedSandboxCap caps a client's paused sandboxes (they hold storage).
+	BucketPausedSandboxCap Bucket = "paused_sandbox_cap"
 	// BucketAuthFailures limits failed authentications per source address.
 	BucketAuthFailures Bucket = "auth_failures"
 )
