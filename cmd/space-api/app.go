@@ -63,6 +63,7 @@ type Main struct {
 	PoolView    *pool.View
 	Replenisher *pool.Replenisher
 	Reconciler  *sandbox.Reconciler
+	Lifecycle   *sandbox.Lifecycle
 	Roster      *replicas.Roster
 	Sandboxes   *sandbox.Service
 	Keys        *apikey.Store // api_key mode only
@@ -77,8 +78,8 @@ type Main struct {
 	connState sync.Map // net.Conn -> http.ConnState
 
 	// noReplenisher leaves the warm pool to the test that drives it round by round;
-	// noReconciler does the same for the reconciler.
-	noReplenisher, noReconciler bool
+	// noReconciler does the same for the reconciler, noLifecycle for the lifecycle.
+	noReplenisher, noReconciler, noLifecycle bool
 	// readHeaderTimeout is how long a client may take to send its headers (5s); tests
 	// shorten it.
 	readHeaderTimeout time.Duration
@@ -152,6 +153,9 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	if !m.noReconciler {
 		m.background(func(ctx context.Context) { m.Reconciler.Run(ctx, nil) })
+	}
+	if !m.noLifecycle {
+		m.background(func(ctx context.Context) { m.Lifecycle.Run(ctx, nil) })
 	}
 	m.background(m.PoolView.Run)
 	m.background(func(ctx context.Context) { m.Pool.RunDemand(ctx, pool.DefaultDemandFlush) })

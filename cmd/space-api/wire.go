@@ -151,6 +151,17 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		return opts, err
 	}
 
+	m.Lifecycle, err = sandbox.NewLifecycle(sandbox.LifecycleOptions{
+		Service:    m.Sandboxes,
+		Interval:   cfg.Lifecycle.Interval,
+		Resolve:    m.Resolver.Resolve,
+		Registerer: m.Registry,
+		Logger:     m.Logger.With("component", "lifecycle"),
+	})
+	if err != nil {
+		return opts, err
+	}
+
 	if opts.Auth, err = m.authenticator(); err != nil {
 		return opts, err
 	}

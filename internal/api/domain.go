@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"time"
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
@@ -47,7 +48,8 @@ type Sandboxes interface {
 	Create(ctx context.Context, p sandbox.Plan) (*space.Sandbox, error)
 	Get(ctx context.Context, client space.ClientID, id string) (*space.Sandbox, error)
 	List(ctx context.Context, client space.ClientID, limit int, pageToken string) (*sandbox.Page, error)
-	Pause(ctx context.Context, client space.ClientID, id string) (*space.Sandbox, error)
+	Pause(ctx context.Context, caller space.Caller, id string) (*space.Sandbox, error)
+	Keepalive(ctx context.Context, caller space.Caller, id string, timeout time.Duration) (*space.Sandbox, error)
 	Restore(ctx context.Context, caller space.Caller, id string) (*space.Sandbox, error)
 	Delete(ctx context.Context, client space.ClientID, id string) (teardown bool, err error)
 	Owner(ctx context.Context, id string) (space.ClientID, error)

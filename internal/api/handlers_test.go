@@ -38,9 +38,11 @@ type fakeSandboxes struct {
 	restore func(space.Caller, string) (*space.Sandbox, error)
 	delete  func(space.ClientID, string) (bool, error)
 	wake    func(space.Caller, string) (*space.Sandbox, error)
-	owner   space.ClientID
-	planned []sandbox.CreateRequest
-	created int
+	// keepalive is told the timeout each keepalive asked for.
+	keepalive func(space.Caller, string, time.Duration) (*space.Sandbox, error)
+	owner     space.ClientID
+	planned   []sandbox.CreateRequest
+	created   int
 }
 
 var running = &space.Sandbox{ID: "0f0e0d0c-0b0a-4908-8706-050403020100", Client: "acme", State: space.StateRunning,
@@ -82,7 +84,14 @@ func (f *fakeSandboxes) List(context.Context, space.ClientID, int, string) (*san
 	return &sandbox.Page{Sandboxes: []*space.Sandbox{running}}, nil
 }
 
-func (f *fakeSandboxes) Pause(context.Context, space.ClientID, string) (*space.Sandbox, error) {
+func (f *fakeSandboxes) Pause(context.Context, space.Caller, string) (*space.Sandbox, error) {
+	return running, nil
+}
+
+func (f *fakeSandboxes) Keepalive(_ context.Context, caller space.Caller, id string, timeout time.Duration) (*space.Sandbox, error) {
+	if f.keepalive != nil {
+		return f.keepalive(caller, id, timeout)
+	}
 	return running, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -327,7 +328,43 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.sandboxes.Pause(r.Context(), callerFrom(r.Context()).ID, chi.URLParam(r, "id"))
+	sb, err := s.sandboxes.Pause(r.Context(), callerFrom(r.Context()), chi.URLParam(r, "id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+// KeepaliveRequest is POST /v1/sandboxes/{id}/keepalive's optional body: no idle action
+// before TimeoutSeconds from now (within the sandbox's max lifetime).
+type KeepaliveRequest struct {
+	TimeoutSeconds *int64 `json:"timeout_seconds"`
+}
+
+// maxKeepaliveSeconds bounds timeout_seconds: ten years, far past any max lifetime, and
+// far below what a Duration holds.
+const maxKeepaliveSeconds = 10 * 365 * 24 * 3600
+
+// keepaliveSandbox records that the caller's running sandbox is in use (a gateway in
+// front of it says so): its idle action is put off, and the sandbox answered.
+func (s *Server) keepaliveSandbox(w http.ResponseWriter, r *http.Request) {
+	var req KeepaliveRequest
+	if r.ContentLength != 0 {
+		if err := decodeJSON(r, &req); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	var timeout time.Duration
+	if n := req.TimeoutSeconds; n != nil {
+		if *n < 1 || *n > maxKeepaliveSeconds {
+			s.writeError(w, r, space.FieldError(space.EINVALID, "timeout_seconds", "must be a whole number of seconds from 1 to %d", maxKeepaliveSeconds))
+			return
+		}
+		timeout = time.Duration(*n) * time.Second
+	}
+	sb, err := s.sandboxes.Keepalive(r.Context(), callerFrom(r.Context()), chi.URLParam(r, "id"), timeout)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -171,6 +171,7 @@ func (s *Server) Public() http.Handler {
 		r.Get("/sandboxes/{id}", s.getSandbox)
 		r.Delete("/sandboxes/{id}", s.deleteSandbox)
 		r.Post("/sandboxes/{id}/pause", s.pauseSandbox)
+		r.Post("/sandboxes/{id}/keepalive", s.keepaliveSandbox)
 		r.Post("/sandboxes/{id}/restore", s.restoreSandbox)
 		r.Get("/operations/{id}", s.getOperation)
 	})

@@ -50,6 +50,7 @@ type Config struct {
 	Pool       Pool
 	Dispatcher Dispatcher
 	Reconcile  Reconcile
+	Lifecycle  Lifecycle
 	Kubernetes Kubernetes
 }
 
@@ -71,6 +72,14 @@ type Reconcile struct {
 	// sandbox still starting, restoring or pausing is settled; resources younger than
 	// it are never taken for orphans.
 	Grace time.Duration
+}
+
+// Lifecycle configures the enforcement of the sandbox lifecycle (internal/sandbox.
+// Lifecycle; docs/lifecycle.md).
+type Lifecycle struct {
+	// Interval is how often the replica holding the lifecycle's lock takes the due
+	// actions: none is more than about one interval late.
+	Interval time.Duration
 }
 
 // Auth decides how a caller's client id is established.

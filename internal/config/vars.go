@@ -207,6 +207,10 @@ func declare(c *Config) []Var {
 		Var{Name: "SPACE_RECONCILE_GRACE", Default: "30s", parse: into(&c.Reconcile.Grace, duration),
 			Help: "Added to the substrate's timeout: how long a sandbox may stay starting, restoring or pausing before it is settled."},
 	)...)
+	vars = append(vars, group("Lifecycle",
+		Var{Name: "SPACE_LIFECYCLE_INTERVAL", Default: "5s", parse: into(&c.Lifecycle.Interval, duration),
+			Help: "How often idle sandboxes are paused, old ones ended and paused ones past their retention deleted (docs/lifecycle.md): no action is more than about one interval late."},
+	)...)
 	vars = append(vars, group("Kubernetes",
 		Var{Name: EnvKubernetesNamespace, Unset: "the namespace space-api runs in, else the kubeconfig context's", parse: into(&k.Namespace, checked(namespace)),
 			Help: "The namespace of the sandbox Pods (`SPACE_SUBSTRATE=kubernetes`; see docs/kubernetes.md)."},

@@ -99,7 +99,7 @@ func TestBackpressure(t *testing.T) {
 		if op := b.get(second.ID); op.Bucket != space.BucketLiveSandboxCap || op.Attempts != 0 {
 			t.Fatalf("operation %+v, want snoozed on live_sandbox_cap", op)
 		}
-		if _, err := b.svc.Pause(b.ctx, "acme", first.SandboxID); err != nil {
+		if _, err := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, first.SandboxID); err != nil {
 			t.Fatal(err)
 		}
 		if done := b.waitDone(second.ID); done.State != space.OperationSucceeded || done.Attempts != 1 {
@@ -175,7 +175,7 @@ func TestRetries(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); err != nil {
+		if _, err := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sb.ID); err != nil {
 			t.Fatal(err)
 		}
 		op, _, err := b.d.Enqueue(b.ctx, dispatcher.Request{Kind: space.OperationRestore, Client: "acme", SandboxID: sb.ID})
@@ -467,7 +467,7 @@ func TestWake(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); err != nil {
+		if _, err := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sb.ID); err != nil {
 			t.Fatal(err)
 		}
 		a0, u0 := b.tokens("acme", acme), b.tokens(space.Unknown, unknown)

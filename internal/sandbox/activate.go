@@ -183,7 +183,7 @@ func (s *Service) reserveTx(ctx context.Context, caller space.Caller, warm bool,
 func (s *Service) reserveNew(ctx context.Context, caller space.Caller, sb *space.Sandbox, tmpl substrate.Template) (*pool.Slot, error) {
 	b := &pgx.Batch{}
 	var capped bool
-	if err := queueInsert(b, sb, caller.LiveSandboxes, &capped); err != nil {
+	if err := queueInsert(b, sb, caller.Lifecycle, caller.LiveSandboxes, &capped); err != nil {
 		return nil, err
 	}
 	claim := s.opts.Pool.QueueClaim(b, sb.Shape, tmpl.Version, sb.ID)
@@ -322,7 +322,8 @@ func (r *restoration) abandonable() bool             { return false }
 // 422, with the transaction (and so the move) rolled back.
 func (r *restoration) reserve(ctx context.Context, caller space.Caller) (*space.Sandbox, substrate.Template, *pool.Slot, error) {
 	return r.s.reserveTx(ctx, caller, substrate.RestoresWarm(r.s.opts.Substrate), func(tx pgx.Tx) (*space.Sandbox, substrate.Template, error) {
-		sb, err := transition(ctx, tx, r.id, r.caller.ID, space.StateRestoring, space.StatePaused)
+		// A restore is an activity: the idle action is due its idle timeout from now.
+		sb, err := transitionStamped(ctx, tx, r.id, r.caller.ID, space.StateRestoring, activity(r.caller.Lifecycle), space.StatePaused)
 		if err != nil {
 			return nil, substrate.Template{}, err
 		}

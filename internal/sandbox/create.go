@@ -385,7 +385,7 @@ func (c *creation) reserve(ctx context.Context, caller space.Caller) (*space.San
 	if c.retry {
 		return c.s.reserveTx(ctx, caller, true, func(tx pgx.Tx) (*space.Sandbox, substrate.Template, error) {
 			var err error
-			c.failedWith, err = reviveSandbox(ctx, tx, c.sb)
+			c.failedWith, err = reviveSandbox(ctx, tx, c.sb, caller.Lifecycle)
 			return c.sb, c.tmpl, err
 		})
 	}

@@ -150,7 +150,7 @@ func TestReconcile(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		paused, err := b.svc.Pause(b.ctx, "acme", sb.ID)
+		paused, err := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sb.ID)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,18 +3,39 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/substrate"
 )
 
-// Pause snapshots caller's running sandbox and stops it; a paused sandbox no longer
-// holds a live-sandbox place.
-func (s *Service) Pause(ctx context.Context, client space.ClientID, id string) (*space.Sandbox, error) {
+// Pause snapshots caller's running sandbox and stops it, for its owner; a paused
+// sandbox no longer holds a live-sandbox place. Past the caller's cap of paused
+// sandboxes it is refused (429 paused_sandbox_cap).
+func (s *Service) Pause(ctx context.Context, caller space.Caller, id string) (*space.Sandbox, error) {
+	return s.pause(ctx, caller, id, space.ReasonClient, dueNow)
+}
+
+// pause pauses sandbox id of caller for reason: under caller's budget key's lock, its
+// paused sandboxes are counted against its cap and the sandbox moves to pausing, with
+// the end of its retention, when it is running and (for the lifecycle) its action is
+// still due; then it is snapshotted and stopped.
+func (s *Service) pause(ctx context.Context, caller space.Caller, id, reason string, due dueGuard) (*space.Sandbox, error) {
 	if err := CheckID(id); err != nil {
 		return nil, err
 	}
-	sb, err := transition(ctx, s.db, id, client, space.StatePausing, space.StateRunning)
+	var sb *space.Sandbox
+	err := s.db.Tx(ctx, func(tx pgx.Tx) error {
+		if err := checkPausedCap(ctx, tx, caller.Key, caller.Lifecycle.PausedSandboxes); err != nil {
+			return err
+		}
+		retention := caller.Lifecycle.PausedRetention
+		var err error
+		sb, err = transitionDue(ctx, tx, id, caller.ID, space.StatePausing, stamp{Reason: reason, Retention: &retention}, due, space.StateRunning)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -55,6 +76,14 @@ func (s *Service) detached(ctx context.Context) (context.Context, context.Cancel
 // gone (the reconciler's sweep stops anything left). It is never refused for being
 // mid-transition: a transition that never ends must not make a sandbox undeletable.
 func (s *Service) Delete(ctx context.Context, client space.ClientID, id string) (teardown bool, err error) {
+	return s.terminate(ctx, client, id, space.ReasonClient, dueNow, space.StateRunning, space.StatePaused,
+		space.StateFailed, space.StateStarting, space.StateRestoring, space.StatePausing)
+}
+
+// terminate ends sandbox id of client for reason while it is in one of the states from
+// and (for the lifecycle) its action is still due: the end is written first, then
+// what the substrate holds for it is stopped (docs/design.md, Recovery).
+func (s *Service) terminate(ctx context.Context, client space.ClientID, id, reason string, due dueGuard, from ...space.SandboxState) (teardown bool, err error) {
 	if err := CheckID(id); err != nil {
 		return false, err
 	}
@@ -63,11 +92,13 @@ func (s *Service) Delete(ctx context.Context, client space.ClientID, id string) 
 		return false, err
 	}
 	if sb.State == space.StateTerminated {
+		if due != dueNow {
+			return false, conflict(sb, space.StateTerminated, from)
+		}
 		return false, nil
 	}
 	teardown = sb.State == space.StateStarting || sb.State == space.StateRestoring || sb.State == space.StatePausing
-	sb, err = transition(ctx, s.db, id, client, space.StateTerminated, space.StateRunning, space.StatePaused,
-		space.StateFailed, space.StateStarting, space.StateRestoring, space.StatePausing)
+	sb, err = transitionDue(ctx, s.db, id, client, space.StateTerminated, stamp{Reason: reason}, due, from...)
 	if err != nil {
 		return false, err
 	}
@@ -99,6 +130,36 @@ func (s *Service) Delete(ctx context.Context, client space.ClientID, id string) 
 		}
 	}
 	return teardown, nil
+}
+
+// Keepalive records an activity of caller's running sandbox id, as a gateway in front
+// of it says it is in use: its idle action is due the caller's idle timeout from now,
+// or timeout from now when that is later; never past its max lifetime (a timeout
+// that would be is a 422). A client without an idle timeout has no idle action to
+// put off: the sandbox is returned as it is.
+func (s *Service) Keepalive(ctx context.Context, caller space.Caller, id string, timeout time.Duration) (*space.Sandbox, error) {
+	if err := CheckID(id); err != nil {
+		return nil, err
+	}
+	if timeout < 0 {
+		return nil, space.FieldError(space.EINVALID, "timeout_seconds", "must be a whole number of seconds >= 1")
+	}
+	sb, err := getSandbox(ctx, s.db, id, caller.ID, false)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != space.StateRunning {
+		return nil, space.Errorf(space.ECONFLICT, "sandbox %s is %s; only a running sandbox can be kept alive", id, sb.State)
+	}
+	if timeout > 0 && sb.ExpiresAt != nil && s.opts.Now().Add(timeout).After(*sb.ExpiresAt) {
+		return nil, space.FieldError(space.EUNPROCESSABLE, "timeout_seconds",
+			"keeps the sandbox past its max lifetime, which ends it at %s", sb.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	m := activity(caller.Lifecycle)
+	if m.Action != "" && timeout > *m.Active {
+		m.Active = &timeout
+	}
+	return transitionDue(ctx, s.db, id, caller.ID, space.StateRunning, m, dueNow, space.StateRunning)
 }
 
 // Get returns caller's sandbox id; another client's is ENOTFOUND.

@@ -416,7 +416,7 @@ func TestCreate(t *testing.T) {
 		if _, err := create(b.svc, b.ctx, caller, sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.ELIMITED {
 			t.Fatalf("second create = %v, want limited", err)
 		}
-		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); err != nil {
+		if _, err := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sb.ID); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := create(b.svc, b.ctx, caller, sandbox.CreateRequest{Shape: python}); err != nil {
@@ -529,7 +529,7 @@ func TestLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		paused, err := b.svc.Pause(b.ctx, "acme", sb.ID)
+		paused, err := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sb.ID)
 		if err != nil || paused.State != space.StatePaused || paused.SnapshotRef == "" || paused.SubstrateRef != "" {
 			t.Fatalf("pause = %+v, %v", paused, err)
 		}
@@ -549,7 +549,7 @@ func TestLifecycle(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		sb, _ := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
-		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); err != nil {
+		if _, err := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sb.ID); err != nil {
 			t.Fatal(err)
 		}
 		b.addReadySlots(t, python, 1)
@@ -569,10 +569,10 @@ func TestLifecycle(t *testing.T) {
 		if _, err := b.svc.Restore(b.ctx, acme(), sb.ID); space.ErrorCode(err) != space.ECONFLICT {
 			t.Fatalf("restore of a running sandbox = %v, want conflict", err)
 		}
-		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); err != nil {
+		if _, err := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sb.ID); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); space.ErrorCode(err) != space.ECONFLICT {
+		if _, err := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sb.ID); space.ErrorCode(err) != space.ECONFLICT {
 			t.Fatalf("pause of a paused sandbox = %v, want conflict", err)
 		}
 		if b.charger.count("acme") != 1 {
@@ -587,7 +587,7 @@ func TestLifecycle(t *testing.T) {
 		globex := space.Caller{ID: "globex", Key: "globex"}
 		checks := map[string]error{}
 		_, checks["get"] = b.svc.Get(b.ctx, "globex", sb.ID)
-		_, checks["pause"] = b.svc.Pause(b.ctx, "globex", sb.ID)
+		_, checks["pause"] = b.svc.Pause(b.ctx, space.Caller{ID: "globex", Key: "globex"}, sb.ID)
 		_, checks["restore"] = b.svc.Restore(b.ctx, globex, sb.ID)
 		_, checks["delete"] = b.svc.Delete(b.ctx, "globex", sb.ID)
 		for op, err := range checks {
@@ -619,7 +619,7 @@ func TestLifecycle(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		sb, _ := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
-		if _, err := b.svc.Pause(b.ctx, "acme", sb.ID); err != nil {
+		if _, err := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sb.ID); err != nil {
 			t.Fatal(err)
 		}
 		owner, err := b.svc.Owner(b.ctx, sb.ID)
@@ -643,7 +643,7 @@ func TestLifecycle(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		sb, _ := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
-		paused, _ := b.svc.Pause(b.ctx, "acme", sb.ID)
+		paused, _ := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sb.ID)
 		b.setFail(func(c substrate.Call) error {
 			if c.Op == substrate.OpRestore {
 				return errors.New("snapshot store down")

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,7 +18,8 @@ import (
 )
 
 const sandboxColumns = `id::text, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata,
-	coalesce(substrate_ref, ''), coalesce(snapshot_ref, ''), coalesce(last_error, ''), answered, soft_breach_at, created_at, updated_at`
+	coalesce(substrate_ref, ''), coalesce(snapshot_ref, ''), coalesce(last_error, ''), answered, soft_breach_at, created_at, updated_at,
+	expires_at, idle_at, retain_until, pause_reason, termination_reason`
 
 // scanSandbox scans the sandboxColumns of row, then into extra the columns a query
 // selects after them.
@@ -25,11 +27,17 @@ func scanSandbox(row pgx.Row, extra ...any) (*space.Sandbox, error) {
 	var sb space.Sandbox
 	var meta []byte
 	err := row.Scan(append([]any{&sb.ID, &sb.Client, &sb.BudgetKey, &sb.State, &sb.Template, &sb.TemplateVersion, &sb.CPUMillis, &sb.MemoryMiB, &sb.DiskGiB,
-		&sb.Warm, &meta, &sb.SubstrateRef, &sb.SnapshotRef, &sb.LastError, &sb.Answered, &sb.SoftBreachAt, &sb.CreatedAt, &sb.UpdatedAt}, extra...)...)
+		&sb.Warm, &meta, &sb.SubstrateRef, &sb.SnapshotRef, &sb.LastError, &sb.Answered, &sb.SoftBreachAt, &sb.CreatedAt, &sb.UpdatedAt,
+		&sb.ExpiresAt, &sb.IdleAt, &sb.RetainUntil, &sb.PauseReason, &sb.TerminationReason}, extra...)...)
 	if err != nil {
 		return nil, err
 	}
 	sb.SoftBreach = sb.SoftBreachAt != nil
+	// A paused sandbox ends at its retention when that comes before its max lifetime:
+	// expires_at is when the lifecycle ends it, whichever rule does.
+	if sb.State == space.StatePaused && sb.RetainUntil != nil && (sb.ExpiresAt == nil || sb.RetainUntil.Before(*sb.ExpiresAt)) {
+		sb.ExpiresAt = sb.RetainUntil
+	}
 	if len(meta) > 2 {
 		if err := json.Unmarshal(meta, &sb.Metadata); err != nil {
 			return nil, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
@@ -84,34 +92,60 @@ const (
 	liveSQL    = `SELECT 1 FROM sandboxes WHERE budget_key = $1 AND ` + liveStates + ` LIMIT $2`
 )
 
-// insertSQL makes a sandbox's row; insertUnderCapSQL the same row only while its
-// budget key holds fewer than $13 live sandboxes, counted after the key's lock.
+// insertSQL makes a sandbox's row, with its lifecycle's deadlines from now ($13 the
+// max lifetime and $14 the idle timeout in seconds, 0 for none; $15 the idle action);
+// insertUnderCapSQL the same row only while its budget key holds fewer than $16 live
+// sandboxes, counted after the key's lock.
 const (
-	insertColumns = `sandboxes (id, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata, answered)`
-	insertSQL     = `INSERT INTO ` + insertColumns + `
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING created_at, updated_at`
+	insertColumns = `sandboxes (id, client, budget_key, state, template, template_version, cpu_millis, memory_mib, disk_gib, warm, metadata, answered,
+		expires_at, idle_at, idle_action)`
+	insertLifecycle = `CASE WHEN $13::float8 > 0 THEN now() + make_interval(secs => $13) END,
+		CASE WHEN $14::float8 > 0 THEN now() + make_interval(secs => $14) END, nullif($15::text, '')`
+	insertSQL = `INSERT INTO ` + insertColumns + `
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, ` + insertLifecycle + `) RETURNING created_at, updated_at, expires_at, idle_at`
 	insertUnderCapSQL = `INSERT INTO ` + insertColumns + `
-		SELECT $1::uuid, $2::text, $3::text, $4::text, $5::text, $6::text, $7::integer, $8::integer, $9::integer, $10::boolean, $11::jsonb, $12::boolean
+		SELECT $1::uuid, $2::text, $3::text, $4::text, $5::text, $6::text, $7::integer, $8::integer, $9::integer, $10::boolean, $11::jsonb, $12::boolean,
+			` + insertLifecycle + `
 		WHERE (SELECT count(*) FROM (SELECT 1 FROM sandboxes WHERE budget_key = $3::text AND ` + liveStates + `
-			LIMIT $13::integer) live) < $13::integer
-		RETURNING created_at, updated_at`
+			LIMIT $16::integer) live) < $16::integer
+		RETURNING created_at, updated_at, expires_at, idle_at`
 )
 
-// insertArgs are insertSQL's arguments for sb.
-func insertArgs(sb *space.Sandbox) ([]any, error) {
+// insertArgs are insertSQL's arguments for sb, created under lifecycle lc.
+func insertArgs(sb *space.Sandbox, lc space.Lifecycle) ([]any, error) {
 	meta, err := metadataJSON(sb.Metadata)
 	if err != nil {
 		return nil, err
 	}
 	return []any{sb.ID, string(sb.Client), string(sb.BudgetKey), string(sb.State), sb.Template, sb.TemplateVersion,
-		sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta, sb.Answered}, nil
+		sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, sb.Warm, meta, sb.Answered,
+		lc.MaxLifetime.Seconds(), lc.IdleTimeout.Seconds(), string(idleAction(lc))}, nil
 }
 
-// queueInsert queues on b the insert of sb's row, under the live cap when cap > 0 (the
-// budget key's lock, then the insert of a row only under the cap: *capped is set when
-// it made none), and fills in sb's times.
-func queueInsert(b *pgx.Batch, sb *space.Sandbox, cap int, capped *bool) error {
-	args, err := insertArgs(sb)
+// idleAction is the action lc takes on an idle sandbox: pause unless it says
+// terminate; none without an idle timeout.
+func idleAction(lc space.Lifecycle) space.IdleAction {
+	switch {
+	case lc.IdleTimeout <= 0:
+		return ""
+	case lc.IdleAction == space.IdleTerminate:
+		return space.IdleTerminate
+	}
+	return space.IdlePause
+}
+
+// activity is the stamp of an activity under lc (a restore, a wake, a revived
+// create): the idle action due its idle timeout from now.
+func activity(lc space.Lifecycle) stamp {
+	d := lc.IdleTimeout
+	return stamp{Active: &d, Action: idleAction(lc)}
+}
+
+// queueInsert queues on b the insert of sb's row, created under lifecycle lc, under
+// the live cap when cap > 0 (the budget key's lock, then the insert of a row only
+// under the cap: *capped is set when it made none), and fills in sb's times.
+func queueInsert(b *pgx.Batch, sb *space.Sandbox, lc space.Lifecycle, cap int, capped *bool) error {
+	args, err := insertArgs(sb, lc)
 	if err != nil {
 		return err
 	}
@@ -121,7 +155,7 @@ func queueInsert(b *pgx.Batch, sb *space.Sandbox, cap int, capped *bool) error {
 		sql, args = insertUnderCapSQL, append(args, cap)
 	}
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&sb.CreatedAt, &sb.UpdatedAt)
+		err := row.Scan(&sb.CreatedAt, &sb.UpdatedAt, &sb.ExpiresAt, &sb.IdleAt)
 		if cap > 0 && errors.Is(err, pgx.ErrNoRows) {
 			*capped = true
 			return nil
@@ -148,7 +182,7 @@ func metadataJSON(m map[string]string) ([]byte, error) {
 // error it had failed with. It must run in the transaction that checked the live cap:
 // a failed sandbox holds no live place, a starting one does. ECONFLICT when the row is
 // no longer failed.
-func reviveSandbox(ctx context.Context, tx pgx.Tx, sb *space.Sandbox) (string, error) {
+func reviveSandbox(ctx context.Context, tx pgx.Tx, sb *space.Sandbox, lc space.Lifecycle) (string, error) {
 	cur, err := getSandbox(ctx, tx, sb.ID, sb.Client, true)
 	if err != nil {
 		return "", err
@@ -160,11 +194,17 @@ func reviveSandbox(ctx context.Context, tx pgx.Tx, sb *space.Sandbox) (string, e
 	if err != nil {
 		return "", err
 	}
+	// A retried create starts its lifecycle again: its deadlines run from now, as a
+	// new create's do (its created_at stays the first attempt's).
 	err = tx.QueryRow(ctx, `UPDATE sandboxes SET state = $2, template = $3, cpu_millis = $4, memory_mib = $5,
-			disk_gib = $6, metadata = $7, budget_key = $8, warm = false, substrate_ref = NULL, last_error = NULL, updated_at = now()
-		WHERE id = $1 RETURNING created_at, updated_at`,
+			disk_gib = $6, metadata = $7, budget_key = $8, warm = false, substrate_ref = NULL, last_error = NULL,
+			expires_at = CASE WHEN $9::float8 > 0 THEN now() + make_interval(secs => $9) END,
+			idle_at = CASE WHEN $10::float8 > 0 THEN now() + make_interval(secs => $10) END, idle_action = nullif($11::text, ''),
+			retain_until = NULL, pause_reason = NULL, termination_reason = NULL, updated_at = now()
+		WHERE id = $1 RETURNING created_at, updated_at, expires_at, idle_at`,
 		sb.ID, string(space.StateStarting), sb.Template, sb.CPUMillis, sb.MemoryMiB, sb.DiskGiB, meta, string(sb.BudgetKey),
-	).Scan(&sb.CreatedAt, &sb.UpdatedAt)
+		lc.MaxLifetime.Seconds(), lc.IdleTimeout.Seconds(), string(idleAction(lc)),
+	).Scan(&sb.CreatedAt, &sb.UpdatedAt, &sb.ExpiresAt, &sb.IdleAt)
 	if err != nil {
 		return "", fmt.Errorf("retry sandbox %s: %w", sb.ID, err)
 	}
@@ -195,6 +235,55 @@ func getSandbox(ctx context.Context, q store.Querier, id string, client space.Cl
 	return sb, nil
 }
 
+// stamp is what a write records of the sandbox's lifecycle (docs/lifecycle.md). A
+// write also keeps the deadlines to its state, whatever the stamp: a running sandbox
+// has no retention and no pause reason, a paused one no idle deadline, an ended one
+// neither.
+type stamp struct {
+	// Reason is why the write pauses the sandbox (to pausing or paused) or ends it
+	// (to terminated); "" keeps the reason recorded.
+	Reason string
+	// Active, when not nil, records an activity: the idle action Action is due Active
+	// from now; 0 clears it (no idle timeout).
+	Active *time.Duration
+	Action space.IdleAction
+	// Lifetime, when not nil, sets the end of the max lifetime Lifetime after the
+	// sandbox's creation; 0 clears it.
+	Lifetime *time.Duration
+	// Retention, when not nil, sets when a pause's retention ends, Retention from now;
+	// 0 clears it.
+	Retention *time.Duration
+}
+
+// seconds is d as the SQL's seconds; NULL (nil) leaves the column alone.
+func seconds(d *time.Duration) any {
+	if d == nil {
+		return nil
+	}
+	return d.Seconds()
+}
+
+// stampSQL is the SET clauses of a write to state $<st> with stamp's arguments from
+// $<at> on (stampArgs, in that order).
+func stampSQL(st, at int) string {
+	p := func(i int) string { return "$" + strconv.Itoa(at+i) }
+	state := "$" + strconv.Itoa(st) + "::text"
+	return `idle_at = CASE WHEN ` + state + ` IN ('paused', 'terminated', 'failed') THEN NULL
+				WHEN ` + p(1) + `::float8 IS NULL THEN idle_at WHEN ` + p(1) + ` > 0 THEN now() + make_interval(secs => ` + p(1) + `) END,
+			idle_action = CASE WHEN ` + p(1) + `::float8 IS NULL THEN idle_action ELSE nullif(` + p(2) + `::text, '') END,
+			expires_at = CASE WHEN ` + p(3) + `::float8 IS NULL THEN expires_at WHEN ` + p(3) + ` > 0 THEN created_at + make_interval(secs => ` + p(3) + `) END,
+			retain_until = CASE WHEN ` + state + ` IN ('running', 'starting', 'terminated', 'failed') THEN NULL
+				WHEN ` + p(4) + `::float8 IS NULL THEN retain_until WHEN ` + p(4) + ` > 0 THEN now() + make_interval(secs => ` + p(4) + `) END,
+			pause_reason = CASE WHEN ` + state + ` IN ('running', 'starting') THEN NULL
+				WHEN ` + state + ` IN ('pausing', 'paused') AND ` + p(0) + `::text <> '' THEN ` + p(0) + ` ELSE pause_reason END,
+			termination_reason = CASE WHEN ` + state + ` = 'terminated' AND ` + p(0) + `::text <> '' THEN ` + p(0) + ` ELSE termination_reason END`
+}
+
+// stampArgs are stampSQL's arguments.
+func (m stamp) args() []any {
+	return []any{m.Reason, seconds(m.Active), string(m.Action), seconds(m.Lifetime), seconds(m.Retention)}
+}
+
 // stateChange moves a sandbox to State, recording what the substrate said. Empty refs
 // leave the stored ones alone; ClearRef forgets the substrate ref (a paused sandbox
 // runs nowhere). With From set, the change applies only while the sandbox is in one of
@@ -216,6 +305,8 @@ type stateChange struct {
 	// Seen, when set, applies the change only if the sandbox was not changed since it
 	// was read with this updated_at (the reconciler's optimistic guard).
 	Seen time.Time
+	// stamp is what the change records of the lifecycle.
+	stamp
 }
 
 // movedError is setState's answer to a guarded change of a sandbox that has left the
@@ -253,10 +344,11 @@ func setState(ctx context.Context, q store.Querier, id string, c stateChange) (*
 			last_error = CASE WHEN $7::text IS NULL THEN last_error ELSE nullif($7, '') END,
 			answered = answered OR $10,
 			soft_breach_at = CASE WHEN $11::bool IS NULL THEN soft_breach_at WHEN $11 THEN now() ELSE NULL END,
+			`+stampSQL(2, 12)+`,
 			updated_at = now()
 		WHERE id = $1 AND ($8::text[] IS NULL OR state = ANY($8)) AND ($9::timestamptz IS NULL OR updated_at = $9)
 		RETURNING `+sandboxColumns,
-		id, string(c.State), c.SubstrateRef, c.ClearRef, c.SnapshotRef, c.Warm, c.LastError, from, seen, c.Answered, c.SoftBreach))
+		append([]any{id, string(c.State), c.SubstrateRef, c.ClearRef, c.SnapshotRef, c.Warm, c.LastError, from, seen, c.Answered, c.SoftBreach}, c.stamp.args()...)...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		cur, gerr := getSandbox(ctx, q, id, "", false)
 		if gerr != nil {
@@ -274,13 +366,38 @@ func setState(ctx context.Context, q store.Querier, id string, c stateChange) (*
 // atomically. It returns ENOTFOUND when there is no such sandbox of client, and
 // ECONFLICT naming the current state when it is not in one of from.
 func transition(ctx context.Context, q store.Querier, id string, client space.ClientID, to space.SandboxState, from ...space.SandboxState) (*space.Sandbox, error) {
+	return transitionStamped(ctx, q, id, client, to, stamp{}, from...)
+}
+
+// transitionStamped is transition recording m of the lifecycle.
+func transitionStamped(ctx context.Context, q store.Querier, id string, client space.ClientID, to space.SandboxState, m stamp, from ...space.SandboxState) (*space.Sandbox, error) {
+	return transitionDue(ctx, q, id, client, to, m, dueNow, from...)
+}
+
+// dueGuard is a lifecycle action's condition that its deadline has come (by the
+// database's clock), checked in the write that takes it: a keepalive, a restore or
+// a policy that moved the deadline since the round read it wins, and the action is
+// not taken. dueNow is no condition.
+type dueGuard string
+
+const (
+	dueNow     dueGuard = ""
+	dueIdle    dueGuard = "idle"    // idle_at has come
+	dueExpires dueGuard = "expires" // expires_at has come
+	dueRetain  dueGuard = "retain"  // retain_until has come
+)
+
+// transitionDue is transitionStamped, only while due holds.
+func transitionDue(ctx context.Context, q store.Querier, id string, client space.ClientID, to space.SandboxState, m stamp, due dueGuard, from ...space.SandboxState) (*space.Sandbox, error) {
 	states := make([]string, len(from))
 	for i, s := range from {
 		states[i] = string(s)
 	}
-	sb, err := scanSandbox(q.QueryRow(ctx, `UPDATE sandboxes SET state = $3, last_error = NULL, updated_at = now()
+	sb, err := scanSandbox(q.QueryRow(ctx, `UPDATE sandboxes SET state = $3, last_error = NULL, `+stampSQL(3, 6)+`, updated_at = now()
 		WHERE id = $1 AND ($2 = '' OR client = $2) AND state = ANY($4)
-		RETURNING `+sandboxColumns, id, string(client), string(to), states))
+			AND ($5 = '' OR ($5 = 'idle' AND idle_at <= now()) OR ($5 = 'expires' AND expires_at <= now())
+				OR ($5 = 'retain' AND retain_until <= now()))
+		RETURNING `+sandboxColumns, append([]any{id, string(client), string(to), states, string(due)}, m.args()...)...))
 	if err == nil {
 		return sb, nil
 	}
@@ -292,6 +409,27 @@ func transition(ctx context.Context, q store.Querier, id string, client space.Cl
 		return nil, gerr
 	}
 	return nil, conflict(cur, to, from)
+}
+
+// checkPausedCap returns a paused_sandbox_cap LimitError when the budget key already
+// holds cap paused (or pausing) sandboxes, under the key's lock for the rest of tx,
+// the live cap's: two pauses of one key count one after the other.
+func checkPausedCap(ctx context.Context, tx pgx.Tx, client space.ClientKey, cap int) error {
+	if cap <= 0 {
+		return nil
+	}
+	var paused int
+	b := &pgx.Batch{}
+	queueLiveLock(b, client)
+	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM sandboxes WHERE budget_key = $1 AND state IN ('pausing', 'paused') LIMIT $2) paused`,
+		string(client), cap).QueryRow(func(row pgx.Row) error { return row.Scan(&paused) })
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("lock client and count paused sandboxes: %w", err)
+	}
+	if paused >= cap {
+		return &space.LimitError{Bucket: space.BucketPausedSandboxCap, Client: client, Cap: cap, RetryAfter: time.Second}
+	}
+	return nil
 }
 
 func conflict(cur *space.Sandbox, to space.SandboxState, from []space.SandboxState) error {

@@ -15,6 +15,8 @@ const (
 	// ReconcileLockID is held by the replica settling what crashes and outages left
 	// behind.
 	ReconcileLockID = 0x5ace_0003
+	// LifecycleLockID is held by the replica taking the lifecycle's due actions.
+	LifecycleLockID = 0x5ace_0004
 )
 
 // WhileLocked runs fn if this replica can take the session advisory lock id now, and

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -66,8 +67,23 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 		return fmt.Errorf("migrate: acquire: %w", err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrateLockID); err != nil {
-		return fmt.Errorf("migrate: lock: %w", err)
+	// Polled, not waited for: a replica blocked in pg_advisory_lock holds a snapshot
+	// for as long as it waits, and a CREATE INDEX CONCURRENTLY of the replica holding
+	// the lock waits for every older snapshot to end, on another connection, where
+	// Postgres's deadlock detector cannot see the cycle.
+	for {
+		var locked bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", migrateLockID).Scan(&locked); err != nil {
+			return fmt.Errorf("migrate: lock: %w", err)
+		}
+		if locked {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migrate: lock: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrateLockID) //nolint:errcheck // released with the session anyway
 

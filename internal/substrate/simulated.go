@@ -236,7 +236,17 @@ func (s *Simulated) start(ctx context.Context, c Call, r simResource) (string, e
 }
 
 func (s *Simulated) remove(ref string) {
-	_ = s.state.update(func(d *simData) error { delete(d.Resources, ref); return nil })
+	_ = s.state.update(func(d *simData) error {
+		delete(d.Resources, ref)
+		delete(d.Snapshots, ref) // a snapshot is stopped (deleted) with its sandbox
+		return nil
+	})
+}
+
+// storageOf is a snapshot as what keeps a sandbox's state (Resource.Storage), as
+// Find and List report it: a delete stops it with the rest, a settlement leaves it.
+func storageOf(ref string, snap *simSnapshot) Resource {
+	return Resource{Ref: ref, SandboxID: snap.SandboxID, Created: snap.Saved, Storage: true}
 }
 
 // SandboxRef is the name the simulated substrate gives sandbox id's cold-started
@@ -363,13 +373,17 @@ func (s *Simulated) Find(_ context.Context, sandboxID string) (Finding, error) {
 		}
 		var newest time.Time
 		for ref, snap := range d.Snapshots {
-			if snap.SandboxID == sandboxID && snap.Saved.After(newest) {
-				f.Snapshot, newest = ref, snap.Saved
+			if snap.SandboxID == sandboxID {
+				f.Storage = append(f.Storage, storageOf(ref, snap))
+				if snap.Saved.After(newest) {
+					f.Snapshot, newest = ref, snap.Saved
+				}
 			}
 		}
 		return nil
 	})
 	slices.SortFunc(f.Resources, func(a, b Resource) int { return a.Created.Compare(b.Created) })
+	slices.SortFunc(f.Storage, func(a, b Resource) int { return a.Created.Compare(b.Created) })
 	return f, err
 }
 
@@ -379,6 +393,9 @@ func (s *Simulated) List(context.Context) ([]Resource, error) {
 	err := s.state.update(func(d *simData) error {
 		for _, r := range d.Resources {
 			out = append(out, r.Resource)
+		}
+		for ref, snap := range d.Snapshots {
+			out = append(out, storageOf(ref, snap))
 		}
 		return nil
 	})
