@@ -341,12 +341,16 @@ func TestAFlagsFileWithEveryField(t *testing.T) {
 	  "tiers": {
 	    "free": {"refill_rps": 1, "burst": 5},
 	    "pro": {"refill_rps": 5, "burst": 20, "concurrency": 50, "live_sandboxes": 200, "max_activation_cost": 4,
-	            "soft_refill_rps": 3, "soft_burst": 10, "queue_weight": 4, "reserved_rps": 20, "reserved_burst": 40, "lendable": 0.25}
+	            "soft_refill_rps": 3, "soft_burst": 10, "queue_weight": 4, "reserved_rps": 20, "reserved_burst": 40, "lendable": 0.25,
+	            "max_lifetime_seconds": 86400, "idle_timeout_seconds": 900, "idle_action": "pause",
+	            "paused_retention_seconds": 604800, "paused_sandboxes": 100}
 	  },
 	  "clients": {
 	    "acme": {"tier": "pro"},
 	    "globex": {"tier": "pro", "refill_rps": 6, "burst": 21, "concurrency": 51, "live_sandboxes": 201,
-	               "max_activation_cost": 3, "soft_refill_rps": 2, "soft_burst": 9, "queue_weight": 2}
+	               "max_activation_cost": 3, "soft_refill_rps": 2, "soft_burst": 9, "queue_weight": 2,
+	               "max_lifetime_seconds": 3600, "idle_timeout_seconds": 60, "idle_action": "terminate",
+	               "paused_retention_seconds": 120, "paused_sandboxes": 7}
 	  }
 	}`
 	f := setup(t, quotaFile(quota), withEnv(tiersEnv()))
