@@ -323,7 +323,7 @@ func reservations(tiers map[string]Tier, cluster space.Rate) (*space.Reservation
 // value unusable as a whole (an ErrMalformed error), so that the last good one stays.
 func inForce(q Quotas, env Env) (*space.Reservations, []string, error) {
 	if len(q.Tiers) == 0 {
-		return nil, nil, nil
+		return nil, lifecycleTableWarnings(q), nil
 	}
 	names := sortedKeys(q.Tiers)
 	if _, ok := q.Tiers[env.FallbackTier]; !ok {
@@ -358,7 +358,65 @@ func inForce(q Quotas, env Env) (*space.Reservations, []string, error) {
 			warnings = append(warnings, fmt.Sprintf("tier %q is named by no client entry: only the flag %s can put a client on it", name, TierFlag))
 		}
 	}
-	return res, warnings, nil
+	return res, append(warnings, lifecycleTableWarnings(q)...), nil
+}
+
+// lifecycleTableWarnings checks the lifecycle of every tier, and of every client entry
+// that sets a field of it over what lies below the entry, as far as the flag alone
+// says: its tier when it names one in the table, nothing when there is no table. An
+// entry whose tier only a resolution knows (the tier flag, the floor) is checked when
+// it is resolved, in Caller.Warnings, like every caller.
+func lifecycleTableWarnings(q Quotas) []string {
+	var out []string
+	for _, name := range sortedKeys(q.Tiers) {
+		for _, w := range lifecycleWarnings(lifecycleOf(q.Tiers[name].Fields)) {
+			out = append(out, fmt.Sprintf("tiers.%s: %s", name, w))
+		}
+	}
+	ids := make([]string, 0, len(q.Clients))
+	for id := range q.Clients {
+		ids = append(ids, string(id))
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		entry := q.Clients[space.ClientKey(id)]
+		if !setsLifecycle(entry.Fields) {
+			continue
+		}
+		var below []Fields
+		if t, ok := q.Tiers[entry.Tier]; ok {
+			below = append(below, t.Fields)
+		} else if len(q.Tiers) > 0 {
+			continue
+		}
+		tierSays := map[string]bool{}
+		for _, w := range lifecycleWarnings(lifecycleOf(below...)) {
+			tierSays[w] = true
+		}
+		for _, w := range lifecycleWarnings(lifecycleOf(append(below, entry.Fields)...)) {
+			if !tierSays[w] { // said once, of the tier
+				out = append(out, fmt.Sprintf("clients.%s: %s", id, w))
+			}
+		}
+	}
+	return out
+}
+
+// setsLifecycle reports whether f sets a field of the lifecycle.
+func setsLifecycle(f Fields) bool {
+	return f.MaxLifetime != nil || f.IdleTimeout != nil || f.IdleAction != nil || f.PausedRetention != nil || f.PausedSandboxes != nil
+}
+
+// lifecycleOf is the lifecycle that layers give, the least specific first, layered as
+// a resolution layers them (Resolver.limits).
+func lifecycleOf(layers ...Fields) space.Lifecycle {
+	var c space.Caller
+	l := layered{caller: &c}
+	for _, f := range layers {
+		l.apply(f, space.SourceTier)
+	}
+	l.finish(nil)
+	return c.Lifecycle
 }
 
 // TierTable is the tier table in force, as GET /v1/tiers reports it: for each tier, in
