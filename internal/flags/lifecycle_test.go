@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -284,4 +285,35 @@ func TestLifecycleWarnings(t *testing.T) {
 			t.Fatalf("warnings %q (%v), want %q", warnings, err, want)
 		}
 	})
+}
+
+// TestTheTiersPageExample loads the tier table of docs/tiers.md, so that the example an
+// operator copies is one the flag accepts, with the lifecycle the page says and no
+// warning about it.
+func TestTheTiersPageExample(t *testing.T) {
+	t.Parallel()
+	page, err := os.ReadFile("../../docs/tiers.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(page), "```json\n")
+	example, _, closed := strings.Cut(rest, "```")
+	if !ok || !closed {
+		t.Fatal("docs/tiers.md has no JSON example")
+	}
+	// The page's layout: cluster 100/s with a burst of 200, free the floor.
+	env := Env{AdmissionEnabled: true, Cluster: space.Rate{RefillRPS: 100, Burst: 200}, FallbackTier: "free"}
+	q, err := ParseQuotas(decode(t, example))
+	if err != nil {
+		t.Fatalf("the page's example is refused: %v", err)
+	}
+	if _, warnings, err := inForce(q, env); err != nil || len(warnings) != 0 {
+		t.Fatalf("the page's example: %v, warnings %q", err, warnings)
+	}
+	f := setup(t, quotaFile(example), withEnv(env))
+	c := f.resolver.Resolve(context.Background(), "initech")
+	want := space.Lifecycle{IdleTimeout: time.Hour, IdleAction: space.IdlePause, PausedRetention: 7 * 24 * time.Hour, PausedSandboxes: 100}
+	if c.Lifecycle != want || c.Sources.MaxLifetime != space.SourceClient || c.Sources.IdleAction != space.SourceTier || len(c.Warnings) != 0 {
+		t.Fatalf("initech = %+v from %+v, warnings %q; want %+v as the page says", c.Lifecycle, c.Sources, c.Warnings, want)
+	}
 }
