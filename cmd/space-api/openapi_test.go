@@ -655,7 +655,8 @@ func TestOpenAPIContract(t *testing.T) {
 		}
 		const id = "00000000-0000-4000-8000-000000000001"
 		sandbox := `{"id":"` + id + `","client":"acme","state":"running","template":"python-3.12","cpu_millis":1,"memory_mib":1,"disk_gib":1,` +
-			`"template_version":"v1","warm":false,"created_at":"2025-01-01T00:00:00Z","updated_at":"2025-01-01T00:00:00Z"}`
+			`"template_version":"v1","warm":false,"created_at":"2025-01-01T00:00:00Z","updated_at":"2025-01-01T00:00:00Z",` +
+			`"expires_at":null,"idle_at":null,"pause_reason":null,"termination_reason":null}`
 		for _, tc := range []struct {
 			name, method, path, listener string
 			status                       int
@@ -668,6 +669,11 @@ func TestOpenAPIContract(t *testing.T) {
 				strings.Replace(sandbox, `"warm":false`, `"warm":false,"node":"n1"`, 1), []string{"GET /v1/sandboxes/{id}", "answered 200", "node"}},
 			{"a field the document requires, missing", "GET", "/v1/sandboxes/" + id, "public", 200, nil,
 				strings.Replace(sandbox, `"template_version":"v1",`, "", 1), []string{"answered 200", "template_version"}},
+			{"a sandbox the lifecycle ended, as documented", "GET", "/v1/sandboxes/" + id, "public", 200, nil,
+				strings.NewReplacer(`"state":"running"`, `"state":"terminated"`, `"expires_at":null`, `"expires_at":"2025-01-02T00:00:00Z"`,
+					`"termination_reason":null`, `"termination_reason":"max_lifetime"`).Replace(sandbox), nil},
+			{"a termination reason the document does not list", "GET", "/v1/sandboxes/" + id, "public", 200, nil,
+				strings.Replace(sandbox, `"termination_reason":null`, `"termination_reason":"bored"`, 1), []string{"answered 200", "termination_reason"}},
 			{"a status the route does not answer", "GET", "/v1/sandboxes/" + id, "public", 418, nil, problem("internal", 418), []string{"answered 418", "418"}},
 			{"a problem whose code is not its status's", "GET", "/v1/sandboxes/" + id, "public", 404, nil, problem("conflict", 404), []string{"answered 404", "not_found"}},
 			{"a 429 without its Retry-After", "POST", "/v1/sandboxes", "public", 429, http.Header{"Ratelimit": {`"client_activation";r=0;t=1`}, "Ratelimit-Policy": {`"client_activation";q=1`}},

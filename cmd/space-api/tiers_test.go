@@ -214,6 +214,81 @@ func TestTiersThroughTheAPI(t *testing.T) {
 		})
 	}
 
+	t.Run("a tier's lifecycle, and a client's override of it, read back from /v1/tiers and /v1/limits with their sources", func(t *testing.T) {
+		t.Parallel()
+		s := startServer(t, e2eOptions{
+			quota: `{
+				"tiers": {
+					"free": {"max_lifetime_seconds": 3600},
+					"pro":  {"max_lifetime_seconds": 86400, "idle_timeout_seconds": 900, "idle_action": "pause",
+					         "paused_retention_seconds": 604800, "paused_sandboxes": 100}
+				},
+				"clients": {
+					"on-pro":    {"tier": "pro"},
+					"pro-short": {"tier": "pro", "idle_timeout_seconds": 60, "idle_action": "terminate", "paused_sandboxes": 0}
+				}
+			}`,
+			config: func(c *config.Config) { c.Flags.FallbackTier = "free" },
+		})
+		type report struct {
+			Name      string         `json:"name"`
+			Lifecycle map[string]any `json:"lifecycle"`
+			Sources   map[string]any `json:"sources"`
+		}
+		var tiers struct {
+			Tiers []report `json:"tiers"`
+		}
+		if r := s.do("GET", "/v1/tiers", "on-pro", ""); r.StatusCode != http.StatusOK {
+			t.Fatalf("tiers = %d %s", r.StatusCode, r.body)
+		} else {
+			r.json(t, &tiers)
+		}
+		rows := map[string]report{}
+		for _, row := range tiers.Tiers {
+			rows[row.Name] = row
+		}
+		limits := func(client string) report {
+			var body report
+			r := s.do("GET", "/v1/limits", client, "")
+			if r.StatusCode != http.StatusOK {
+				t.Fatalf("limits of %s = %d %s", client, r.StatusCode, r.body)
+			}
+			r.json(t, &body)
+			return body
+		}
+		pro := map[string]any{"max_lifetime_seconds": 86400.0, "idle_timeout_seconds": 900.0, "idle_action": "pause",
+			"paused_retention_seconds": 604800.0, "paused_sandboxes": 100.0}
+		fromTier := map[string]any{"max_lifetime_seconds": "tier", "idle_timeout_seconds": "tier", "idle_action": "tier",
+			"paused_retention_seconds": "tier", "paused_sandboxes": "tier"}
+		for name, got := range map[string]report{"/v1/tiers' pro": rows["pro"], "on-pro's /v1/limits": limits("on-pro")} {
+			if fmt.Sprint(got.Lifecycle) != fmt.Sprint(pro) {
+				t.Errorf("%s: lifecycle %v, want %v", name, got.Lifecycle, pro)
+			}
+			for field, want := range fromTier {
+				if got.Sources[field] != want {
+					t.Errorf("%s: sources.%s = %v, want %v", name, field, got.Sources[field], want)
+				}
+			}
+		}
+		if free := rows["free"]; fmt.Sprint(free.Lifecycle) != fmt.Sprint(map[string]any{"max_lifetime_seconds": 3600.0,
+			"idle_timeout_seconds": nil, "idle_action": nil, "paused_retention_seconds": nil, "paused_sandboxes": nil}) ||
+			free.Sources["idle_timeout_seconds"] != "env" {
+			t.Errorf("/v1/tiers' free: lifecycle %v from %v", free.Lifecycle, free.Sources)
+		}
+		short := limits("pro-short")
+		want := map[string]any{"max_lifetime_seconds": 86400.0, "idle_timeout_seconds": 60.0, "idle_action": "terminate",
+			"paused_retention_seconds": 604800.0, "paused_sandboxes": nil}
+		if fmt.Sprint(short.Lifecycle) != fmt.Sprint(want) {
+			t.Errorf("pro-short: lifecycle %v, want %v", short.Lifecycle, want)
+		}
+		for field, want := range map[string]any{"max_lifetime_seconds": "tier", "idle_timeout_seconds": "client", "idle_action": "client",
+			"paused_retention_seconds": "tier", "paused_sandboxes": "client"} {
+			if short.Sources[field] != want {
+				t.Errorf("pro-short: sources.%s = %v, want %v", field, short.Sources[field], want)
+			}
+		}
+	})
+
 	t.Run("two replicas agree on every client's tier and together admit exactly its burst", func(t *testing.T) {
 		t.Parallel()
 		env := replicaEnv(t, quotaFlags(threeTiers, ""), map[string]string{"SPACE_FALLBACK_TIER": "free"})

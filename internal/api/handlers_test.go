@@ -21,6 +21,7 @@ import (
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/dispatcher"
+	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/store"
 )
@@ -179,19 +180,32 @@ func (f *fakeLeases) Acquire(_ context.Context, key space.ClientKey, cap int) (s
 	return space.NewLease(release, f.roomy), nil
 }
 
-// fakeCallers makes every id its own budget key, and records whom it resolved.
+// fakeCallers makes every id its own budget key, and records whom it resolved; with,
+// when set, changes what it resolves.
 type fakeCallers struct {
 	mu       sync.Mutex
 	resolved []space.ClientID
+	with     func(*space.Caller)
 }
 
 func (f *fakeCallers) Resolve(_ context.Context, id space.ClientID) space.Caller {
 	f.mu.Lock()
 	f.resolved = append(f.resolved, id)
 	f.mu.Unlock()
-	return space.Caller{ID: id, Key: space.ClientKey(id), Allowlisted: true, Concurrency: 10, LiveSandboxes: 50,
+	c := space.Caller{ID: id, Key: space.ClientKey(id), Allowlisted: true, Concurrency: 10, LiveSandboxes: 50,
 		AdmissionEnabled: true, Cluster: space.Rate{RefillRPS: 100, Burst: 200}, RateSource: space.SourceEnv}
+	if f.with != nil {
+		f.with(&c)
+	}
+	return c
 }
+
+// fakeTiers serves the tier table the test sets (none by default).
+type fakeTiers struct {
+	table flags.TierTable
+}
+
+func (f *fakeTiers) Tiers(context.Context) flags.TierTable { return f.table }
 
 type fakeBudgets struct{}
 
@@ -205,6 +219,7 @@ type handlers struct {
 	operations *fakeOperations
 	leases     *fakeLeases
 	callers    *fakeCallers
+	tiers      *fakeTiers
 	server     *Server
 	public     http.Handler
 	internal   http.Handler
@@ -212,13 +227,15 @@ type handlers struct {
 
 func setup(t *testing.T) *handlers {
 	t.Helper()
-	h := &handlers{t: t, sandboxes: &fakeSandboxes{owner: "acme"}, operations: &fakeOperations{}, leases: &fakeLeases{}, callers: &fakeCallers{}}
+	h := &handlers{t: t, sandboxes: &fakeSandboxes{owner: "acme"}, operations: &fakeOperations{}, leases: &fakeLeases{}, callers: &fakeCallers{},
+		tiers: &fakeTiers{}}
 	s := New(Options{
 		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registry:    prometheus.NewRegistry(),
 		Identity:    space.IdentityTrustedHeader,
 		Auth:        &TrustedHeader{Trusted: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/32")}},
 		Callers:     h.callers,
+		Tiers:       h.tiers,
 		Concurrency: h.leases,
 		Budgets:     fakeBudgets{},
 		Sandboxes:   h.sandboxes,

@@ -2,6 +2,7 @@ package api
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
@@ -38,6 +39,9 @@ type LimitsBody struct {
 	// QueueWeight is the caller's share of the dispatcher's queue against other
 	// owners' (lanes per owner times it): 1 unless its tier or entry says more.
 	QueueWeight int `json:"queue_weight"`
+	// Lifecycle is how long the caller's sandboxes live, idle and stay paused, fixed
+	// on each sandbox when it is created, paused or kept alive.
+	Lifecycle LifecycleBody `json:"lifecycle"`
 	// Tier is the tier the budget key is on, absent when no tier table is loaded;
 	// TierSource says how it was resolved, and FallbackReason why the floor tier
 	// applies when it does.
@@ -81,19 +85,65 @@ func reserveBody(res *space.Reservations, tier string) *ReserveBody {
 	return &ReserveBody{RefillRPS: r.Rate.RefillRPS, Burst: r.Rate.Burst, Lendable: r.Lendable}
 }
 
-// SourcesBody is where each of a caller's limits came from.
+// SourcesBody is where each of a caller's limits came from; the lifecycle's under the
+// names of its fields.
 type SourcesBody struct {
-	ClientActivation  space.RateSource `json:"client_activation"`
-	Concurrency       space.RateSource `json:"concurrency"`
-	LiveSandboxes     space.RateSource `json:"live_sandboxes"`
-	MaxActivationCost space.RateSource `json:"max_activation_cost"`
-	SoftLimit         space.RateSource `json:"soft_limit"`
-	QueueWeight       space.RateSource `json:"queue_weight"`
+	ClientActivation       space.RateSource `json:"client_activation"`
+	Concurrency            space.RateSource `json:"concurrency"`
+	LiveSandboxes          space.RateSource `json:"live_sandboxes"`
+	MaxActivationCost      space.RateSource `json:"max_activation_cost"`
+	SoftLimit              space.RateSource `json:"soft_limit"`
+	QueueWeight            space.RateSource `json:"queue_weight"`
+	MaxLifetimeSeconds     space.RateSource `json:"max_lifetime_seconds"`
+	IdleTimeoutSeconds     space.RateSource `json:"idle_timeout_seconds"`
+	IdleAction             space.RateSource `json:"idle_action"`
+	PausedRetentionSeconds space.RateSource `json:"paused_retention_seconds"`
+	PausedSandboxes        space.RateSource `json:"paused_sandboxes"`
 }
 
 func sourcesBody(s space.Sources) SourcesBody {
 	return SourcesBody{ClientActivation: s.ClientRate, Concurrency: s.Concurrency, LiveSandboxes: s.LiveSandboxes,
-		MaxActivationCost: s.MaxActivationCost, SoftLimit: s.SoftRate, QueueWeight: s.QueueWeight}
+		MaxActivationCost: s.MaxActivationCost, SoftLimit: s.SoftRate, QueueWeight: s.QueueWeight,
+		MaxLifetimeSeconds: s.MaxLifetime, IdleTimeoutSeconds: s.IdleTimeout, IdleAction: s.IdleAction,
+		PausedRetentionSeconds: s.PausedRetention, PausedSandboxes: s.PausedSandboxes}
+}
+
+// LifecycleBody is a space.Lifecycle as GET /v1/limits and GET /v1/tiers report it,
+// under the quota flag's names: null where nothing is bounded.
+type LifecycleBody struct {
+	MaxLifetimeSeconds *int64 `json:"max_lifetime_seconds"`
+	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds"`
+	// IdleAction is null without an idle timeout: no sandbox is ever idle then.
+	IdleAction             *space.IdleAction `json:"idle_action"`
+	PausedRetentionSeconds *int64            `json:"paused_retention_seconds"`
+	PausedSandboxes        *int              `json:"paused_sandboxes"`
+}
+
+func lifecycleBody(lc space.Lifecycle) LifecycleBody {
+	b := LifecycleBody{
+		MaxLifetimeSeconds:     secondsOrNull(lc.MaxLifetime),
+		IdleTimeoutSeconds:     secondsOrNull(lc.IdleTimeout),
+		PausedRetentionSeconds: secondsOrNull(lc.PausedRetention),
+		PausedSandboxes:        capOrNull(lc.PausedSandboxes),
+	}
+	if b.IdleTimeoutSeconds != nil {
+		a := lc.IdleAction
+		if a == "" {
+			a = space.IdlePause // space.Lifecycle's default
+		}
+		b.IdleAction = &a
+	}
+	return b
+}
+
+// secondsOrNull is d in whole seconds, rounded up so that a bound is never reported as
+// none; null when d bounds nothing.
+func secondsOrNull(d time.Duration) *int64 {
+	if d <= 0 {
+		return nil
+	}
+	n := int64((d + time.Second - 1) / time.Second)
+	return &n
 }
 
 // BucketBody is one token bucket as enforced.
@@ -138,6 +188,7 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request) {
 		MaxActivationCost: capOrNull(l.MaxActivationCost),
 		SoftLimit:         rateBody(l.SoftRate),
 		QueueWeight:       max(l.QueueWeight, 1),
+		Lifecycle:         lifecycleBody(l.Lifecycle),
 		Tier:              l.Tier,
 		TierSource:        l.TierSource,
 		FallbackReason:    l.FallbackReason,
@@ -203,7 +254,9 @@ type TierBody struct {
 	SoftLimit         *RateBody    `json:"soft_limit"`
 	QueueWeight       int          `json:"queue_weight"`
 	Reserve           *ReserveBody `json:"reserve"`
-	Sources           SourcesBody  `json:"sources"`
+	// Lifecycle is the tier's, as a client on it with no entry of its own gets it.
+	Lifecycle LifecycleBody `json:"lifecycle"`
+	Sources   SourcesBody   `json:"sources"`
 }
 
 func (s *Server) getTiers(w http.ResponseWriter, r *http.Request) {
@@ -222,6 +275,7 @@ func (s *Server) getTiers(w http.ResponseWriter, r *http.Request) {
 			SoftLimit:         rateBody(t.SoftRate),
 			QueueWeight:       max(t.QueueWeight, 1),
 			Reserve:           reserveBody(table.Reservations, t.Tier),
+			Lifecycle:         lifecycleBody(t.Lifecycle),
 			Sources:           sourcesBody(t.Sources),
 		})
 	}

@@ -120,7 +120,7 @@ func TestProblemTypes(t *testing.T) {
 	t.Run("every bucket has its section under limited", func(t *testing.T) {
 		t.Parallel()
 		for _, b := range []space.Bucket{space.BucketClientActivation, space.BucketClusterActivation,
-			space.BucketClientConcurrency, space.BucketLiveSandboxCap, space.BucketAuthFailures} {
+			space.BucketClientConcurrency, space.BucketLiveSandboxCap, space.BucketPausedSandboxCap, space.BucketAuthFailures} {
 			if !headings[string(b)] {
 				t.Errorf("docs/problems.md has no section %q", "### "+b)
 			}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/space-sandbox/space"
 )
@@ -29,6 +30,13 @@ type Fields struct {
 	SoftRefillRPS     *float64
 	SoftBurst         *int64
 	QueueWeight       *int
+	// The lifecycle (space.Lifecycle): how long a client's sandboxes live, idle and
+	// stay paused, and how many it may keep paused.
+	MaxLifetime     *time.Duration
+	IdleTimeout     *time.Duration
+	IdleAction      *space.IdleAction
+	PausedRetention *time.Duration
+	PausedSandboxes *int
 }
 
 // Reserve fields are a tier's alone: a client cannot move its tier's share of the
@@ -43,13 +51,20 @@ type reserveFields struct {
 type fieldKind int
 
 const (
-	kindCap      fieldKind = iota // an integer from 0 (no cap) to maxCap
-	kindRPS                       // a finite number >= 0, tokens per second
-	kindBurst                     // an integer >= 1
-	kindCost                      // an integer from 0 (no cap) to maxCap
-	kindFraction                  // a number from 0 to 1
-	kindWeight                    // an integer from 1 to maxWeight
+	kindCap        fieldKind = iota // an integer from 0 (no cap) to maxCap
+	kindRPS                         // a finite number >= 0, tokens per second
+	kindBurst                       // an integer >= 1
+	kindCost                        // an integer from 0 (no cap) to maxCap
+	kindFraction                    // a number from 0 to 1
+	kindWeight                      // an integer from 1 to maxWeight
+	kindSeconds                     // whole seconds from 0 (none) to maxSeconds
+	kindIdleAction                  // "pause" or "terminate"
 )
+
+// maxSeconds bounds a lifecycle duration: ten years of 365 days. A longer one is most
+// likely a typo (milliseconds for seconds, a few zeros too many), which must be refused
+// rather than silently mean "forever".
+const maxSeconds = 10 * 365 * 24 * 60 * 60
 
 // maxWeight bounds a queue weight: a weight is lanes in the queue, and a typo must not
 // hand one owner the whole of it.
@@ -59,8 +74,9 @@ const maxWeight = 64
 type field struct {
 	name string
 	kind fieldKind
-	// of returns the field's pointer in f (a **int, **int64 or **float64), for the
-	// fields of Fields; reserve, for the fields of reserveFields.
+	// of returns the field's pointer in f (a **int, **int64, **float64,
+	// **time.Duration or **space.IdleAction), for the fields of Fields; reserve, for
+	// the fields of reserveFields.
 	of      func(f *Fields) any
 	reserve func(r *reserveFields) any
 }
@@ -75,6 +91,11 @@ var fieldTable = []field{
 	{name: "soft_refill_rps", kind: kindRPS, of: func(f *Fields) any { return &f.SoftRefillRPS }},
 	{name: "soft_burst", kind: kindBurst, of: func(f *Fields) any { return &f.SoftBurst }},
 	{name: "queue_weight", kind: kindWeight, of: func(f *Fields) any { return &f.QueueWeight }},
+	{name: "max_lifetime_seconds", kind: kindSeconds, of: func(f *Fields) any { return &f.MaxLifetime }},
+	{name: "idle_timeout_seconds", kind: kindSeconds, of: func(f *Fields) any { return &f.IdleTimeout }},
+	{name: "idle_action", kind: kindIdleAction, of: func(f *Fields) any { return &f.IdleAction }},
+	{name: "paused_retention_seconds", kind: kindSeconds, of: func(f *Fields) any { return &f.PausedRetention }},
+	{name: "paused_sandboxes", kind: kindCap, of: func(f *Fields) any { return &f.PausedSandboxes }},
 	{name: "reserved_rps", kind: kindRPS, reserve: func(r *reserveFields) any { return &r.ReservedRPS }},
 	{name: "reserved_burst", kind: kindBurst, reserve: func(r *reserveFields) any { return &r.ReservedBurst }},
 	{name: "lendable", kind: kindFraction, reserve: func(r *reserveFields) any { return &r.Lendable }},
@@ -191,6 +212,20 @@ func (f field) read(raw any, dst any) error {
 			return malformedf("%s must be a number from 0 to 1, got %s", f.name, describe(raw))
 		}
 		*dst.(**float64) = &v
+	case kindSeconds:
+		n, err := asInt(raw)
+		if err != nil || n < 0 || n > maxSeconds {
+			return malformedf("%s must be whole seconds from 0 (none) to %d (10 years), got %s", f.name, maxSeconds, describe(raw))
+		}
+		d := time.Duration(n) * time.Second
+		*dst.(**time.Duration) = &d
+	case kindIdleAction:
+		str, _ := raw.(string)
+		a := space.IdleAction(str)
+		if a != space.IdlePause && a != space.IdleTerminate {
+			return malformedf("%s must be %q or %q, got %s", f.name, space.IdlePause, space.IdleTerminate, describe(raw))
+		}
+		*dst.(**space.IdleAction) = &a
 	}
 	return nil
 }
@@ -288,7 +323,7 @@ func reservations(tiers map[string]Tier, cluster space.Rate) (*space.Reservation
 // value unusable as a whole (an ErrMalformed error), so that the last good one stays.
 func inForce(q Quotas, env Env) (*space.Reservations, []string, error) {
 	if len(q.Tiers) == 0 {
-		return nil, nil, nil
+		return nil, lifecycleTableWarnings(q), nil
 	}
 	names := sortedKeys(q.Tiers)
 	if _, ok := q.Tiers[env.FallbackTier]; !ok {
@@ -323,7 +358,65 @@ func inForce(q Quotas, env Env) (*space.Reservations, []string, error) {
 			warnings = append(warnings, fmt.Sprintf("tier %q is named by no client entry: only the flag %s can put a client on it", name, TierFlag))
 		}
 	}
-	return res, warnings, nil
+	return res, append(warnings, lifecycleTableWarnings(q)...), nil
+}
+
+// lifecycleTableWarnings checks the lifecycle of every tier, and of every client entry
+// that sets a field of it over what lies below the entry, as far as the flag alone
+// says: its tier when it names one in the table, nothing when there is no table. An
+// entry whose tier only a resolution knows (the tier flag, the floor) is checked when
+// it is resolved, in Caller.Warnings, like every caller.
+func lifecycleTableWarnings(q Quotas) []string {
+	var out []string
+	for _, name := range sortedKeys(q.Tiers) {
+		for _, w := range lifecycleWarnings(lifecycleOf(q.Tiers[name].Fields)) {
+			out = append(out, fmt.Sprintf("tiers.%s: %s", name, w))
+		}
+	}
+	ids := make([]string, 0, len(q.Clients))
+	for id := range q.Clients {
+		ids = append(ids, string(id))
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		entry := q.Clients[space.ClientKey(id)]
+		if !setsLifecycle(entry.Fields) {
+			continue
+		}
+		var below []Fields
+		if t, ok := q.Tiers[entry.Tier]; ok {
+			below = append(below, t.Fields)
+		} else if len(q.Tiers) > 0 {
+			continue
+		}
+		tierSays := map[string]bool{}
+		for _, w := range lifecycleWarnings(lifecycleOf(below...)) {
+			tierSays[w] = true
+		}
+		for _, w := range lifecycleWarnings(lifecycleOf(append(below, entry.Fields)...)) {
+			if !tierSays[w] { // said once, of the tier
+				out = append(out, fmt.Sprintf("clients.%s: %s", id, w))
+			}
+		}
+	}
+	return out
+}
+
+// setsLifecycle reports whether f sets a field of the lifecycle.
+func setsLifecycle(f Fields) bool {
+	return f.MaxLifetime != nil || f.IdleTimeout != nil || f.IdleAction != nil || f.PausedRetention != nil || f.PausedSandboxes != nil
+}
+
+// lifecycleOf is the lifecycle that layers give, the least specific first, layered as
+// a resolution layers them (Resolver.limits).
+func lifecycleOf(layers ...Fields) space.Lifecycle {
+	var c space.Caller
+	l := layered{caller: &c}
+	for _, f := range layers {
+		l.apply(f, space.SourceTier)
+	}
+	l.finish(nil)
+	return c.Lifecycle
 }
 
 // TierTable is the tier table in force, as GET /v1/tiers reports it: for each tier, in

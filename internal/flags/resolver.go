@@ -407,7 +407,8 @@ func (r *Resolver) limits(p *parsedQuotas, key space.ClientKey, t tierChoice) sp
 		Cluster:          r.env.Cluster,
 		QueueWeight:      1,
 		Sources: space.Sources{ClientRate: SourceEnv, Concurrency: SourceEnv, LiveSandboxes: SourceEnv,
-			MaxActivationCost: SourceEnv, SoftRate: SourceEnv, QueueWeight: SourceEnv},
+			MaxActivationCost: SourceEnv, SoftRate: SourceEnv, QueueWeight: SourceEnv,
+			MaxLifetime: SourceEnv, IdleTimeout: SourceEnv, IdleAction: SourceEnv, PausedRetention: SourceEnv, PausedSandboxes: SourceEnv},
 	}
 	l := layered{caller: &c, rpsFrom: SourceEnv, burstFrom: SourceEnv}
 	if r.env.ClientRate != nil {
@@ -431,6 +432,7 @@ func (r *Resolver) limits(p *parsedQuotas, key space.ClientKey, t tierChoice) sp
 		l.apply(entry.Fields, space.SourceClient)
 	}
 	l.finish(r.env.ClientRate)
+	c.Warnings = append(c.Warnings, lifecycleWarnings(c.Lifecycle)...)
 
 	rate, hasRate := q.Rates[key]
 	switch {
@@ -499,12 +501,29 @@ func (l *layered) apply(f Fields, source space.RateSource) {
 	if f.SoftBurst != nil {
 		l.softBurst, l.softBFrom = f.SoftBurst, source
 	}
+	lc, s := &c.Lifecycle, &c.Sources
+	if f.MaxLifetime != nil {
+		lc.MaxLifetime, s.MaxLifetime = *f.MaxLifetime, source
+	}
+	if f.IdleTimeout != nil {
+		lc.IdleTimeout, s.IdleTimeout = *f.IdleTimeout, source
+	}
+	if f.IdleAction != nil {
+		lc.IdleAction, s.IdleAction = *f.IdleAction, source
+	}
+	if f.PausedRetention != nil {
+		lc.PausedRetention, s.PausedRetention = *f.PausedRetention, source
+	}
+	if f.PausedSandboxes != nil {
+		lc.PausedSandboxes, s.PausedSandboxes = *f.PausedSandboxes, source
+	}
 }
 
 // finish joins the halves of the rates. A rate whose halves came from different layers
 // is reported from the more specific one; a rate missing a half (a client overriding
 // one half of a rate its tier does not have, with no env rate below) is not applied,
-// with a warning, and the env rate stands.
+// with a warning, and the env rate stands. An idle timeout that no layer gave an idle
+// action gets pause, the built-in default (its source stays env).
 func (l *layered) finish(env *space.Rate) {
 	c := l.caller
 	switch {
@@ -526,7 +545,28 @@ func (l *layered) finish(env *space.Rate) {
 	case l.softRPS != nil || l.softBurst != nil:
 		c.Warnings = append(c.Warnings, "the client's entry sets one half of a soft limit (soft_refill_rps or soft_burst) with nothing below to complete it, so no soft limit applies")
 	}
+	if c.Lifecycle.IdleTimeout > 0 && c.Lifecycle.IdleAction == "" {
+		c.Lifecycle.IdleAction = space.IdlePause
+	}
 }
+
+// lifecycleWarnings are what a resolved lifecycle holds that works but is likely a
+// mistake: an idle action that can never come. A paused retention past the max
+// lifetime is not one: a tier may keep a retention for the clients whose entries lift
+// its max lifetime (docs/tiers.md's pro tier does).
+func lifecycleWarnings(lc space.Lifecycle) []string {
+	var out []string
+	if lc.MaxLifetime > 0 && lc.IdleTimeout >= lc.MaxLifetime {
+		out = append(out, fmt.Sprintf("idle_timeout_seconds (%d) is not below max_lifetime_seconds (%d): the max lifetime ends every sandbox before its idle action (%s) can come",
+			seconds(lc.IdleTimeout), seconds(lc.MaxLifetime), lc.IdleAction))
+	}
+	if lc.IdleTimeout == 0 && lc.IdleAction != "" {
+		out = append(out, fmt.Sprintf("idle_action (%s) is set without an idle_timeout_seconds, so no sandbox is ever idle and it is never taken", lc.IdleAction))
+	}
+	return out
+}
+
+func seconds(d time.Duration) int64 { return int64(d / time.Second) }
 
 // specificity orders the sources from the least specific to the most.
 var specificity = map[space.RateSource]int{SourceEnv: 0, space.SourceDefault: 1, space.SourceFallback: 2, space.SourceTier: 2, space.SourceClient: 3, SourceFlag: 4}

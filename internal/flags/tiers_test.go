@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/open-feature/go-sdk/openfeature"
 
@@ -341,12 +342,16 @@ func TestAFlagsFileWithEveryField(t *testing.T) {
 	  "tiers": {
 	    "free": {"refill_rps": 1, "burst": 5},
 	    "pro": {"refill_rps": 5, "burst": 20, "concurrency": 50, "live_sandboxes": 200, "max_activation_cost": 4,
-	            "soft_refill_rps": 3, "soft_burst": 10, "queue_weight": 4, "reserved_rps": 20, "reserved_burst": 40, "lendable": 0.25}
+	            "soft_refill_rps": 3, "soft_burst": 10, "queue_weight": 4, "reserved_rps": 20, "reserved_burst": 40, "lendable": 0.25,
+	            "max_lifetime_seconds": 86400, "idle_timeout_seconds": 900, "idle_action": "pause",
+	            "paused_retention_seconds": 604800, "paused_sandboxes": 100}
 	  },
 	  "clients": {
 	    "acme": {"tier": "pro"},
 	    "globex": {"tier": "pro", "refill_rps": 6, "burst": 21, "concurrency": 51, "live_sandboxes": 201,
-	               "max_activation_cost": 3, "soft_refill_rps": 2, "soft_burst": 9, "queue_weight": 2}
+	               "max_activation_cost": 3, "soft_refill_rps": 2, "soft_burst": 9, "queue_weight": 2,
+	               "max_lifetime_seconds": 3600, "idle_timeout_seconds": 60, "idle_action": "terminate",
+	               "paused_retention_seconds": 120, "paused_sandboxes": 7}
 	  }
 	}`
 	f := setup(t, quotaFile(quota), withEnv(tiersEnv()))
@@ -356,7 +361,9 @@ func TestAFlagsFileWithEveryField(t *testing.T) {
 	res, ok := acme.Reservations.Of("pro")
 	if acme.Tier != "pro" || *acme.ClientRate != (space.Rate{RefillRPS: 5, Burst: 20}) || acme.Concurrency != 50 || acme.LiveSandboxes != 200 ||
 		acme.MaxActivationCost != 4 || acme.QueueWeight != 4 || acme.SoftRate == nil || *acme.SoftRate != (space.Rate{RefillRPS: 3, Burst: 10}) ||
-		!ok || res.Rate != (space.Rate{RefillRPS: 20, Burst: 40}) || res.Lendable != 0.25 {
+		!ok || res.Rate != (space.Rate{RefillRPS: 20, Burst: 40}) || res.Lendable != 0.25 ||
+		acme.Lifecycle != (space.Lifecycle{MaxLifetime: 24 * time.Hour, IdleTimeout: 15 * time.Minute, IdleAction: space.IdlePause,
+			PausedRetention: 7 * 24 * time.Hour, PausedSandboxes: 100}) {
 		t.Fatalf("acme, on pro = %+v (reserve %+v)", acme, res)
 	}
 	if acme.Reservations.Shared != (space.Rate{RefillRPS: 80, Burst: 160}) || f.resolver.Reservations() != acme.Reservations {
@@ -367,12 +374,16 @@ func TestAFlagsFileWithEveryField(t *testing.T) {
 	}
 	globex := f.resolver.Resolve(ctx, "globex")
 	if *globex.ClientRate != (space.Rate{RefillRPS: 6, Burst: 21}) || globex.Concurrency != 51 || globex.LiveSandboxes != 201 ||
-		globex.MaxActivationCost != 3 || globex.QueueWeight != 2 || *globex.SoftRate != (space.Rate{RefillRPS: 2, Burst: 9}) {
+		globex.MaxActivationCost != 3 || globex.QueueWeight != 2 || *globex.SoftRate != (space.Rate{RefillRPS: 2, Burst: 9}) ||
+		globex.Lifecycle != (space.Lifecycle{MaxLifetime: time.Hour, IdleTimeout: time.Minute, IdleAction: space.IdleTerminate,
+			PausedRetention: 2 * time.Minute, PausedSandboxes: 7}) {
 		t.Fatalf("globex, overriding every field = %+v", globex)
 	}
 	for name, got := range map[string]space.RateSource{"client_activation": globex.Sources.ClientRate, "concurrency": globex.Sources.Concurrency,
 		"live_sandboxes": globex.Sources.LiveSandboxes, "max_activation_cost": globex.Sources.MaxActivationCost, "soft_limit": globex.Sources.SoftRate,
-		"queue_weight": globex.Sources.QueueWeight} {
+		"queue_weight": globex.Sources.QueueWeight, "max_lifetime_seconds": globex.Sources.MaxLifetime, "idle_timeout_seconds": globex.Sources.IdleTimeout,
+		"idle_action": globex.Sources.IdleAction, "paused_retention_seconds": globex.Sources.PausedRetention,
+		"paused_sandboxes": globex.Sources.PausedSandboxes} {
 		if got != space.SourceClient {
 			t.Errorf("globex's %s came from %s, want client", name, got)
 		}

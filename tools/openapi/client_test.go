@@ -36,6 +36,10 @@ var (
 	_ string   = string(InvalidProblem{}.Type)
 	_ string   = Sandbox{}.TemplateVersion
 	_ ClientID = Sandbox{}.Client
+	_ *int     = Lifecycle{}.MaxLifetimeSeconds
+	_ *int     = Lifecycle{}.PausedSandboxes
+	_ Lifecycle = Limits{}.Lifecycle
+	_ Lifecycle = Tier{}.Lifecycle
 )
 
 func use(ctx context.Context) error {
@@ -54,8 +58,17 @@ func use(ctx context.Context) error {
 	var _ *LimitedProblem = r.ApplicationproblemJSON429
 	var _ *UnprocessableProblem = r.ApplicationproblemJSON422
 	limit := 10
-	_, err = c.ListSandboxesWithResponse(ctx, &ListSandboxesParams{Limit: &limit})
-	return err
+	if _, err = c.ListSandboxesWithResponse(ctx, &ListSandboxesParams{Limit: &limit}); err != nil {
+		return err
+	}
+	timeout := 600
+	k, err := c.KeepaliveSandboxWithResponse(ctx, SandboxID(r.JSON201.Id), nil, KeepaliveSandboxJSONRequestBody{TimeoutSeconds: &timeout})
+	if err != nil {
+		return err
+	}
+	var _ *Sandbox = k.JSON200
+	var _ *ConflictProblem = k.ApplicationproblemJSON409
+	return nil
 }
 `
 
