@@ -369,8 +369,10 @@ func TestRedisOutage(t *testing.T) {
 		s := startServer(t, e2eOptions{
 			quota: `{"clients": {"acme": {"concurrency": 50, "live_sandboxes": 1000}}, "rate": {"acme": {"refill_rps": 0.000001, "burst": 60}}}`,
 			config: func(c *config.Config) {
+				// testConfig's timeout, not the 100ms default: a loaded machine's slow
+				// moment before the pause must not read as Redis gone (the breaker would
+				// open, and fail-open decisions spend the bucket the test counts).
 				c.Redis.Addrs = []string{proxy.Addr}
-				c.Redis.Timeout = 100 * time.Millisecond
 				c.Admission.FailureMode = mode
 			}})
 		return outage{s: s, redis: redisSrv, proxy: proxy}
