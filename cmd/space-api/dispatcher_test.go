@@ -68,6 +68,11 @@ func TestAsyncOperations(t *testing.T) {
 		if r := s.do("GET", "/v1/operations/nope", "acme", ""); r.StatusCode != http.StatusBadRequest || r.problem(t).Field != "id" {
 			t.Fatalf("a malformed operation id = %d %s, want 400 naming id", r.StatusCode, r.body)
 		}
+		// The worker counts an operation once its end is committed: the count may
+		// trail the state the poll read.
+		testenv.Eventually(t, 10*time.Second, "the succeeded create to be counted", func() bool {
+			return s.metric("space_dispatcher_operations_total", `kind="create"`, `state="succeeded"`) >= 1
+		})
 		metrics := s.internal("GET", "/metrics", "")
 		for _, want := range []string{
 			`space_dispatcher_operations_total{kind="create",state="succeeded"} 1`,

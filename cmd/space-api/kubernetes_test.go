@@ -416,22 +416,35 @@ func TestKubernetesSubstrate(t *testing.T) {
 		testenv.Eventually(t, 2*time.Minute, "the reconciler to settle every sandbox", func() bool {
 			return f.count("SELECT count(*) FROM sandboxes WHERE state = 'starting'") == 0
 		})
-		for _, id := range ids {
-			var state, ref string
-			if err := f.db.QueryRow(testenv.Context(t), "SELECT state, coalesce(substrate_ref, '') FROM sandboxes WHERE id = $1", id).Scan(&state, &ref); err != nil {
-				t.Fatal(err)
+		// What each settlement leaves, read until it holds: the reconciler writes a
+		// sandbox's end before it stops what ran for it (docs/design.md, Recovery), and a
+		// deleted Pod stays, terminating, until the kubelet has removed it.
+		settled := func() (wrong []string) {
+			for _, id := range ids {
+				var state, ref string
+				if err := f.db.QueryRow(testenv.Context(t), "SELECT state, coalesce(substrate_ref, '') FROM sandboxes WHERE id = $1", id).Scan(&state, &ref); err != nil {
+					t.Fatal(err)
+				}
+				found, err := sub.Find(testenv.Context(t), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ready, ok := found.Ready()
+				switch {
+				case up[id] && (state != "running" || !ok || ready.Ref != ref || len(found.Resources) != 1):
+					wrong = append(wrong, fmt.Sprintf("sandbox %s whose pod came up: %s on %q, found %+v; want running on that pod", id, state, ref, found))
+				case !up[id] && (state != "failed" || len(found.Resources) != 0):
+					wrong = append(wrong, fmt.Sprintf("sandbox %s whose pod never came up: %s, found %+v; want failed with its pod stopped", id, state, found.Resources))
+				}
 			}
-			found, err := sub.Find(testenv.Context(t), id)
-			if err != nil {
-				t.Fatal(err)
+			return wrong
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for wrong := settled(); len(wrong) > 0; wrong = settled() {
+			if time.Now().After(deadline) {
+				t.Fatalf("30s after every sandbox was settled, what the cluster holds differs:\n%s", strings.Join(wrong, "\n"))
 			}
-			ready, ok := found.Ready()
-			switch {
-			case up[id] && (state != "running" || !ok || ready.Ref != ref || len(found.Resources) != 1):
-				t.Errorf("sandbox %s whose pod came up: %s on %q, found %+v; want running on that pod", id, state, ref, found)
-			case !up[id] && (state != "failed" || len(found.Resources) != 0):
-				t.Errorf("sandbox %s whose pod never came up: %s, found %+v; want failed with its pod stopped", id, state, found.Resources)
-			}
+			time.Sleep(50 * time.Millisecond)
 		}
 		// The failed sandboxes' claims are the sweep's: two sweeps that find them
 		// unowned.

@@ -208,6 +208,7 @@ func TestActivationCost(t *testing.T) {
 			quota: `{"clients": {"acme": {"concurrency": 50, "live_sandboxes": 100}}, "rate": {"acme": {"refill_rps": 0.000001, "burst": 2}}}`,
 			config: func(c *config.Config) {
 				c.Sandbox.TemplatesFile = testenv.WriteFile(t, "templates.json", costTemplates)
+				c.Admission.RefusalCacheMaxAge = time.Hour // known empty for the whole test, however slow
 			}})
 		never := func(when string) {
 			t.Helper()
@@ -224,6 +225,7 @@ func TestActivationCost(t *testing.T) {
 			t.Fatalf("a create of the empty bucket = %d, want Redis's 429", r.StatusCode)
 		}
 		never("empty")
+		s.knownCold(pythonShape)
 		local := s.metric("space_sandbox_admission_local_refusals_total", `bucket="client_activation"`)
 		if r := s.do("POST", "/v1/sandboxes", "acme", pythonBody); r.StatusCode != 429 ||
 			s.metric("space_sandbox_admission_local_refusals_total", `bucket="client_activation"`) != local+1 {

@@ -35,6 +35,9 @@ func quotaFlags(quota string, poolShapes string) string {
 
 const pythonBody = `{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10}`
 
+// pythonShape is the shape of pythonBody.
+var pythonShape = space.Shape{Template: "python-3.12", CPUMillis: 1000, MemoryMiB: 2048, DiskGiB: 10}
+
 // server is a Main under test with a client that speaks for any client id.
 type server struct {
 	t *testing.T
@@ -203,6 +206,17 @@ func (s *server) metric(name string, labels ...string) float64 {
 		s.t.Fatalf("no series %s{%s} in /metrics", name, strings.Join(labels, ","))
 	}
 	return sum
+}
+
+// knownCold waits until the replica's pool view knows shape cold, as a refusal from
+// memory needs (sandbox.Service.knownRefusal). The view is a loop of its own, started
+// with the server, and tells nothing until its first sync: until then every refusal
+// asks Redis.
+func (s *server) knownCold(shape space.Shape) {
+	s.t.Helper()
+	testenv.Eventually(s.t, 30*time.Second, "the pool view to know "+shape.String()+" cold", func() bool {
+		return s.m.PoolView.Cold(shape)
+	})
 }
 
 // sandboxCount counts every sandbox row, whoever's and in whatever state.
