@@ -23,12 +23,12 @@ export SPACE_REFERENCE_SCALE="${SPACE_REFERENCE_SCALE:-10}"
 pkgs="${PKGS:-./cmd/space-api/ ./internal/admission/ ./internal/sandbox/ ./internal/dispatcher/}"
 
 # The load: the whole suite, again and again, until the stressed runs are done.
+# It runs in a process group of its own (setsid), which the exit trap kills whole: the
+# loop's go test and every test binary under it go with it, not only the loop.
 load_log=$(mktemp)
-(
-  while :; do go test -race -count=1 ./... >>"$load_log" 2>&1 || true; done
-) &
+setsid bash -c 'while :; do go test -race -count=1 ./... >>"$1" 2>&1 || true; done' load "$load_log" &
 load=$!
-trap 'kill "$load" 2>/dev/null; pkill -P "$load" 2>/dev/null || true; rm -f "$load_log"' EXIT
+trap 'kill -- -"$load" 2>/dev/null || true; rm -f "$load_log"' EXIT
 
 echo "== stress: go test -race -count=$count $pkgs (with the whole suite running beside it)"
 # shellcheck disable=SC2086

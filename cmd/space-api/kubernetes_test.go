@@ -284,6 +284,30 @@ func TestKubernetesSubstrate(t *testing.T) {
 		}
 	})
 
+	t.Run("an idle pause keeps the sandbox's claim, and its retention deletes it", func(t *testing.T) {
+		t.Parallel()
+		c := newKubeCluster(t, false)
+		s := startKubeServer(t, c, e2eOptions{quota: `{"tiers": {"pro": {"concurrency": 50, "live_sandboxes": 100,
+				"idle_timeout_seconds": 1, "paused_retention_seconds": 3}}, "clients": {"acme": {"tier": "pro"}}}`,
+			config: func(cfg *config.Config) {
+				cfg.Flags.FallbackTier = "pro"
+				cfg.Lifecycle.Interval = 100 * time.Millisecond
+			}})
+		sb := s.create("acme", `{"template":"node-22","cpu_millis":500,"memory_mib":512,"disk_gib":3}`)
+		testenv.Eventually(t, time.Minute, "the idle sandbox to be paused", func() bool {
+			got := s.sandboxOf("acme", sb.ID)
+			return got.State == space.StatePaused && reason(got.PauseReason) == space.ReasonIdle
+		})
+		if p, cl, sn := c.held(t, sb.ID); p != 0 || cl != 1 || sn != 1 {
+			t.Fatalf("the idle-paused sandbox holds %d pods, %d claims, %d snapshots; want 0, 1, 1", p, cl, sn)
+		}
+		testenv.Eventually(t, time.Minute, "the retention to delete the sandbox and all it held", func() bool {
+			got := s.sandboxOf("acme", sb.ID)
+			p, cl, sn := c.held(t, sb.ID)
+			return got.State == space.StateTerminated && reason(got.TerminationReason) == space.ReasonRetention && p+cl+sn == 0
+		})
+	})
+
 	t.Run("a pause and a restore cut by a crash are settled from what the cluster holds", func(t *testing.T) {
 		t.Parallel()
 		c := newKubeCluster(t, true)
