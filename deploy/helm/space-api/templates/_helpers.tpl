@@ -261,6 +261,8 @@ chartEnv, what the values render, then extraEnv.
   value: {{ .Values.reconcile.interval | quote }}
 - name: SPACE_RECONCILE_GRACE
   value: {{ .Values.reconcile.grace | quote }}
+- name: SPACE_LIFECYCLE_INTERVAL
+  value: {{ .Values.lifecycle.interval | quote }}
 {{- if eq .Values.substrate "kubernetes" }}
 - name: SPACE_KUBERNETES_NAMESPACE
   value: {{ include "space-api.sandboxNamespace" . | quote }}
