@@ -193,6 +193,46 @@ func TestUnansweredCreates(t *testing.T) {
 		})
 	})
 
+	t.Run("a keyed create whose caller left before it was ready is ended once its key expires unclaimed", func(t *testing.T) {
+		t.Parallel()
+		s := startServer(t, e2eOptions{quota: unansweredQuota, config: func(c *config.Config) {
+			c.Sandbox.SimulatedColdStart = 1500 * time.Millisecond
+			c.Sandbox.SimulatedTimeout = 5 * time.Second
+			c.IdempotencyKeyTTL = 3 * time.Second
+			c.Reconcile = config.Reconcile{Interval: 100 * time.Millisecond, Grace: 200 * time.Millisecond}
+		}})
+		// A caller that really goes away: its client gives up after 300ms and closes
+		// the connection, and never retries.
+		req, err := http.NewRequest("POST", s.m.PublicURL()+"/v1/sandboxes", strings.NewReader(pythonBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(api.HeaderClientID, "acme")
+		req.Header.Set("Idempotency-Key", "left")
+		if resp, err := (&http.Client{Timeout: 300 * time.Millisecond}).Do(req); err == nil {
+			resp.Body.Close()
+			t.Fatalf("the create answered %d within 300ms, before its 1.5s cold start", resp.StatusCode)
+		}
+		f := &fleet{t: t, db: s.m.DB}
+		var id string
+		testenv.Eventually(t, 30*time.Second, "the keyed create to be running, unanswered", func() bool {
+			err := f.db.QueryRow(testenv.Context(t), "SELECT id::text FROM sandboxes WHERE client = 'acme' AND state = 'running' AND NOT answered").Scan(&id)
+			return err == nil
+		})
+		testenv.Eventually(t, 30*time.Second, "the reconciler to end it once its key expired", func() bool {
+			var state string
+			if err := f.db.QueryRow(testenv.Context(t), "SELECT state FROM sandboxes WHERE id = $1", id).Scan(&state); err != nil {
+				t.Fatal(err)
+			}
+			found, err := s.m.Substrate.Find(testenv.Context(t), id)
+			return err == nil && state == string(space.StateFailed) && len(found.Resources) == 0
+		})
+		if got := s.metric("space_sandbox_unanswered_total", `reason="key_expired"`); got != 1 {
+			t.Errorf("unanswered creates ended for their expired key: %v, want 1", got)
+		}
+	})
+
 	t.Run("postgres cut during a flood of synchronous creates leaves nothing running that nobody was told of", func(t *testing.T) {
 		t.Parallel()
 		var proxy *testenv.Proxy

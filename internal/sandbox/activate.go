@@ -215,7 +215,11 @@ func (s *Service) finish(ctx, callerCtx context.Context, a activation, sb *space
 	if a.abandonable() && callerCtx.Err() != nil {
 		return nil, s.abandon(ctx, a, sb, ref, began)
 	}
-	out, err := setState(ctx, s.db, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, Answered: true,
+	// Answered only while the caller still waits for the answer: a keyed create whose
+	// caller has gone is its key's to claim, and when the key expires unclaimed the
+	// reconciler ends it (docs/design.md, "Unanswered creates"). Marked answered here,
+	// it would run at its client's cost for ever.
+	out, err := setState(ctx, s.db, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, Answered: callerCtx.Err() == nil,
 		SoftBreach: &softBreach, From: []space.SandboxState{a.transient()}})
 	var moved *movedError
 	if !errors.As(err, &moved) {

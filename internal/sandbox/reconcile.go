@@ -331,6 +331,7 @@ func verdict(sb *space.Sandbox, found substrate.Finding, claimable bool, bound t
 		if sb.SubstrateRef != "" && !slices.Contains(v.stop, sb.SubstrateRef) {
 			v.stop = append(v.stop, sb.SubstrateRef)
 		}
+		v.stop = append(v.stop, storageOf(found)...)
 		msg := "settled by the reconciler: the request was not answered: no client was told of this sandbox and no Idempotency-Key can claim it, so it failed and what ran for it is stopped"
 		v.unanswered = unansweredNoKey
 		if sb.State == space.StateRunning {
@@ -353,8 +354,10 @@ func verdict(sb *space.Sandbox, found substrate.Finding, claimable bool, bound t
 	}
 	switch {
 	case isReady:
-		warm := ready.SlotID != ""
-		v.change = stateChange{State: space.StateRunning, SubstrateRef: ready.Ref, Warm: &warm}
+		// What runs says whether its activation was a soft breach (its Pod's label):
+		// the row follows it, set or cleared, as the activation's finish would have.
+		warm, breach := ready.SlotID != "", ready.SoftBreach
+		v.change = stateChange{State: space.StateRunning, SubstrateRef: ready.Ref, Warm: &warm, SoftBreach: &breach}
 		if sb.State == space.StatePausing {
 			v.change.LastError = why("the substrate still runs it, so it is running and was not paused")
 		}
@@ -371,7 +374,21 @@ func verdict(sb *space.Sandbox, found substrate.Finding, claimable bool, bound t
 		v.change = stateChange{State: space.StateFailed, ClearRef: true,
 			LastError: why("nothing ready was found for it, so it failed; what was half made is stopped")}
 	}
+	if v.change.State == space.StateFailed {
+		v.stop = append(v.stop, storageOf(found)...)
+	}
 	return v
+}
+
+// storageOf is what keeps a sandbox's state (its volume claim, its snapshots): a
+// sandbox settled failed has nothing to restore, so it goes with the rest, now rather
+// than at the sweep after next.
+func storageOf(found substrate.Finding) []string {
+	var refs []string
+	for _, r := range found.Storage {
+		refs = append(refs, r.Ref)
+	}
+	return refs
 }
 
 // sweep stops every resource of the substrate, older than the grace, that no row

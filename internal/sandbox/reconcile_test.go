@@ -110,6 +110,50 @@ func TestReconcile(t *testing.T) {
 		}
 	})
 
+	t.Run("a sandbox settled running takes its soft-breach mark from what runs, set or cleared", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for _, breach := range []bool{true, false} {
+			id := b.insertStarting(t)
+			// A mark a previous activation left, which this one must not inherit.
+			if _, err := b.db.Exec(b.ctx, "UPDATE sandboxes SET soft_breach_at = now() - interval '1 hour' WHERE id = $1", id); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.sim.StartCold(b.ctx, substrate.Spec{SandboxID: id, Client: "acme", Shape: python, SoftBreach: breach}); err != nil {
+				t.Fatal(err)
+			}
+			b.round(t, b.reconciler(time.Hour))
+			sb := b.get(t, id)
+			if sb.State != space.StateRunning || sb.SoftBreach != breach || (breach && time.Since(*sb.SoftBreachAt) > time.Minute) {
+				t.Fatalf("a sandbox whose resource says soft breach %v settled %s with soft_breach %v at %v", breach, sb.State, sb.SoftBreach, sb.SoftBreachAt)
+			}
+		}
+	})
+
+	t.Run("a create settled failed takes what kept its state with it", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		id := b.insertStarting(t)
+		ref, err := b.sim.StartCold(b.ctx, substrate.Spec{SandboxID: id, Client: "acme", Shape: python})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Its volume outlives its resource: a snapshot, as a claim does on Kubernetes.
+		if _, err := b.sim.Snapshot(b.ctx, ref); err != nil {
+			t.Fatal(err)
+		}
+		if f := b.found(t, id); len(f.Storage) != 1 || len(f.Resources) != 0 {
+			t.Fatalf("the substrate holds %+v, want storage and nothing running", f)
+		}
+		b.round(t, b.reconciler(time.Hour))
+		if sb := b.get(t, id); sb.State != space.StateFailed {
+			t.Fatalf("sandbox %+v, want failed", sb)
+		}
+		if f := b.found(t, id); len(f.Storage) != 0 {
+			t.Fatalf("a failed create still holds %+v: it has nothing to restore", f.Storage)
+		}
+	})
+
 	t.Run("a resource half made when its replica died is stopped and the sandbox fails", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
