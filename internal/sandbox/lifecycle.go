@@ -150,6 +150,11 @@ const dueSQL = `SELECT id::text, client, state,
 	ORDER BY (CASE WHEN state = 'running' THEN least(expires_at, idle_at) ELSE least(expires_at, retain_until) END)
 	LIMIT $1`
 
+// DueQuery is the query a round reads its due sandboxes with and its arguments (one
+// batch's bound), exactly as Round runs it: what measures the round from outside (the
+// bench's EXPLAIN of it at scale) explains this very SQL, not a copy that could drift.
+func DueQuery() (sql string, args []any) { return dueSQL, []any{lifecycleBatch} }
+
 // Round takes every action due now, if this replica can take the lock: batch after
 // batch until one comes back short of a full batch, so that however many came due
 // since the last round, none waits for the next.
@@ -209,7 +214,8 @@ func taken(res LifecycleResult) int {
 }
 
 func (l *Lifecycle) due(ctx context.Context) ([]dueSandbox, error) {
-	rows, err := l.svc.db.Query(ctx, dueSQL, lifecycleBatch)
+	sql, args := DueQuery()
+	rows, err := l.svc.db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("find due sandboxes: %w", err)
 	}
