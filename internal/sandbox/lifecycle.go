@@ -168,7 +168,9 @@ func (l *Lifecycle) Round(ctx context.Context) (LifecycleResult, error) {
 			if err != nil {
 				return err
 			}
-			before := res
+			// Counts, not a copy of res: a copy would share res.Taken, the map this batch
+			// counts into, and see no action taken.
+			takenBefore, skippedBefore := taken(res), res.Skipped
 			sem := make(chan struct{}, l.opts.Parallel)
 			var wg sync.WaitGroup
 			for _, d := range due {
@@ -191,7 +193,7 @@ func (l *Lifecycle) Round(ctx context.Context) (LifecycleResult, error) {
 			wg.Wait()
 			// A full batch is read again, unless none of it was taken or moved on: a
 			// batch that only failed would be read back as it is.
-			progress := res.Skipped > before.Skipped || len(res.Taken) > 0 && taken(res) > taken(before)
+			progress := res.Skipped > skippedBefore || taken(res) > takenBefore
 			if len(due) < lifecycleBatch || !progress || ctx.Err() != nil {
 				return ctx.Err()
 			}
