@@ -25,6 +25,10 @@
 //     cluster burst plus its refill;
 //   - pool: the warm pool following a bursty trace of demand, against fixed pools, on
 //     a fast clock (pool.go);
+//   - lifecycle: one enforcement round of the sandbox lifecycle at 100,000 live
+//     sandboxes, 1,000 of them due: the round's wall time, the due query's time in
+//     Postgres and its plan, and the round right after with nothing due
+//     (lifecycle.go);
 //   - gobench: the hot-path `go test -bench` benchmarks, allocations included.
 //
 // Private redis-servers, free ports and the bench's databases come from the product's
@@ -75,7 +79,7 @@ func (e *Env) logf(format string, args ...any) {
 }
 
 // Scenarios are the scenario names, in the order they run.
-var Scenarios = []string{"script", "decisions", "http", "flood", "keys", "replicas", "pool", "gobench"}
+var Scenarios = []string{"script", "decisions", "http", "flood", "keys", "replicas", "pool", "lifecycle", "gobench"}
 
 // Config is what to run and how much of it.
 type Config struct {
@@ -124,6 +128,9 @@ type sizes struct {
 	replicaWorkers int
 	goBenchTime    string
 	goBenchCount   int
+	// The lifecycle's table: live sandboxes, how many of them are due (a divisor of
+	// live), and how many clients own them.
+	lifecycleLive, lifecycleDue, lifecycleClients int
 }
 
 func sizesFor(quick bool) sizes {
@@ -136,6 +143,7 @@ func sizesFor(quick bool) sizes {
 			keyCounts: []int{10, 1000}, keysDur: 100 * time.Millisecond, memoryKeys: 500, expiryKeys: 200,
 			replicaDur: 600 * time.Millisecond, replicaBurst: 20, replicaRefill: 5, replicaWorkers: 2,
 			goBenchTime: "1x", goBenchCount: 1,
+			lifecycleLive: 2000, lifecycleDue: 20, lifecycleClients: 20,
 		}
 	}
 	return sizes{
@@ -146,6 +154,7 @@ func sizesFor(quick bool) sizes {
 		keyCounts: []int{10, 10_000, 1_000_000}, keysDur: 1500 * time.Millisecond, memoryKeys: 10_000, expiryKeys: 10_000,
 		replicaDur: 4 * time.Second, replicaBurst: 200, replicaRefill: 50, replicaWorkers: 4,
 		goBenchTime: "1s", goBenchCount: 3,
+		lifecycleLive: 100_000, lifecycleDue: 1000, lifecycleClients: 1000,
 	}
 }
 
@@ -165,6 +174,7 @@ type Report struct {
 	Keys      *KeysResult
 	Replicas  *ReplicasResult
 	Pool      *PoolResult
+	Lifecycle *LifecycleResult
 	GoBench   *GoBenchResult
 }
 
@@ -201,6 +211,7 @@ func Run(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		{"keys", func() (err error) { rep.Keys, err = runKeys(ctx, env, cfg.Runs, sz); return }},
 		{"replicas", func() (err error) { rep.Replicas, err = runReplicas(ctx, env, cfg.Runs, sz); return }},
 		{"pool", func() (err error) { rep.Pool, err = runPool(ctx, env, cfg.Quick); return }},
+		{"lifecycle", func() (err error) { rep.Lifecycle, err = runLifecycle(ctx, env, cfg.Runs, sz); return }},
 		{"gobench", func() (err error) { rep.GoBench, err = runGoBench(ctx, env, sz); return }},
 	}
 	for _, s := range steps {

@@ -91,6 +91,7 @@ func (r *Report) Targets() []Target {
 		}
 	}
 	ts = append(ts, r.poolTargets()...)
+	ts = append(ts, r.lifecycleTargets()...)
 	return ts
 }
 
@@ -184,6 +185,7 @@ func (r *Report) Summary() string {
 		}
 	}
 	r.poolSummary(&b)
+	r.lifecycleSummary(&b)
 	fmt.Fprintf(&b, "\ntook %s\n", r.Took.Round(time.Second))
 	return b.String()
 }
@@ -485,6 +487,7 @@ func (r *Report) Markdown(command string) string {
 	}
 
 	r.poolMarkdown(&b)
+	r.lifecycleMarkdown(&b)
 	if g := r.GoBench; g != nil {
 		w("### Go benchmarks of the hot paths\n\n")
 		w("`%s`, median [min–max] over the runs. Each package says what its benchmark measures; those with Postgres or Redis in them use the services.\n\n", g.Command)

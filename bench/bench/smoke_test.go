@@ -47,7 +47,8 @@ func TestSmoke(t *testing.T) {
 		built <- err
 	}()
 
-	redisOnly, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"script", "decisions", "keys"}})
+	// The lifecycle's round needs only Postgres: it runs beside the build too.
+	redisOnly, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"script", "decisions", "keys", "lifecycle"}})
 	if berr := <-built; berr != nil {
 		t.Fatalf("go build ./cmd/space-api: %v", berr)
 	}
@@ -284,11 +285,37 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s: no warm-up was tried", p.Failing[0].Name)
 		}
 	})
+	t.Run("one lifecycle round pauses every due sandbox exactly once through the index, and the round after takes nothing", func(t *testing.T) {
+		l := redisOnly.Lifecycle
+		if l == nil || len(l.Runs) != 1 || l.Batch <= 0 {
+			t.Fatalf("lifecycle result %+v", l)
+		}
+		run := l.Runs[0]
+		// A full batch is read again, and the round ends on the short one.
+		if run.Pauses != l.Due || run.Other != 0 || run.Queries != l.Due/l.Batch+1 {
+			t.Errorf("the round over %d due sandboxes: %d pauses, %d other outcomes, %d due queries; want every one paused in %d", l.Due, run.Pauses, run.Other, run.Queries, l.Due/l.Batch+1)
+		}
+		if run.PausedDue != l.Due || run.SnapshottedOnce != l.Due || run.Snapshots != l.Due || run.PausedOther != 0 || run.Running != l.Live-l.Due || run.Left != 0 {
+			t.Errorf("after the rounds: %d due rows paused for idle, %d snapshotted once, %d snapshots, %d other rows moved, %d running, %d resources left; want %d, %d, %d, 0, %d, 0",
+				run.PausedDue, run.SnapshottedOnce, run.Snapshots, run.PausedOther, run.Running, run.Left, l.Due, l.Due, l.Due, l.Live-l.Due)
+		}
+		if run.IdleQueries != 1 || run.IdleOther != 0 {
+			t.Errorf("the round with nothing due ran %d due queries and counted %d outcomes, want 1 and none", run.IdleQueries, run.IdleOther)
+		}
+		for name, e := range map[string]Explained{"due": run.Due, "generic": run.Generic, "nothing due": run.IdleDue} {
+			if !e.UsesIndex || e.SeqScan {
+				t.Errorf("the due query's plan (%s) does not read %s alone: %s", name, lifecycleIndex, e.Plan)
+			}
+		}
+		if run.Due.Rows != min(l.Due, l.Batch) || run.IdleDue.Rows != 0 {
+			t.Errorf("the due query returned %d rows before the rounds and %d after, want %d and 0", run.Due.Rows, run.IdleDue.Rows, min(l.Due, l.Batch))
+		}
+	})
 	t.Run("the report renders every scenario and the doc keeps what is outside its markers", func(t *testing.T) {
 		merged := *servers
-		merged.Script, merged.Decision, merged.Keys, merged.Pool = redisOnly.Script, redisOnly.Decision, redisOnly.Keys, redisOnly.Pool
+		merged.Script, merged.Decision, merged.Keys, merged.Pool, merged.Lifecycle = redisOnly.Script, redisOnly.Decision, redisOnly.Keys, redisOnly.Pool, redisOnly.Lifecycle
 		md := merged.Markdown("make bench")
-		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas", "### 7. Warm pool"} {
+		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas", "### 7. Warm pool", "### 8. Lifecycle"} {
 			if !strings.Contains(md, want) {
 				t.Errorf("markdown lacks %q", want)
 			}

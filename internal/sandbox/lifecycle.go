@@ -150,6 +150,11 @@ const dueSQL = `SELECT id::text, client, state,
 	ORDER BY (CASE WHEN state = 'running' THEN least(expires_at, idle_at) ELSE least(expires_at, retain_until) END)
 	LIMIT $1`
 
+// DueQuery is the query a round reads its due sandboxes with and its arguments (one
+// batch's bound), exactly as Round runs it: what measures the round from outside (the
+// bench's EXPLAIN of it at scale) explains this very SQL, not a copy that could drift.
+func DueQuery() (sql string, args []any) { return dueSQL, []any{lifecycleBatch} }
+
 // Round takes every action due now, if this replica can take the lock: batch after
 // batch until one comes back short of a full batch, so that however many came due
 // since the last round, none waits for the next.
@@ -163,7 +168,9 @@ func (l *Lifecycle) Round(ctx context.Context) (LifecycleResult, error) {
 			if err != nil {
 				return err
 			}
-			before := res
+			// Counts, not a copy of res: a copy would share res.Taken, the map this batch
+			// counts into, and see no action taken.
+			takenBefore, skippedBefore := taken(res), res.Skipped
 			sem := make(chan struct{}, l.opts.Parallel)
 			var wg sync.WaitGroup
 			for _, d := range due {
@@ -186,7 +193,7 @@ func (l *Lifecycle) Round(ctx context.Context) (LifecycleResult, error) {
 			wg.Wait()
 			// A full batch is read again, unless none of it was taken or moved on: a
 			// batch that only failed would be read back as it is.
-			progress := res.Skipped > before.Skipped || len(res.Taken) > 0 && taken(res) > taken(before)
+			progress := res.Skipped > skippedBefore || taken(res) > takenBefore
 			if len(due) < lifecycleBatch || !progress || ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -209,7 +216,8 @@ func taken(res LifecycleResult) int {
 }
 
 func (l *Lifecycle) due(ctx context.Context) ([]dueSandbox, error) {
-	rows, err := l.svc.db.Query(ctx, dueSQL, lifecycleBatch)
+	sql, args := DueQuery()
+	rows, err := l.svc.db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("find due sandboxes: %w", err)
 	}

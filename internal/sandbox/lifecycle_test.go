@@ -257,6 +257,38 @@ func TestIdleAndOldSandboxes(t *testing.T) {
 	})
 }
 
+// A backlog longer than one batch of the due query is taken in one round: each full
+// batch taken is read again, and the round ends on the short one.
+func TestRoundTakesEveryBatch(t *testing.T) {
+	t.Parallel()
+	b := setupLifecycle(t, space.Lifecycle{IdleTimeout: time.Hour, IdleAction: space.IdleTerminate})
+	_, args := sandbox.DueQuery()
+	batch, ok := args[0].(int)
+	if !ok || batch <= 0 {
+		t.Fatalf("the due query's bound is %v, want a positive int", args[0])
+	}
+	// Due sandboxes written directly (a create per sandbox would take longer than the
+	// round), their idle action terminate, which needs nothing of the substrate.
+	n := batch + 1
+	if _, err := b.db.Exec(b.ctx, `INSERT INTO sandboxes (id, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib,
+			idle_at, idle_action)
+		SELECT gen_random_uuid(), 'acme', 'acme', 'running', $2, $3, $4, $5, now() - make_interval(secs => i), 'terminate'
+		FROM generate_series(1, $1::int) i`, n, python.Template, python.CPUMillis, python.MemoryMiB, python.DiskGiB); err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.life.Round(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.Taken[[2]string{"terminate", space.ReasonIdle}]; got != n || res.Queries != 2 || res.Failed+res.Skipped != 0 {
+		t.Fatalf("one round over %d due sandboxes: %d idle terminations in %d due queries (%d failed, %d skipped); want all of them in 2 (a full batch of %d, then the short one)",
+			n, got, res.Queries, res.Failed, res.Skipped, batch)
+	}
+	if left := b.count(t, "state = 'running'"); left != 0 {
+		t.Fatalf("%d sandboxes still running after the round", left)
+	}
+}
+
 // testMetric reads the counter of name with the label values, in order, from reg.
 func testMetric(t *testing.T, reg *prometheus.Registry, name string, values ...string) float64 {
 	t.Helper()
