@@ -78,8 +78,8 @@ func resolve(doc map[string]any, v any) map[string]any {
 func TestEveryAnswerIsDescribedTheWayTheServerWritesIt(t *testing.T) {
 	t.Parallel()
 	doc, ops := operations(t)
-	if len(ops) != 16 {
-		t.Errorf("%d operations, want the 16 routes of both listeners", len(ops))
+	if len(ops) != 17 {
+		t.Errorf("%d operations, want the 17 routes of both listeners", len(ops))
 	}
 	ids := map[string]bool{}
 	for _, o := range ops {

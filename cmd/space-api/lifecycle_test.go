@@ -112,6 +112,14 @@ func TestLifecycleThroughTheAPI(t *testing.T) {
 		if r := s.do("POST", "/v1/sandboxes/"+sb.ID+"/keepalive", "globex", ""); r.StatusCode != http.StatusNotFound {
 			t.Errorf("another client's keepalive = %d, want 404", r.StatusCode)
 		}
+		// A gateway in front of the sandbox keeps it alive on the internal listener,
+		// under its owner's lifecycle, with no credentials of the owner's.
+		r := s.internal("POST", "/internal/v1/sandboxes/"+sb.ID+"/keepalive", `{"timeout_seconds": 40}`)
+		var kept space.Sandbox
+		r.json(t, &kept)
+		if r.StatusCode != http.StatusOK || kept.IdleAt == nil || time.Until(*kept.IdleAt) < 35*time.Second {
+			t.Errorf("the gateway's keepalive = %d, idle_at %v; want 200 and the idle action 40 s away", r.StatusCode, kept.IdleAt)
+		}
 		if r := s.do("POST", "/v1/sandboxes/"+sb.ID+"/pause", "acme", ""); r.StatusCode != http.StatusOK {
 			t.Fatalf("pause = %d %s", r.StatusCode, r.body)
 		}

@@ -21,9 +21,11 @@ func TestSignals(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, e2eOptions{
 		// acme is on a tier that reserves part of the cluster bucket and has a soft
-		// limit of one activation, so that the tier series are there.
+		// limit of one activation, so that the tier series are there, and that ends its
+		// sandboxes a second idle, so that the lifecycle's are.
 		quota: `{"tiers": {"pro": {"concurrency": 50, "live_sandboxes": 100, "refill_rps": 0.000001, "burst": 2,
-				"soft_refill_rps": 0.0000005, "soft_burst": 1, "reserved_rps": 0.0000001, "reserved_burst": 10}},
+				"soft_refill_rps": 0.0000005, "soft_burst": 1, "reserved_rps": 0.0000001, "reserved_burst": 10,
+				"idle_timeout_seconds": 1, "idle_action": "terminate"}},
 			"clients": {"acme": {"tier": "pro"}}}`,
 		poolShapes: `[{"template": "python-3.12", "cpu_millis": 1000, "memory_mib": 2048, "disk_gib": 10, "target": 1}]`,
 		// No worker: the queued create stays queued, and no run of it is refused (and
@@ -31,6 +33,7 @@ func TestSignals(t *testing.T) {
 		config: func(c *config.Config) {
 			c.Dispatcher.Workers = 0
 			c.Flags.FallbackTier = "pro"
+			c.Lifecycle.Interval = 100 * time.Millisecond
 		},
 	})
 	testenv.Eventually(t, 30*time.Second, "the warm pool to fill", func() bool {
@@ -44,6 +47,10 @@ func TestSignals(t *testing.T) {
 		t.Fatalf("a create over the rate = %d %s", r.StatusCode, r.body)
 	}
 	s.accepted(s.do("POST", "/v1/sandboxes", "acme", node, "Prefer", async), "/v1/operations/")
+	testenv.Eventually(t, 30*time.Second, "the three idle sandboxes to be ended", func() bool {
+		return strings.Contains(string(s.internal("GET", "/metrics", "").body),
+			`space_sandbox_lifecycle_actions_total{action="terminate",reason="idle",tier="pro"} 3`+"\n")
+	})
 
 	body := scrape(t, s.m)
 
@@ -79,6 +86,8 @@ func TestSignals(t *testing.T) {
 			`space_sandbox_admission_cluster_tokens_total{source="reserve",tier="pro"} 2`,
 			`space_sandbox_soft_breaches_total{budget_key="acme",tier="pro"} 1`,
 			`space_tier_fallback_total{reason="unknown_tier"} 0`,
+			`space_sandbox_lifecycle_actions_total{action="terminate",reason="idle",tier="pro"} 3`,
+			`space_sandbox_lifecycle_failures_total{action="pause"} 0`,
 		} {
 			if !regexp.MustCompile(`(?m)^` + want + `$`).MatchString(body) {
 				t.Errorf("/metrics lacks a line matching %s", want)

@@ -80,6 +80,26 @@ func TestAlertsFire(t *testing.T) {
 		}
 	})
 
+	t.Run("lifecycle actions failing fire for the failing action alone; old failures and another release's stay quiet", func(t *testing.T) {
+		t.Parallel()
+		failing := expr("SpaceLifecycleActionsFailing")
+		failures := func(ns, job, action string, value, perMinute float64) series {
+			return series{labels.FromStrings("__name__", "space_sandbox_lifecycle_failures_total", "namespace", ns, "job", job,
+				"pod", "space-api-0", "action", action), value, perMinute}
+		}
+		ours := release + "-space-api-internal"
+		// A pause failing once a minute (a substrate that cannot snapshot), terminations
+		// that failed long ago and no more, another release's failing too.
+		got := evaluate(t, failing, failures(namespace, ours, "pause", 0, 1), failures(namespace, ours, "terminate", 4, 0),
+			failures("elsewhere", "other", "terminate", 0, 3))
+		if len(got) != 1 || got[0].Metric.Get("action") != "pause" || got[0].F <= 0 {
+			t.Fatalf("fired for %v, want this release's pause alone", got)
+		}
+		if got := evaluate(t, failing, failures(namespace, ours, "pause", 7, 0), failures(namespace, ours, "terminate", 0, 0)); len(got) != 0 {
+			t.Fatalf("fired for %v with no failure in the window", got)
+		}
+	})
+
 	for name, recorded := range map[string][]series{
 		"keys behind alike":                   {oldest("acme", 1000), oldest("globex", 900)},
 		"a key alone":                         {oldest("acme", 5000)},

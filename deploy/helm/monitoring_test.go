@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"flag"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -23,6 +24,10 @@ import (
 const seriesGolden = "testdata/monitoring-series.txt"
 
 var update = flag.Bool("update", false, "rewrite "+seriesGolden)
+
+// operationsDoc is where every alert and every series the chart reads is explained to
+// the operator: the alert table (its severity and what to do) and the series table.
+const operationsDoc = "../../docs/operations.md"
 
 // prometheusRule is the part of prometheus-operator's monitoring.coreos.com/v1
 // PrometheusRule the chart renders, decoded strictly like serviceMonitor.
@@ -45,17 +50,56 @@ type prometheusRule struct {
 	} `json:"spec"`
 }
 
-// dashboard is the part of a Grafana dashboard the test reads: its panels' queries.
+// dashboard is the part of a Grafana dashboard the test reads: its panels' ids,
+// places and queries.
 type dashboard struct {
 	UID    string `json:"uid"`
 	Title  string `json:"title"`
 	Panels []struct {
-		Type    string `json:"type"`
-		Title   string `json:"title"`
+		ID      int     `json:"id"`
+		Type    string  `json:"type"`
+		Title   string  `json:"title"`
+		GridPos gridPos `json:"gridPos"`
 		Targets []struct {
 			Expr string `json:"expr"`
 		} `json:"targets"`
 	} `json:"panels"`
+}
+
+// gridPos is a panel's place on Grafana's grid, 24 columns wide.
+type gridPos struct {
+	H int `json:"h"`
+	W int `json:"w"`
+	X int `json:"x"`
+	Y int `json:"y"`
+}
+
+func (a gridPos) overlaps(b gridPos) bool {
+	return a.X < b.X+b.W && b.X < a.X+a.W && a.Y < b.Y+b.H && b.Y < a.Y+a.H
+}
+
+// documented reads docs/operations.md's alert table (each alert's severity) and the
+// series named in the first column of its series table.
+func documented(t *testing.T) (alerts map[string]string, series map[string]bool) {
+	t.Helper()
+	b, err := os.ReadFile(operationsDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	alerts = map[string]string{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `(\\w+)` \\((\\w+)\\) \\|").FindAllStringSubmatch(doc, -1) {
+		alerts[m[1]] = m[2]
+	}
+	series = map[string]bool{}
+	_, table, _ := strings.Cut(doc, "## The series")
+	table, _, _ = strings.Cut(table, "\n## ")
+	for _, row := range regexp.MustCompile(`(?m)^\| ([^|]+) \|`).FindAllStringSubmatch(table, -1) {
+		for _, span := range regexp.MustCompile("`([a-z_]+)`").FindAllStringSubmatch(row[1], -1) {
+			series[span[1]] = true
+		}
+	}
+	return alerts, series
 }
 
 // grafanaVariables are replaced by sample values before a dashboard query is parsed:
@@ -98,6 +142,7 @@ func TestMonitoring(t *testing.T) {
 	ms := render(t, "--set", "prometheusRule.enabled=true", "--set", "grafanaDashboard.enabled=true",
 		"--set", "prometheusRule.labels.release=kube-prometheus-stack")
 	used := map[string]bool{}
+	severity := map[string]string{} // by alert
 
 	t.Run("every alert parses, selects this release's series only, and says what it means", func(t *testing.T) {
 		rule := get[*prometheusRule](t, ms, "PrometheusRule", "")
@@ -108,6 +153,7 @@ func TestMonitoring(t *testing.T) {
 		for _, g := range rule.Spec.Groups {
 			for _, r := range g.Rules {
 				alerts = append(alerts, r.Alert)
+				severity[r.Alert] = r.Labels["severity"]
 				names, selectors := parseQuery(t, r.Alert, r.Expr)
 				for _, n := range names {
 					used[n] = true
@@ -128,7 +174,8 @@ func TestMonitoring(t *testing.T) {
 			}
 		}
 		for _, want := range []string{"SpaceAdmissionFailingOpen", "SpaceClusterBucketExhausted", "SpaceQueuedOperationTooOld",
-			"SpaceQueueOneKeyFarBehind", "SpaceTierHeldBelowItsReserve", "SpacePoolBelowTarget", "SpaceConfigReloadFailed", "SpaceReplicaNotReady"} {
+			"SpaceQueueOneKeyFarBehind", "SpaceTierHeldBelowItsReserve", "SpacePoolBelowTarget", "SpaceConfigReloadFailed", "SpaceReplicaNotReady",
+			"SpaceLifecycleActionsFailing"} {
 			if !slices.Contains(alerts, want) {
 				t.Errorf("no %s alert among %v", want, alerts)
 			}
@@ -146,7 +193,24 @@ func TestMonitoring(t *testing.T) {
 			t.Fatalf("space-api.json: %v", err)
 		}
 		queries := 0
-		for _, p := range d.Panels {
+		ids := map[int]string{}
+		var rows []string
+		for i, p := range d.Panels {
+			if other, ok := ids[p.ID]; ok {
+				t.Errorf("%s: id %d is %s's too", p.Title, p.ID, other)
+			}
+			ids[p.ID] = p.Title
+			if g := p.GridPos; g.W < 1 || g.H < 1 || g.X < 0 || g.X+g.W > 24 || g.Y < 0 {
+				t.Errorf("%s: gridPos %+v is not on a 24-column grid", p.Title, g)
+			}
+			for _, q := range d.Panels[:i] {
+				if p.GridPos.overlaps(q.GridPos) {
+					t.Errorf("%s (gridPos %+v) overlaps %s (%+v)", p.Title, p.GridPos, q.Title, q.GridPos)
+				}
+			}
+			if p.Type == "row" {
+				rows = append(rows, p.Title)
+			}
 			for _, tg := range p.Targets {
 				queries++
 				names, selectors := parseQuery(t, p.Title, grafanaVariables.Replace(tg.Expr))
@@ -162,6 +226,35 @@ func TestMonitoring(t *testing.T) {
 		}
 		if d.UID == "" || queries < 20 {
 			t.Errorf("dashboard uid %q with %d queries", d.UID, queries)
+		}
+		if want := []string{"Create path", "Admission buckets", "Warm pool", "Queue", "Errors and health", "Tiers", "Lifecycle"}; !slices.Equal(rows, want) {
+			t.Errorf("dashboard rows %q, want %q", rows, want)
+		}
+	})
+
+	t.Run("every alert and every series they read is documented for the operator", func(t *testing.T) {
+		alerts, series := documented(t)
+		if len(severity) == 0 || len(series) < 20 {
+			t.Fatalf("nothing to compare: %d alerts rendered, %d series documented", len(severity), len(series))
+		}
+		for alert, sev := range severity {
+			switch doc, ok := alerts[alert]; {
+			case !ok:
+				t.Errorf("%s has no row in %s's alert table (what it means, what to do)", alert, operationsDoc)
+			case doc != sev:
+				t.Errorf("%s is %s in the chart, %s in %s", alert, sev, doc, operationsDoc)
+			}
+		}
+		for alert := range alerts {
+			if _, ok := severity[alert]; !ok {
+				t.Errorf("%s documents %s, which the chart does not render", operationsDoc, alert)
+			}
+		}
+		for name := range used {
+			base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_count"), "_sum")
+			if name != "up" && !series[base] {
+				t.Errorf("the chart reads %s, which %s's series table does not list", base, operationsDoc)
+			}
 		}
 	})
 

@@ -349,6 +349,24 @@ const maxKeepaliveSeconds = 10 * 365 * 24 * 3600
 // keepaliveSandbox records that the caller's running sandbox is in use (a gateway in
 // front of it says so): its idle action is put off, and the sandbox answered.
 func (s *Server) keepaliveSandbox(w http.ResponseWriter, r *http.Request) {
+	s.keepalive(w, r, callerFrom(r.Context()))
+}
+
+// keepaliveSandboxInternal is the keepalive of a gateway in front of the sandbox
+// (internal listener only), under the sandbox owner's lifecycle.
+func (s *Server) keepaliveSandboxInternal(w http.ResponseWriter, r *http.Request) {
+	owner, err := s.sandboxes.Owner(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	caller := s.callers.Resolve(r.Context(), owner)
+	setRequestCaller(r.Context(), caller)
+	s.keepalive(w, r, caller)
+}
+
+// keepalive puts off caller's sandbox's idle action, as the body asks.
+func (s *Server) keepalive(w http.ResponseWriter, r *http.Request, caller space.Caller) {
 	var req KeepaliveRequest
 	if r.ContentLength != 0 {
 		if err := decodeJSON(r, &req); err != nil {
@@ -364,7 +382,7 @@ func (s *Server) keepaliveSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 		timeout = time.Duration(*n) * time.Second
 	}
-	sb, err := s.sandboxes.Keepalive(r.Context(), callerFrom(r.Context()), chi.URLParam(r, "id"), timeout)
+	sb, err := s.sandboxes.Keepalive(r.Context(), caller, chi.URLParam(r, "id"), timeout)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

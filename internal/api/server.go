@@ -195,6 +195,7 @@ func (s *Server) Internal() http.Handler {
 		Registry: s.registry, ErrorHandling: promhttp.ContinueOnError, ErrorLog: promLogger{s.logger},
 	}))
 	r.Post("/internal/v1/sandboxes/{id}/wake", s.wakeSandbox)
+	r.Post("/internal/v1/sandboxes/{id}/keepalive", s.keepaliveSandboxInternal)
 	r.Get("/internal/v1/operations/{id}", s.getOperationInternal)
 	if s.riverUI != nil {
 		r.Handle(RiverUIPath+"*", s.riverUI)

@@ -107,7 +107,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
 				s.logger.WarnContext(ctx, "consume adopted slot", "slot", slot.ID, "err", cerr)
 			}
-			return s.finish(ctx, callerCtx, a, sb, ref, true, false, began)
+			return s.finish(ctx, callerCtx, caller, a, sb, ref, true, false, began)
 		}
 		s.logger.WarnContext(ctx, "warm slot adoption failed; starting cold", "sandbox", sb.ID, "slot", slot.ID, "err", err)
 		s.opts.Pool.Discard(ctx, slot)
@@ -151,7 +151,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 			Message: fmt.Sprintf("the substrate failed to %s sandbox %s; see GET /v1/sandboxes/%s", activateVerb(a.kind()), sb.ID, sb.ID)}
 	}
 	s.metrics.coldStart.WithLabelValues(a.kind()).Observe(s.opts.Now().Sub(coldBegan).Seconds())
-	return s.finish(ctx, callerCtx, a, sb, ref, false, spec.SoftBreach, began)
+	return s.finish(ctx, callerCtx, caller, a, sb, ref, false, spec.SoftBreach, began)
 }
 
 // reserveTx is an activation's reservation in a transaction, for one whose row must be
@@ -207,7 +207,7 @@ func (s *Service) reserveNew(ctx context.Context, caller space.Caller, sb *space
 // claim it later. A caller that leaves after this check, or whose connection breaks
 // while the 201 is written, has a running sandbox it was not told of: it finds it by
 // listing its sandboxes, or avoids the question with an Idempotency-Key.
-func (s *Service) finish(ctx, callerCtx context.Context, a activation, sb *space.Sandbox, ref string, warm, softBreach bool, began time.Time) (*space.Sandbox, error) {
+func (s *Service) finish(ctx, callerCtx context.Context, caller space.Caller, a activation, sb *space.Sandbox, ref string, warm, softBreach bool, began time.Time) (*space.Sandbox, error) {
 	outcome := "cold"
 	if warm {
 		outcome = "warm"
@@ -219,8 +219,10 @@ func (s *Service) finish(ctx, callerCtx context.Context, a activation, sb *space
 	// caller has gone is its key's to claim, and when the key expires unclaimed the
 	// reconciler ends it (docs/design.md, "Unanswered creates"). Marked answered here,
 	// it would run at its client's cost for ever.
+	// Its idle clock starts now that it runs, not when it was reserved: a slow start
+	// or restore does not eat the idle timeout.
 	out, err := setState(ctx, s.db, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, Answered: callerCtx.Err() == nil,
-		SoftBreach: &softBreach, From: []space.SandboxState{a.transient()}})
+		SoftBreach: &softBreach, From: []space.SandboxState{a.transient()}, stamp: activity(caller.Lifecycle)})
 	var moved *movedError
 	if !errors.As(err, &moved) {
 		if err == nil {

@@ -259,6 +259,11 @@ func (l *Lifecycle) take(ctx context.Context, d dueSandbox) (action, reason stri
 			return l.terminate(ctx, owner, d, space.ReasonPausedSandboxCap, dueIdle)
 		case space.ErrorCode(err) == space.ECONFLICT:
 			return "", "", errMovedOn
+		case space.ErrorCode(err) == space.EUNPROCESSABLE:
+			// The substrate can never snapshot it (no volume to keep): a pause can never
+			// happen, and an idle sandbox is ended rather than left running for ever.
+			l.logger.WarnContext(ctx, "an idle sandbox cannot be paused on this substrate; it is terminated instead", "sandbox", d.id, "err", err)
+			return l.terminate(ctx, owner, d, space.ReasonIdle, dueIdle)
 		case err != nil:
 			l.failures.WithLabelValues("pause").Inc()
 			retry := max(pauseRetry, l.opts.Interval)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/sandbox"
+	"github.com/space-sandbox/space/internal/substrate"
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
@@ -191,6 +192,19 @@ func TestIdleAndOldSandboxes(t *testing.T) {
 		if _, err := b.svc.Keepalive(b.ctx, b.caller("acme"), sb.ID, 0); space.ErrorCode(err) != space.ECONFLICT {
 			t.Fatalf("a keepalive of an ended sandbox = %v, want a 409", err)
 		}
+	})
+
+	t.Run("an idle sandbox the substrate can never snapshot is terminated rather than left running", func(t *testing.T) {
+		t.Parallel()
+		b := setupLifecycle(t, space.Lifecycle{IdleTimeout: 100 * time.Millisecond})
+		b.setFail(func(c substrate.Call) error {
+			if c.Op == substrate.OpSnapshot {
+				return substrate.ErrUnsupported
+			}
+			return nil
+		})
+		sb := b.create(t)
+		b.roundsUntil(t, "the unpausable idle sandbox to be terminated", sb.ID, is(space.StateTerminated, space.ReasonIdle))
 	})
 
 	t.Run("the paused cap refuses the third pause, and an idle action past it terminates instead", func(t *testing.T) {

@@ -151,12 +151,14 @@ func (s *Service) Keepalive(ctx context.Context, caller space.Caller, id string,
 	if sb.State != space.StateRunning {
 		return nil, space.Errorf(space.ECONFLICT, "sandbox %s is %s; only a running sandbox can be kept alive", id, sb.State)
 	}
-	if timeout > 0 && sb.ExpiresAt != nil && s.opts.Now().Add(timeout).After(*sb.ExpiresAt) {
-		return nil, space.FieldError(space.EUNPROCESSABLE, "timeout_seconds",
-			"keeps the sandbox past its max lifetime, which ends it at %s", sb.ExpiresAt.UTC().Format(time.RFC3339))
-	}
 	m := activity(caller.Lifecycle)
 	if m.Action != "" && timeout > *m.Active {
+		// Only a timeout that puts the idle action off further than the idle timeout
+		// does asks for anything, and that must end within the max lifetime.
+		if sb.ExpiresAt != nil && s.opts.Now().Add(timeout).After(*sb.ExpiresAt) {
+			return nil, space.FieldError(space.EUNPROCESSABLE, "timeout_seconds",
+				"keeps the sandbox past its max lifetime, which ends it at %s", sb.ExpiresAt.UTC().Format(time.RFC3339))
+		}
 		m.Active = &timeout
 	}
 	return transitionDue(ctx, s.db, id, caller.ID, space.StateRunning, m, dueNow, space.StateRunning)

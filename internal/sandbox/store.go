@@ -33,10 +33,19 @@ func scanSandbox(row pgx.Row, extra ...any) (*space.Sandbox, error) {
 		return nil, err
 	}
 	sb.SoftBreach = sb.SoftBreachAt != nil
-	// A paused sandbox ends at its retention when that comes before its max lifetime:
-	// expires_at is when the lifecycle ends it, whichever rule does.
-	if sb.State == space.StatePaused && sb.RetainUntil != nil && (sb.ExpiresAt == nil || sb.RetainUntil.Before(*sb.ExpiresAt)) {
-		sb.ExpiresAt = sb.RetainUntil
+	// What the lifecycle will do, as the sandbox's state has it: a paused sandbox ends
+	// at its retention when that comes before its max lifetime; only a running one
+	// has an idle deadline, and an ended one has neither deadline nor pause reason.
+	switch sb.State {
+	case space.StatePaused:
+		if sb.RetainUntil != nil && (sb.ExpiresAt == nil || sb.RetainUntil.Before(*sb.ExpiresAt)) {
+			sb.ExpiresAt = sb.RetainUntil
+		}
+	case space.StateTerminated, space.StateFailed:
+		sb.ExpiresAt, sb.PauseReason = nil, nil
+	}
+	if sb.State != space.StateRunning {
+		sb.IdleAt = nil
 	}
 	if len(meta) > 2 {
 		if err := json.Unmarshal(meta, &sb.Metadata); err != nil {
