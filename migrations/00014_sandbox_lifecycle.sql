@@ -18,14 +18,17 @@ ALTER TABLE sandboxes
 
 -- What the lifecycle looks for every round: the sandboxes whose next action is due,
 -- earliest first. One index over the one expression the round's query orders by, on
--- the running and paused rows only, built without blocking writes.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS sandboxes_lifecycle_due ON sandboxes ((
+-- the running and paused rows only, built without blocking writes (an invalid index
+-- a cut build left is built again).
+DROP INDEX CONCURRENTLY IF EXISTS sandboxes_lifecycle_due;
+CREATE INDEX CONCURRENTLY sandboxes_lifecycle_due ON sandboxes ((
     CASE WHEN state = 'running' THEN least(expires_at, idle_at) ELSE least(expires_at, retain_until) END
 )) WHERE state IN ('running', 'paused');
 
 -- A budget key's paused sandboxes, which its cap of paused sandboxes counts (under the
 -- key's lock) before each pause.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS sandboxes_paused_by_budget_key ON sandboxes (budget_key)
+DROP INDEX CONCURRENTLY IF EXISTS sandboxes_paused_by_budget_key;
+CREATE INDEX CONCURRENTLY sandboxes_paused_by_budget_key ON sandboxes (budget_key)
     WHERE state IN ('pausing', 'paused');
 
 -- +goose Down

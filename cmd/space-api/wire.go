@@ -20,6 +20,7 @@ import (
 	"github.com/space-sandbox/space/internal/idempotency"
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/replicas"
+	"github.com/space-sandbox/space/internal/dispatcher"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/store"
 	"github.com/space-sandbox/space/internal/substrate"
@@ -143,7 +144,8 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		// Purging expired idempotency keys is housekeeping rather than settling (an
 		// expired key names nothing whether or not it is deleted), but it wants the
 		// same one-replica-at-a-time round.
-		Also:       []func(context.Context) (int, error){operations.SettleLost, operations.Tidy, m.purgeIdempotencyKeys},
+		Also: []func(context.Context) (int, error){operations.SettleLost, operations.Tidy, m.purgeIdempotencyKeys,
+			store.NewPurger(store.Wrap(m.DB), m.Registry, sandbox.Retained(cfg.Retention.Sandboxes), dispatcher.Retained(cfg.Retention.Operations)).Purge},
 		Registerer: m.Registry,
 		Logger:     m.Logger.With("component", "reconciler"),
 	})

@@ -51,6 +51,7 @@ type Config struct {
 	Dispatcher Dispatcher
 	Reconcile  Reconcile
 	Lifecycle  Lifecycle
+	Retention  Retention
 	Kubernetes Kubernetes
 }
 
@@ -72,6 +73,17 @@ type Reconcile struct {
 	// sandbox still starting, restoring or pausing is settled; resources younger than
 	// it are never taken for orphans.
 	Grace time.Duration
+}
+
+// Retention bounds how long what has ended is kept (docs/operations.md, "Retention"):
+// deleted in small batches once older; 0 keeps it for ever.
+type Retention struct {
+	// Sandboxes is how long a terminated or failed sandbox's row is kept after it
+	// ended.
+	Sandboxes time.Duration
+	// Operations is how long a finished operation is kept after it finished (River
+	// deletes its job itself: a day after it completed).
+	Operations time.Duration
 }
 
 // Lifecycle configures the enforcement of the sandbox lifecycle (internal/sandbox.

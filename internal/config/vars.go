@@ -211,6 +211,12 @@ func declare(c *Config) []Var {
 		Var{Name: "SPACE_LIFECYCLE_INTERVAL", Default: "5s", parse: into(&c.Lifecycle.Interval, duration),
 			Help: "How often idle sandboxes are paused, old ones ended and paused ones past their retention deleted (docs/lifecycle.md): no action is more than about one interval late."},
 	)...)
+	vars = append(vars, group("Retention",
+		Var{Name: "SPACE_RETENTION_SANDBOXES", Default: "168h", parse: into(&c.Retention.Sandboxes, durationOrOff),
+			Help: "How long a terminated or failed sandbox's row is kept after it ended, then deleted in small batches; 0 keeps it for ever."},
+		Var{Name: "SPACE_RETENTION_OPERATIONS", Default: "168h", parse: into(&c.Retention.Operations, durationOrOff),
+			Help: "How long a finished queued operation is kept after it finished, then deleted in small batches; 0 keeps it for ever. River deletes its job itself, a day after it completed."},
+	)...)
 	vars = append(vars, group("Kubernetes",
 		Var{Name: EnvKubernetesNamespace, Unset: "the namespace space-api runs in, else the kubeconfig context's", parse: into(&k.Namespace, checked(namespace)),
 			Help: "The namespace of the sandbox Pods (`SPACE_SUBSTRATE=kubernetes`; see docs/kubernetes.md)."},

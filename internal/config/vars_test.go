@@ -40,6 +40,7 @@ func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 		Dispatcher: Dispatcher{Workers: 10, AdmissionDeadline: 10 * time.Minute, MaxSnooze: time.Minute, MaxAttempts: 5, OwnerLanes: 4},
 		Reconcile:  Reconcile{Interval: 10 * time.Second, Grace: 30 * time.Second},
 		Lifecycle:  Lifecycle{Interval: 5 * time.Second},
+		Retention:  Retention{Sandboxes: 168 * time.Hour, Operations: 168 * time.Hour},
 		Kubernetes: Kubernetes{ReadyTimeout: 2 * time.Minute, QPS: 50, Burst: 100, MountPath: "/workspace"},
 	}
 	if got := Default(); !reflect.DeepEqual(got, want) {

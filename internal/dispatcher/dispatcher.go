@@ -454,3 +454,12 @@ func (d *Dispatcher) SettleLost(ctx context.Context) (int, error) {
 	}
 	return n, err
 }
+
+// Retained is the retention of finished operations: an operation that succeeded or
+// failed is deleted age after it finished, through the operations_finished index.
+// Its River job is River's to delete (a day after it completed, by default).
+func Retained(age time.Duration) store.Retained {
+	return store.Retained{Table: "operations", Age: age,
+		Due: `SELECT ctid FROM operations WHERE state IN ('succeeded', 'failed') AND finished_at < now() - make_interval(secs => $1)
+			ORDER BY finished_at LIMIT $2`}
+}

@@ -464,3 +464,13 @@ func (r *Reconciler) sweep(ctx context.Context, res *ReconcileResult) error {
 	r.suspects = suspects
 	return errors.Join(errs...)
 }
+
+// Retained is the retention of ended sandboxes: a terminated or failed sandbox's row is
+// deleted age after it ended (its updated_at), through the sandboxes_ended index.
+// Whatever the substrate still holds for it is stopped at its end, and what a stop
+// missed becomes an orphan for the sweep once the row is gone.
+func Retained(age time.Duration) store.Retained {
+	return store.Retained{Table: "sandboxes", Age: age,
+		Due: `SELECT ctid FROM sandboxes WHERE state IN ('terminated', 'failed') AND updated_at < now() - make_interval(secs => $1)
+			ORDER BY updated_at LIMIT $2`}
+}

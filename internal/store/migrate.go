@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -87,17 +88,40 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrateLockID) //nolint:errcheck // released with the session anyway
 
-	provider, db, err := gooseProvider(pool)
+	ddl, err := ddlPool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer ddl.Close()
+	provider, db, err := gooseProvider(ddl)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	results, err := provider.Up(ctx)
-	if err != nil {
-		return fmt.Errorf("migrate: space schema: %w", err)
-	}
-	for _, r := range results {
-		logger.Info("applied migration", "source", r.Source.Path, "duration", r.Duration)
+	// A step that could not take its lock within DDLLockTimeout gave the live traffic
+	// queued behind it its turn: it is tried again, a few times, before the whole
+	// migration fails and says so.
+	for attempt := 1; ; attempt++ {
+		results, err := provider.Up(ctx)
+		for _, r := range results {
+			logger.Info("applied migration", "source", r.Source.Path, "duration", r.Duration)
+		}
+		if err == nil {
+			break
+		}
+		if !isLockTimeout(err) || attempt == ddlAttempts {
+			if isLockTimeout(err) {
+				return fmt.Errorf("migrate: space schema: a step waited %s for a table's lock %d times, behind a long transaction; "+
+					"run the migration again when it is over: %w", DDLLockTimeout, attempt, err)
+			}
+			return fmt.Errorf("migrate: space schema: %w", err)
+		}
+		logger.Warn("a migration step timed out waiting for its lock; trying again", "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt) * time.Second):
+		}
 	}
 
 	migrator, err := riverMigrator(pool, logger)
@@ -141,6 +165,33 @@ func CheckMigrated(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("%w (river: %v)", ErrNotMigrated, res.Messages)
 	}
 	return nil
+}
+
+// DDLLockTimeout is the lock_timeout of every migration step: a step waiting longer
+// than this for a table's lock (behind a long transaction) gives up rather than make
+// every create, completion and scrape queue behind it; Migrate tries it again.
+const DDLLockTimeout = 5 * time.Second
+
+// ddlAttempts is how many times Migrate tries a step that timed out on its lock.
+const ddlAttempts = 5
+
+// ddlPool is a pool of pool's database whose sessions wait at most DDLLockTimeout for
+// a lock: one connection, so that the session settings hold for every step.
+func ddlPool(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, error) {
+	cfg := pool.Config()
+	cfg.MaxConns, cfg.MinConns = 1, 0
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = fmt.Sprintf("%dms", DDLLockTimeout.Milliseconds())
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: connect: %w", err)
+	}
+	return p, nil
+}
+
+// isLockTimeout reports whether err is Postgres giving up on a lock (lock_timeout).
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 func gooseProvider(pool *pgxpool.Pool) (*goose.Provider, interface{ Close() error }, error) {

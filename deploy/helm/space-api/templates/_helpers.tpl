@@ -263,6 +263,10 @@ chartEnv, what the values render, then extraEnv.
   value: {{ .Values.reconcile.grace | quote }}
 - name: SPACE_LIFECYCLE_INTERVAL
   value: {{ .Values.lifecycle.interval | quote }}
+- name: SPACE_RETENTION_SANDBOXES
+  value: {{ .Values.retention.sandboxes | quote }}
+- name: SPACE_RETENTION_OPERATIONS
+  value: {{ .Values.retention.operations | quote }}
 {{- if eq .Values.substrate "kubernetes" }}
 - name: SPACE_KUBERNETES_NAMESPACE
   value: {{ include "space-api.sandboxNamespace" . | quote }}
