@@ -19,6 +19,7 @@ const (
 	ETOOLARGE      = "headers_too_large"      // request headers over the server's limit (431)
 	ELIMITED       = "limited"                // a limit turned it away: see *LimitError (429)
 	EUNAVAILABLE   = "unavailable"            // a dependency is down (503)
+	EOVERLOADED    = "overloaded"             // the replica is at its capacity: retry after Retry-After (503)
 	EINTERNAL      = "internal"               // a bug or an unexpected failure (500)
 )
 

@@ -138,6 +138,11 @@ func (m *Main) Run(ctx context.Context) error {
 	}, opts.Checks...)
 	opts.Identity = space.IdentityMode(cfg.Auth.Mode)
 	opts.RefusalPace = cfg.Admission.RefusalPace
+	opts.Gate = api.GateOptions{Seats: cfg.Overload.MaxInFlight, MaxQueue: cfg.Overload.MaxQueued,
+		MaxQueuePerKey: cfg.Overload.MaxQueuedPerClient, MaxWait: cfg.Overload.MaxQueueWait}
+	if opts.Gate.Seats == 0 {
+		opts.Gate.Seats = -1 // SPACE_MAX_IN_FLIGHT=0: no bound
+	}
 	m.API = api.New(opts)
 
 	// Counted before serving, so that a replica that starts during a Redis outage
@@ -174,6 +179,7 @@ func (m *Main) listen() error {
 		m.publicLn.Close()
 		return fmt.Errorf("listen SPACE_INTERNAL_HTTP_ADDR %s: %w", m.Config.InternalHTTPAddr, err)
 	}
+	m.publicLn = api.LimitConnections(m.publicLn, m.Config.Overload.MaxConnections, m.Registry)
 	m.public = newHTTPServer(m.API.Public(), m.Logger, m.readHeaderTimeout)
 	m.internal = newHTTPServer(m.API.Internal(), m.Logger, m.readHeaderTimeout)
 	m.public.ConnState, m.internal.ConnState = m.trackConn, m.trackConn

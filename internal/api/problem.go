@@ -25,6 +25,7 @@ var statusByCode = map[string]int{
 	space.ETOOLARGE:      http.StatusRequestHeaderFieldsTooLarge,
 	space.ELIMITED:       http.StatusTooManyRequests,
 	space.EUNAVAILABLE:   http.StatusServiceUnavailable,
+	space.EOVERLOADED:    http.StatusServiceUnavailable,
 	space.EINTERNAL:      http.StatusInternalServerError,
 }
 

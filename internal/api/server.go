@@ -61,6 +61,9 @@ type Options struct {
 	// refusalPace); 0 answers every refusal at once. SPACE_REFUSAL_PACE; New takes a
 	// negative value as 0.
 	RefusalPace time.Duration
+	// Gate bounds the public requests at work at once and queues the rest fairly
+	// between budget keys (see gate); Seats < 0 turns it off.
+	Gate GateOptions
 
 	// The domain (domain.go): all required.
 	Auth        Authenticator
@@ -97,6 +100,7 @@ type Server struct {
 	identity     space.IdentityMode
 	refusals     *logs.Throttle
 	pace         *refusalPace
+	gate         *gate
 
 	auth        Authenticator
 	callers     Callers
@@ -138,6 +142,9 @@ func New(opts Options) *Server {
 	}
 	s.refusals = logs.NewThrottle(every, nil)
 	s.pace = newRefusalPace(max(opts.RefusalPace, 0), opts.Registry)
+	if opts.Gate.Seats >= 0 {
+		s.gate = newGate(opts.Gate, opts.Registry)
+	}
 	s.metrics = newHTTPMetrics(opts.Registry)
 	if opts.Registry != nil {
 		metric.Register(opts.Registry, prometheus.Collector(&readinessCollector{s: s}))
@@ -163,6 +170,10 @@ func (s *Server) Public() http.Handler {
 		// concurrency cap is full or its store is down: exactly when they matter.
 		r.Get("/limits", s.getLimits)
 		r.Get("/tiers", s.getTiers)
+		// Every other route waits for a seat of the replica's (admitSeat) before its
+		// body is read, or is shed: past its capacity the replica serves in turn
+		// between budget keys rather than piling work up.
+		r = r.With(s.admitSeat)
 		// A create takes its concurrency place itself, after it has checked whether
 		// its refusal is already known (createSandbox).
 		r.Post("/sandboxes", s.createSandbox)

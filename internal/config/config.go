@@ -52,6 +52,7 @@ type Config struct {
 	Reconcile  Reconcile
 	Lifecycle  Lifecycle
 	Retention  Retention
+	Overload   Overload
 	Kubernetes Kubernetes
 }
 
@@ -73,6 +74,20 @@ type Reconcile struct {
 	// sandbox still starting, restoring or pausing is settled; resources younger than
 	// it are never taken for orphans.
 	Grace time.Duration
+}
+
+// Overload bounds what a replica takes on at once (docs/operations.md, "Overload").
+type Overload struct {
+	// MaxInFlight is how many public requests may be at work at once; the rest wait
+	// their turn, shared between budget keys, or are answered 503. 0: no bound.
+	MaxInFlight int
+	// MaxQueued and MaxQueuedPerClient bound the requests waiting, in all and of one
+	// budget key; MaxQueueWait how long one waits before its 503.
+	MaxQueued, MaxQueuedPerClient int
+	MaxQueueWait                  time.Duration
+	// MaxConnections bounds the public listener's open connections: one over it is
+	// closed as it is accepted. 0: no bound.
+	MaxConnections int
 }
 
 // Retention bounds how long what has ended is kept (docs/operations.md, "Retention"):

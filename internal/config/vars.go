@@ -95,6 +95,18 @@ func declare(c *Config) []Var {
 		Var{Name: "SPACE_IDEMPOTENCY_KEY_TTL", Default: "24h", parse: into(&c.IdempotencyKeyTTL, duration),
 			Help: "How long an `Idempotency-Key` names its request: a repeat within it gets the first outcome and is not charged."},
 	)...)
+	vars = append(vars, group("Overload",
+		Var{Name: "SPACE_MAX_IN_FLIGHT", Default: "64", parse: into(&c.Overload.MaxInFlight, atLeast(0)),
+			Help: "Public requests at work at once on a replica; the rest wait their turn, round robin between budget keys, or are answered 503 `overloaded`. 0: no bound. Health checks and the internal listener are never held."},
+		Var{Name: "SPACE_MAX_QUEUED", Default: "1024", parse: into(&c.Overload.MaxQueued, atLeast(1)),
+			Help: "Public requests that may wait for their turn, all budget keys together; one more is answered 503 at once."},
+		Var{Name: "SPACE_MAX_QUEUED_PER_CLIENT", Default: "32", parse: into(&c.Overload.MaxQueuedPerClient, atLeast(1)),
+			Help: "Public requests of one budget key that may wait for their turn; one more is answered 503 at once."},
+		Var{Name: "SPACE_MAX_QUEUE_WAIT", Default: "1s", parse: into(&c.Overload.MaxQueueWait, duration),
+			Help: "The longest a public request waits for its turn before its 503; one whose caller leaves meanwhile is dropped unserved."},
+		Var{Name: "SPACE_MAX_CONNECTIONS", Default: "10000", parse: into(&c.Overload.MaxConnections, atLeast(0)),
+			Help: "Open connections of the public listener; one over it is closed as it is accepted. 0: no bound."},
+	)...)
 	vars = append(vars, group("Auth",
 		Var{Name: envAuthMode, Default: string(AuthAPIKey), parse: into(&c.Auth.Mode, oneOf(AuthAPIKey, AuthTrustedHeader)),
 			Help: "`api_key` (`Authorization: Bearer`, keys hashed in Postgres) or `trusted_header` (`X-Client-ID` from a trusted proxy)."},

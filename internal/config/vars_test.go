@@ -41,6 +41,7 @@ func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 		Reconcile:  Reconcile{Interval: 10 * time.Second, Grace: 30 * time.Second},
 		Lifecycle:  Lifecycle{Interval: 5 * time.Second},
 		Retention:  Retention{Sandboxes: 168 * time.Hour, Operations: 168 * time.Hour},
+		Overload:   Overload{MaxInFlight: 64, MaxQueued: 1024, MaxQueuedPerClient: 32, MaxQueueWait: time.Second, MaxConnections: 10000},
 		Kubernetes: Kubernetes{ReadyTimeout: 2 * time.Minute, QPS: 50, Burst: 100, MountPath: "/workspace"},
 	}
 	if got := Default(); !reflect.DeepEqual(got, want) {

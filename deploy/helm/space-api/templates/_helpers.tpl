@@ -263,6 +263,16 @@ chartEnv, what the values render, then extraEnv.
   value: {{ .Values.reconcile.grace | quote }}
 - name: SPACE_LIFECYCLE_INTERVAL
   value: {{ .Values.lifecycle.interval | quote }}
+- name: SPACE_MAX_IN_FLIGHT
+  value: {{ .Values.overload.maxInFlight | quote }}
+- name: SPACE_MAX_QUEUED
+  value: {{ .Values.overload.maxQueued | quote }}
+- name: SPACE_MAX_QUEUED_PER_CLIENT
+  value: {{ .Values.overload.maxQueuedPerClient | quote }}
+- name: SPACE_MAX_QUEUE_WAIT
+  value: {{ .Values.overload.maxQueueWait | quote }}
+- name: SPACE_MAX_CONNECTIONS
+  value: {{ .Values.overload.maxConnections | quote }}
 - name: SPACE_RETENTION_SANDBOXES
   value: {{ .Values.retention.sandboxes | quote }}
 - name: SPACE_RETENTION_OPERATIONS
