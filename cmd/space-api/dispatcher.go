@@ -51,6 +51,7 @@ func (m *Main) dispatcher(ctx context.Context) (*dispatcher.Dispatcher, error) {
 		JobTimeout:  m.jobTimeout(),
 		RescueAfter: m.jobTimeout() + rescueSlack,
 		Registerer:  m.Registry,
+		BudgetKeys:  m.Config.MetricsBudgetKeys,
 		Logger:      m.Logger.With("component", "dispatcher"),
 	})
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/space-sandbox/space/internal/dispatcher"
 	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/idempotency"
+	"github.com/space-sandbox/space/internal/metric"
 	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/replicas"
 	"github.com/space-sandbox/space/internal/sandbox"
@@ -84,6 +85,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Replicas:      m.Roster.Count,
 		Breaker:       m.Breaker,
 		Registerer:    m.Registry,
+		BudgetKeys:    metric.NewKeys(cfg.MetricsBudgetKeys),
 		Logger:        m.Logger,
 	})
 	if err != nil {

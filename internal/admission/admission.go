@@ -31,6 +31,7 @@ import (
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission/model"
 	"github.com/space-sandbox/space/internal/logs"
+	"github.com/space-sandbox/space/internal/metric"
 )
 
 // Options configures an Admitter.
@@ -75,6 +76,9 @@ type Options struct {
 	PipelineAbove int
 	// Registerer receives the metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
+	// BudgetKeys bounds the budget keys that label its series per key
+	// (space_sandbox_soft_breaches_total): nil labels every key.
+	BudgetKeys *metric.Keys
 	// Logger receives Redis failures (at most one line per 10 s); nil discards.
 	Logger *slog.Logger
 	// Now is the replica's clock of the refusals it knows without Redis (CachedRefusal);
@@ -249,6 +253,9 @@ func New(opts Options) (*Admitter, error) {
 		}
 	}
 	metrics, err := newAdmissionMetrics(opts.Registerer)
+	if err == nil {
+		metrics.keys = opts.BudgetKeys
+	}
 	if err != nil {
 		return nil, err
 	}

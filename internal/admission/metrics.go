@@ -39,8 +39,9 @@ type admissionMetrics struct {
 	script    prometheus.Histogram
 	local     *prometheus.CounterVec
 	// soft counts soft breaches by budget key and tier; sources where reserved-tier
-	// admissions took their cluster token.
+	// admissions took their cluster token. keys bounds the budget keys soft labels.
 	soft, sources *prometheus.CounterVec
+	keys          *metric.Keys
 
 	// The series of an untiered charge, bound once: the hot path of most fleets, and
 	// for the refusals, of a client flooding over its rate.
@@ -66,7 +67,7 @@ func newAdmissionMetrics(reg prometheus.Registerer) (*admissionMetrics, error) {
 	}, []string{"bucket"}))
 	soft := metric.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "space_sandbox_soft_breaches_total",
-		Help: "Activations admitted while their client was over its soft limit, signalled to the substrate (in shadow mode counted, not signalled), by budget key and tier.",
+		Help: "Activations admitted while their client was over its soft limit, signalled to the substrate (in shadow mode counted, not signalled), by budget key (the first SPACE_METRICS_BUDGET_KEYS keys; the rest summed as _other) and tier.",
 	}, []string{"budget_key", "tier"}))
 	sources := metric.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "space_sandbox_admission_cluster_tokens_total",
@@ -107,7 +108,7 @@ func (m *admissionMetrics) admitted(c space.Charge, d Decision) {
 		}
 	}
 	if d.SoftBreach {
-		m.soft.WithLabelValues(string(c.Key), c.Tier).Inc()
+		m.soft.WithLabelValues(m.keys.Label(string(c.Key)), c.Tier).Inc()
 	}
 	for _, from := range [...]struct {
 		source string

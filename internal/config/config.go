@@ -34,6 +34,9 @@ type Config struct {
 	DatabaseURL string
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+	// MetricsBudgetKeys bounds the budget keys that label series of their own; the
+	// rest are summed under budget_key="_other".
+	MetricsBudgetKeys int
 	// ShutdownTimeout bounds the drain of in-flight requests and running jobs on
 	// SIGTERM; its default stays under Kubernetes' 30s grace period.
 	ShutdownTimeout time.Duration

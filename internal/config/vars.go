@@ -90,6 +90,8 @@ func declare(c *Config) []Var {
 			Help: "The Postgres URL (`pool_max_conns` in it sizes the pool)."},
 		Var{Name: EnvLogLevel, Default: "info", parse: into(&c.LogLevel, oneOf("debug", "info", "warn", "error")),
 			Help: "`debug`, `info`, `warn` or `error`; JSON logs on stderr."},
+		Var{Name: "SPACE_METRICS_BUDGET_KEYS", Default: "100", parse: into(&c.MetricsBudgetKeys, atLeast(0)),
+			Help: "How many budget keys label a series per key of their own (`space_sandbox_soft_breaches_total`: the first seen; the queue's gauges: the largest backlogs); the rest are summed under `budget_key=\"_other\"`, so that `/metrics` does not grow with tenants. 0: per tier only."},
 		Var{Name: "SPACE_SHUTDOWN_TIMEOUT", Default: "25s", parse: into(&c.ShutdownTimeout, duration),
 			Help: "Drain time on SIGTERM, under Kubernetes' 30s grace period; a cold start cut by it is settled by the reconciler."},
 		Var{Name: "SPACE_IDEMPOTENCY_KEY_TTL", Default: "24h", parse: into(&c.IdempotencyKeyTTL, duration),

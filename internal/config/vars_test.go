@@ -36,13 +36,14 @@ func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 			MaxShape:              space.Shape{CPUMillis: 16000, MemoryMiB: 65536, DiskGiB: 100},
 			MaxBodyBytes:          64 << 10,
 		},
-		Pool:       Pool{RefillReserve: 0.2},
-		Dispatcher: Dispatcher{Workers: 10, AdmissionDeadline: 10 * time.Minute, MaxSnooze: time.Minute, MaxAttempts: 5, OwnerLanes: 4},
-		Reconcile:  Reconcile{Interval: 10 * time.Second, Grace: 30 * time.Second},
-		Lifecycle:  Lifecycle{Interval: 5 * time.Second},
-		Retention:  Retention{Sandboxes: 168 * time.Hour, Operations: 168 * time.Hour},
-		Overload:   Overload{MaxInFlight: 64, MaxQueued: 1024, MaxQueuedPerClient: 32, MaxQueueWait: time.Second, MaxConnections: 10000},
-		Kubernetes: Kubernetes{ReadyTimeout: 2 * time.Minute, QPS: 50, Burst: 100, MountPath: "/workspace"},
+		Pool:              Pool{RefillReserve: 0.2},
+		Dispatcher:        Dispatcher{Workers: 10, AdmissionDeadline: 10 * time.Minute, MaxSnooze: time.Minute, MaxAttempts: 5, OwnerLanes: 4},
+		Reconcile:         Reconcile{Interval: 10 * time.Second, Grace: 30 * time.Second},
+		Lifecycle:         Lifecycle{Interval: 5 * time.Second},
+		Retention:         Retention{Sandboxes: 168 * time.Hour, Operations: 168 * time.Hour},
+		MetricsBudgetKeys: 100,
+		Overload:          Overload{MaxInFlight: 64, MaxQueued: 1024, MaxQueuedPerClient: 32, MaxQueueWait: time.Second, MaxConnections: 10000},
+		Kubernetes:        Kubernetes{ReadyTimeout: 2 * time.Minute, QPS: 50, Burst: 100, MountPath: "/workspace"},
 	}
 	if got := Default(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", got, want)

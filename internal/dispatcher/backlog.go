@@ -9,12 +9,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/metric"
 )
 
 var (
 	depthDesc = prometheus.NewDesc("space_dispatcher_queue_depth",
 		"Operations not yet final, by kind, state (queued: waiting for a worker, parked behind their owner's lanes, snoozed by a limit or backing off after a failed attempt; running), "+
-			"and the budget key and tier they were accepted under; read from Postgres at scrape time (the same on every replica: aggregate with max).",
+			"and the budget key (the SPACE_METRICS_BUDGET_KEYS largest backlogs; the rest summed as _other) and tier they were accepted under; read from Postgres at scrape time (the same on every replica: aggregate with max).",
 		[]string{"kind", "state", "budget_key", "tier"}, nil)
 	oldestDesc = prometheus.NewDesc("space_dispatcher_oldest_queued_seconds",
 		"Age of the oldest queued operation since it was accepted, by kind, budget key and tier; 0 when none is queued. Read at scrape time (aggregate with max).",
@@ -27,6 +28,9 @@ var (
 // reported, at 0 when there is none, so an alert over them never reads nothing.
 type backlog struct {
 	db *pgxpool.Pool
+	// keys is how many budget keys keep labels of their own: those with the largest
+	// backlogs now; the rest are summed under metric.OtherKeys.
+	keys int
 }
 
 func (b *backlog) Describe(ch chan<- *prometheus.Desc) {
@@ -37,13 +41,14 @@ func (b *backlog) Describe(ch chan<- *prometheus.Desc) {
 func (b *backlog) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	groups, err := b.read(ctx)
+	read, err := b.read(ctx)
 	if err != nil {
 		// The rest of /metrics is still served (the handler continues on error) and
 		// the failure is counted in promhttp_metric_handler_errors_total.
 		ch <- prometheus.NewInvalidMetric(depthDesc, err)
 		return
 	}
+	groups := b.bounded(read)
 	// Every kind and state of the untiered unknown key is reported, at 0 when there is
 	// none, so that an alert over them never reads nothing; the others as they occur.
 	for _, k := range space.OperationKinds {
@@ -57,6 +62,32 @@ func (b *backlog) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, c.running, g.kind, string(space.OperationRunning), g.key, g.tier)
 		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, c.oldest, g.kind, g.key, g.tier)
 	}
+}
+
+// bounded folds the groups of every budget key past the b.keys largest backlogs into
+// metric.OtherKeys, per kind and tier: the series do not grow with tenants.
+func (b *backlog) bounded(groups map[group]*counts) map[group]*counts {
+	size := map[string]float64{}
+	for g, c := range groups {
+		size[g.key] += c.queued + c.running
+	}
+	if len(size) <= b.keys {
+		return groups
+	}
+	label := metric.Top(size, b.keys)
+	out := make(map[group]*counts, len(groups))
+	for g, c := range groups {
+		g.key = label[g.key]
+		into, ok := out[g]
+		if !ok {
+			into = &counts{}
+			out[g] = into
+		}
+		into.queued += c.queued
+		into.running += c.running
+		into.oldest = max(into.oldest, c.oldest)
+	}
+	return out
 }
 
 // group is one set of labels of the queue's series.

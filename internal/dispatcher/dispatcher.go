@@ -106,6 +106,10 @@ type Options struct {
 	// Rand returns a float in [0, 1) for snooze jitter (default math/rand/v2.Float64).
 	Rand       func() float64
 	Registerer prometheus.Registerer
+	// BudgetKeys is how many budget keys label the queue's series of their own, the
+	// largest backlogs; the rest are summed under budget_key="_other"
+	// (SPACE_METRICS_BUDGET_KEYS). 0 names none.
+	BudgetKeys int
 	Logger     *slog.Logger
 	// River, when set, adjusts River's configuration before the client is made: tests
 	// shorten fetch intervals with it.
@@ -163,7 +167,7 @@ func New(opts Options) (*Dispatcher, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	m, err := newMetrics(opts.Registerer, opts.DB)
+	m, err := newMetrics(opts.Registerer, opts.DB, opts.BudgetKeys)
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ type metrics struct {
 	unparked prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, db *pgxpool.Pool) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, db *pgxpool.Pool, budgetKeys int) (*metrics, error) {
 	m := &metrics{
 		enqueued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "space_dispatcher_enqueued_total",
@@ -80,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, db *pgxpool.Pool) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.enqueued, m.finished, m.snoozes, m.settles, m.lost, m.retries, m.queue, m.unparked, &backlog{db: db}} {
+	for _, c := range []prometheus.Collector{m.enqueued, m.finished, m.snoozes, m.settles, m.lost, m.retries, m.queue, m.unparked, &backlog{db: db, keys: budgetKeys}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register dispatcher metrics (one Dispatcher per registry): %w", err)
 		}

@@ -263,6 +263,8 @@ chartEnv, what the values render, then extraEnv.
   value: {{ .Values.reconcile.grace | quote }}
 - name: SPACE_LIFECYCLE_INTERVAL
   value: {{ .Values.lifecycle.interval | quote }}
+- name: SPACE_METRICS_BUDGET_KEYS
+  value: {{ .Values.metrics.budgetKeys | quote }}
 - name: SPACE_MAX_IN_FLIGHT
   value: {{ .Values.overload.maxInFlight | quote }}
 - name: SPACE_MAX_QUEUED
