@@ -2,13 +2,13 @@ package api
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/keyed"
 	"github.com/space-sandbox/space/internal/metric"
 )
 
@@ -47,8 +47,10 @@ type refusalPace struct {
 	onHold func()
 
 	working atomic.Int64 // requests at work on this replica, every key's
-	byKey   sync.Map     // space.ClientKey → *atomic.Int64: the same, by key
-	held    atomic.Int64
+	// byKey is the same, by key: bounded, a key with requests at work never
+	// forgotten (keyed.Map's Keep).
+	byKey *keyed.Map[atomic.Int64]
+	held  atomic.Int64
 	// idle is closed, and replaced, when the last request at work here ends while
 	// refusals are held: they are answered then, before their pace.
 	idle  atomic.Pointer[chan struct{}]
@@ -57,7 +59,8 @@ type refusalPace struct {
 
 func newRefusalPace(pace time.Duration, reg prometheus.Registerer) *refusalPace {
 	p := &refusalPace{
-		pace: pace,
+		pace:  pace,
+		byKey: keyed.New(keyed.Options[atomic.Int64]{Keep: func(n *atomic.Int64) bool { return n.Load() > 0 }}),
 		after: func(d time.Duration) (<-chan time.Time, func() bool) {
 			t := time.NewTimer(d)
 			return t.C, t.Stop
@@ -76,11 +79,7 @@ func newRefusalPace(pace time.Duration, reg prometheus.Registerer) *refusalPace 
 // request past the identity on a route with a concurrency place) until end is called
 // with what it returns.
 func (p *refusalPace) begin(key space.ClientKey) *atomic.Int64 {
-	n, ok := p.byKey.Load(key)
-	if !ok {
-		n, _ = p.byKey.LoadOrStore(key, new(atomic.Int64))
-	}
-	c := n.(*atomic.Int64)
+	c := p.byKey.LoadOrNew(string(key), nil)
 	c.Add(1)
 	p.working.Add(1)
 	return c
@@ -104,8 +103,8 @@ func (p *refusalPace) neighbours(key space.ClientKey) bool {
 		return false
 	}
 	var own int64
-	if n, ok := p.byKey.Load(key); ok {
-		own = n.(*atomic.Int64).Load()
+	if n := p.byKey.Load(string(key)); n != nil {
+		own = n.Load()
 	}
 	return all > own
 }

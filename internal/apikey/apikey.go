@@ -20,7 +20,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/keyed"
 	"github.com/space-sandbox/space/internal/store"
 )
 
@@ -65,7 +66,8 @@ type Store struct {
 
 	// touched remembers when last_used_at was last written per key, so that a key used
 	// a thousand times a second costs one write a minute, not a thousand.
-	touched sync.Map // key id -> time.Time
+	// Bounded: a key forgotten costs one write more.
+	touched *keyed.Map[atomic.Int64] // Unix nanoseconds
 }
 
 // TouchInterval is how stale last_used_at may be.
@@ -76,7 +78,7 @@ func NewStore(db *pgxpool.Pool, logger *slog.Logger) *Store {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{db: store.Wrap(db), logger: logger}
+	return &Store{db: store.Wrap(db), logger: logger, touched: keyed.New(keyed.Options[atomic.Int64]{})}
 }
 
 // Create issues a key for client, named name (what it is for, e.g. "ci"), and returns
@@ -184,10 +186,11 @@ func (s *Store) Lookup(ctx context.Context, secret string) (Key, error) {
 // request path.
 func (s *Store) touch(id string) {
 	now := time.Now()
-	if last, ok := s.touched.Load(id); ok && now.Sub(last.(time.Time)) < TouchInterval {
+	last := s.touched.LoadOrNew(id, nil)
+	prev := last.Load()
+	if now.UnixNano()-prev < int64(TouchInterval) || !last.CompareAndSwap(prev, now.UnixNano()) {
 		return
 	}
-	s.touched.Store(id, now)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -3,9 +3,10 @@ package logs
 
 import (
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/space-sandbox/space/internal/keyed"
 )
 
 // Throttle lets one log line per key through per interval, however many goroutines
@@ -14,7 +15,9 @@ import (
 type Throttle struct {
 	interval time.Duration
 	now      func() time.Time
-	keys     sync.Map // string -> *throttleEntry
+	// keys are the keys' last lines, bounded (keyed.Map): a key forgotten lets its
+	// next line through a little early, which a log can bear.
+	keys *keyed.Map[throttleEntry]
 }
 
 type throttleEntry struct {
@@ -24,25 +27,23 @@ type throttleEntry struct {
 
 const never = math.MinInt64
 
+// throttleKeys bounds the keys a Throttle remembers: one a route and budget key, at
+// most, for the refusals' access log.
+const throttleKeys = 10_000
+
 // NewThrottle returns a Throttle of one line per key per interval on the clock now
 // (default time.Now).
 func NewThrottle(interval time.Duration, now func() time.Time) *Throttle {
 	if now == nil {
 		now = time.Now
 	}
-	return &Throttle{interval: interval, now: now}
+	return &Throttle{interval: interval, now: now, keys: keyed.New(keyed.Options[throttleEntry]{Max: throttleKeys})}
 }
 
 // Allow reports whether a line for key may be written now and, when it may, how many
 // lines for key were held back since the last one written.
 func (t *Throttle) Allow(key string) (bool, int64) {
-	v, ok := t.keys.Load(key)
-	if !ok {
-		fresh := &throttleEntry{}
-		fresh.last.Store(never)
-		v, _ = t.keys.LoadOrStore(key, fresh)
-	}
-	e := v.(*throttleEntry)
+	e := t.keys.LoadOrNew(key, func(e *throttleEntry) { e.last.Store(never) })
 	now := t.now().UnixNano()
 	prev := e.last.Load()
 	if prev != never && now-prev < int64(t.interval) {
