@@ -3,6 +3,7 @@ package flags
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -338,13 +339,8 @@ func inForce(q Quotas, env Env) (*space.Reservations, []string, error) {
 	}
 	named := map[string]bool{env.FallbackTier: true}
 	var warnings []string
-	ids := make([]string, 0, len(q.Clients))
-	for id := range q.Clients {
-		ids = append(ids, string(id))
-	}
-	sort.Strings(ids)
-	for _, id := range ids {
-		t := q.Clients[space.ClientKey(id)].Tier
+	for id, entry := range q.Clients {
+		t := entry.Tier
 		if t == "" {
 			continue
 		}
@@ -353,6 +349,7 @@ func inForce(q Quotas, env Env) (*space.Reservations, []string, error) {
 			warnings = append(warnings, fmt.Sprintf("clients.%s names tier %q, which is not in the tier table: it gets the floor tier %q", id, t, env.FallbackTier))
 		}
 	}
+	slices.Sort(warnings) // the warnings in order, not the 10,000 ids they came from
 	for _, name := range names {
 		if !named[name] {
 			warnings = append(warnings, fmt.Sprintf("tier %q is named by no client entry: only the flag %s can put a client on it", name, TierFlag))
@@ -373,13 +370,8 @@ func lifecycleTableWarnings(q Quotas) []string {
 			out = append(out, fmt.Sprintf("tiers.%s: %s", name, w))
 		}
 	}
-	ids := make([]string, 0, len(q.Clients))
-	for id := range q.Clients {
-		ids = append(ids, string(id))
-	}
-	sort.Strings(ids)
-	for _, id := range ids {
-		entry := q.Clients[space.ClientKey(id)]
+	var clients []string
+	for id, entry := range q.Clients {
 		if !setsLifecycle(entry.Fields) {
 			continue
 		}
@@ -395,11 +387,12 @@ func lifecycleTableWarnings(q Quotas) []string {
 		}
 		for _, w := range lifecycleWarnings(lifecycleOf(append(below, entry.Fields)...)) {
 			if !tierSays[w] { // said once, of the tier
-				out = append(out, fmt.Sprintf("clients.%s: %s", id, w))
+				clients = append(clients, fmt.Sprintf("clients.%s: %s", id, w))
 			}
 		}
 	}
-	return out
+	slices.Sort(clients)
+	return append(out, clients...)
 }
 
 // setsLifecycle reports whether f sets a field of the lifecycle.

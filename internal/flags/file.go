@@ -58,6 +58,9 @@ func parseFlagsFile(data []byte, validators map[string]func(any) error, warn fun
 	if warn == nil {
 		warn = func(string) {}
 	}
+	// The file is decoded once, into the values the flags then serve: a flag file
+	// with a 10,000-client quota flag is a megabyte, and decoding each level again
+	// from its raw bytes cost most of a reload (BenchmarkReloadAtSize).
 	doc, err := decodeObject(data)
 	if err != nil {
 		return nil, fmt.Errorf("not a flag-definition file: %w", err)
@@ -65,18 +68,18 @@ func parseFlagsFile(data []byte, validators map[string]func(any) error, warn fun
 	if err := checkFields(doc, topFields, "the file", warn); err != nil {
 		return nil, fmt.Errorf("not a flag-definition file: %w", err)
 	}
-	if raw, ok := doc["metadata"]; ok {
-		if err := checkMetadata(raw, true); err != nil {
+	if v, ok := doc["metadata"]; ok {
+		if _, err := checkMetadata(v, true); err != nil {
 			return nil, fmt.Errorf("metadata: %w", err)
 		}
 	}
 	rawFlags, ok := doc["flags"]
-	if !ok || isJSONNull(rawFlags) {
+	if !ok || rawFlags == nil {
 		return nil, errors.New(`not a flag-definition file: no "flags" object`)
 	}
-	var defs map[string]json.RawMessage
-	if err := json.Unmarshal(rawFlags, &defs); err != nil {
-		return nil, fmt.Errorf(`not a flag-definition file: "flags" must be an object of flag key to definition (the array form is flagd's own, not a provider's): %w`, err)
+	defs, ok := rawFlags.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf(`not a flag-definition file: "flags" must be an object of flag key to definition, not %s (the array form is flagd's own, not a provider's)`, typeName(rawFlags))
 	}
 	flags := make(map[string]*flag, len(defs))
 	for _, key := range sortedKeys(defs) {
@@ -92,13 +95,13 @@ func parseFlagsFile(data []byte, validators map[string]func(any) error, warn fun
 	return flags, nil
 }
 
-func parseFlag(key string, raw json.RawMessage, validate func(any) error, warn func(string)) (*flag, error) {
+func parseFlag(key string, raw any, validate func(any) error, warn func(string)) (*flag, error) {
 	fail := func(variant string, err error) (*flag, error) {
 		return nil, &FlagError{Flag: key, Variant: variant, Err: err}
 	}
-	def, err := decodeObject(raw)
-	if err != nil {
-		return fail("", err)
+	def, ok := raw.(map[string]any)
+	if !ok {
+		return fail("", fmt.Errorf("a flag definition must be an object, not %s", typeName(raw)))
 	}
 	if err := checkFields(def, flagFields, fmt.Sprintf("flag %q", key), warn); err != nil {
 		return fail("", err)
@@ -106,44 +109,40 @@ func parseFlag(key string, raw json.RawMessage, validate func(any) error, warn f
 	if hasTargeting(def["targeting"]) {
 		return fail("", ErrTargeting)
 	}
-	var (
-		state          string
-		variants       map[string]json.RawMessage
-		defaultVariant *string
-	)
-	for field, dst := range map[string]any{"state": &state, "variants": &variants, "defaultVariant": &defaultVariant} {
-		if raw, ok := def[field]; ok {
-			if err := json.Unmarshal(raw, dst); err != nil {
-				return fail("", fmt.Errorf("%s: %w", field, err))
-			}
-		}
-	}
 	f := &flag{}
-	switch state {
+	switch state, _ := def["state"].(string); state {
 	case stateEnabled:
 		f.enabled = true
 	case stateDisabled:
 	default:
+		if _, isString := def["state"].(string); !isString && def["state"] != nil {
+			return fail("", fmt.Errorf("state must be a string, not %s", typeName(def["state"])))
+		}
 		return fail("", fmt.Errorf("state must be %q or %q, got %q", stateEnabled, stateDisabled, truncate(state)))
+	}
+	variants, ok := def["variants"].(map[string]any)
+	if !ok && def["variants"] != nil {
+		return fail("", fmt.Errorf("variants must be an object, not %s", typeName(def["variants"])))
 	}
 	if len(variants) == 0 {
 		return fail("", errors.New("variants must hold at least one variant"))
 	}
-	if defaultVariant != nil {
-		f.variant = *defaultVariant
+	switch dv := def["defaultVariant"].(type) {
+	case nil: // absent or null: the caller's default
+	case string:
+		f.variant = dv
 		if _, ok := variants[f.variant]; !ok {
 			return fail("", fmt.Errorf("defaultVariant %q is not one of the variants %q", truncate(f.variant), sortedKeys(variants)))
 		}
+	default:
+		return fail("", fmt.Errorf("defaultVariant must be a string or null, not %s", typeName(dv)))
 	}
 	kind, first := "", ""
 	for _, name := range sortedKeys(variants) {
 		if name == "" {
 			return fail("", errors.New("a variant name must not be empty"))
 		}
-		var value any
-		if err := json.Unmarshal(variants[name], &value); err != nil {
-			return fail(name, err)
-		}
+		value := variants[name]
 		k := variantKind(value)
 		switch {
 		case k == "":
@@ -162,12 +161,9 @@ func parseFlag(key string, raw json.RawMessage, validate func(any) error, warn f
 			f.value = value
 		}
 	}
-	if raw, ok := def["metadata"]; ok {
-		if err := checkMetadata(raw, false); err != nil {
-			return fail("", fmt.Errorf("metadata: %w", err))
-		}
-		var metadata map[string]any
-		if err := json.Unmarshal(raw, &metadata); err != nil {
+	if v, ok := def["metadata"]; ok {
+		metadata, err := checkMetadata(v, false)
+		if err != nil {
 			return fail("", fmt.Errorf("metadata: %w", err))
 		}
 		f.metadata = scalarMetadata(metadata)
@@ -192,7 +188,7 @@ func variantKind(v any) string {
 
 // checkFields refuses a field whose name is a known one's in another case (a typo
 // that flagd would ignore) and reports every other unknown field through warn.
-func checkFields(obj map[string]json.RawMessage, known []string, where string, warn func(string)) error {
+func checkFields(obj map[string]any, known []string, where string, warn func(string)) error {
 	for _, field := range sortedKeys(obj) {
 		if slices.Contains(known, field) {
 			continue
@@ -208,53 +204,48 @@ func checkFields(obj map[string]json.RawMessage, known []string, where string, w
 }
 
 // checkMetadata refuses metadata that is not an object of strings, numbers and
-// booleans; the file's flagSetId and version, when there, must be strings.
-func checkMetadata(raw json.RawMessage, fileLevel bool) error {
-	if isJSONNull(raw) {
-		return errors.New("must be an object, not null")
+// booleans; the file's flagSetId and version, when there, must be strings. It returns
+// the metadata as an object.
+func checkMetadata(v any, fileLevel bool) (map[string]any, error) {
+	if v == nil {
+		return nil, errors.New("must be an object, not null")
 	}
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return fmt.Errorf("must be an object: %w", err)
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("must be an object, not %s", typeName(v))
 	}
 	for _, k := range sortedKeys(m) {
 		switch v := m[k].(type) {
 		case string:
 		case bool, float64:
 			if fileLevel && (k == "flagSetId" || k == "version") {
-				return fmt.Errorf("%q must be a string, not %s", k, typeName(v))
+				return nil, fmt.Errorf("%q must be a string, not %s", k, typeName(v))
 			}
 		default:
-			return fmt.Errorf("%q must be a string, a number or a boolean, not %s", truncate(k), typeName(v))
+			return nil, fmt.Errorf("%q must be a string, a number or a boolean, not %s", truncate(k), typeName(v))
 		}
 	}
-	return nil
+	return m, nil
 }
 
 // hasTargeting reports whether a flag carries targeting rules. An absent, null or empty
 // ({}) targeting is no rule: flagd serves the defaultVariant for those too, and tools
 // that generate the format write them.
-func hasTargeting(raw json.RawMessage) bool {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || isJSONNull(raw) {
+func hasTargeting(v any) bool {
+	if v == nil {
 		return false
 	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &obj); err == nil && len(obj) == 0 {
+	if obj, ok := v.(map[string]any); ok && len(obj) == 0 {
 		return false
 	}
 	return true
 }
 
-func isJSONNull(raw json.RawMessage) bool {
-	return string(bytes.TrimSpace(raw)) == "null"
-}
-
-// decodeObject decodes exactly one JSON object into its raw fields, refusing anything
-// after it.
-func decodeObject(data []byte) (map[string]json.RawMessage, error) {
+// decodeObject decodes exactly one JSON object, refusing anything after it. Numbers
+// are float64, as OpenFeature's object values hold them.
+func decodeObject(data []byte) (map[string]any, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
-	var obj map[string]json.RawMessage
+	var obj map[string]any
 	if err := dec.Decode(&obj); err != nil {
 		return nil, err
 	}

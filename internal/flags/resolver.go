@@ -123,8 +123,9 @@ type Resolver struct {
 	warnings *logs.Throttle
 	metrics  resolverMetrics
 
-	seen atomic.Pointer[parsedQuotas] // the last value the provider returned, parsed
-	good atomic.Pointer[parsedQuotas] // the last good value; never nil
+	seen    atomic.Pointer[parsedQuotas] // the last value the provider returned, parsed
+	parsing sync.Mutex                   // held by the one goroutine parsing a new value
+	good    atomic.Pointer[parsedQuotas] // the last good value; never nil
 
 	version func() uint64
 	cache   atomic.Pointer[callerCache] // the callers resolved under one flags version
@@ -180,6 +181,16 @@ func NewResolver(opts ResolverOptions) *Resolver {
 	}
 	r.warnings = logs.NewThrottle(WarnInterval, opts.Now)
 	r.good.Store(noQuotas)
+	if r.client != nil {
+		// A provider that says its flags changed gets the quota flag parsed on the
+		// event's goroutine, before requests meet it (see parse).
+		refresh := func(d openfeature.EventDetails) {
+			if len(d.FlagChanges) == 0 || slices.Contains(d.FlagChanges, QuotaFlag) {
+				r.Refresh(context.Background())
+			}
+		}
+		r.client.AddHandler(openfeature.ProviderConfigChange, &refresh)
+	}
 	metric.Register(opts.Registerer, reservedCollector{r})
 	return r
 }
@@ -620,7 +631,7 @@ func (r *Resolver) quotas(ctx context.Context, id space.ClientID) (*parsedQuotas
 		}
 		return r.good.Load(), false
 	}
-	p := r.parse(details.Value)
+	p, current := r.parse(details.Value)
 	if p.err != nil {
 		r.metrics.malformed.Inc()
 		if r.warn("malformed") {
@@ -630,7 +641,15 @@ func (r *Resolver) quotas(ctx context.Context, id space.ClientID) (*parsedQuotas
 		return r.good.Load(), false
 	}
 	r.keep(p)
-	return p, true
+	return p, current
+}
+
+// Refresh evaluates the quota flag and parses its value now, so that no request has to:
+// space-api calls it when the flags file has been reloaded, from the reload's own
+// goroutine. It is an optimisation only; a value nobody refreshed is parsed by the
+// first request that meets it.
+func (r *Resolver) Refresh(ctx context.Context) {
+	r.quotas(ctx, "")
 }
 
 // keep makes p the last good value; the store is skipped when it already is, so that
@@ -645,14 +664,30 @@ func (r *Resolver) keep(p *parsedQuotas) {
 // The cache is what keeps a flag evaluation per request cheap: with the 200-client flag
 // of BenchmarkResolveCachedParse a Resolve is about a hundred times faster, and
 // allocates some 70 times less, than BenchmarkResolveParseEachTime's.
-func (r *Resolver) parse(v any) *parsedQuotas {
+//
+// A new value is parsed by one goroutine at a time (with 10,000 clients a parse takes
+// tens of milliseconds; every request in flight parsing it at once would stall a
+// replica for a second). While one does, the others are served the value parsed last,
+// and told so (current false) so that nothing resolved from it is kept; only the very
+// first parse is waited for.
+func (r *Resolver) parse(v any) (p *parsedQuotas, current bool) {
 	id := identity(v)
 	if id != nil {
 		if s := r.seen.Load(); s != nil && s.id == id {
-			return s
+			return s, true
+		}
+		if !r.parsing.TryLock() {
+			if s := r.seen.Load(); s != nil {
+				return s, false
+			}
+			r.parsing.Lock()
+		}
+		defer r.parsing.Unlock()
+		if s := r.seen.Load(); s != nil && s.id == id {
+			return s, true
 		}
 	}
-	p := &parsedQuotas{src: v, id: id}
+	p = &parsedQuotas{src: v, id: id}
 	p.q, p.err = ParseQuotas(v)
 	if p.err == nil {
 		p.reservations, p.warnings, p.err = inForce(p.q, r.env)
@@ -668,7 +703,7 @@ func (r *Resolver) parse(v any) *parsedQuotas {
 	if id != nil {
 		r.seen.Store(p)
 	}
-	return p
+	return p, true
 }
 
 // identity is the address of v's map, which names the value as long as it is alive; nil
