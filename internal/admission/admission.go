@@ -30,6 +30,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission/model"
+	"github.com/space-sandbox/space/internal/keyed"
 	"github.com/space-sandbox/space/internal/logs"
 	"github.com/space-sandbox/space/internal/metric"
 )
@@ -74,6 +75,10 @@ type Options struct {
 	// (SPACE_REDIS_PIPELINE_ABOVE): see coalescer. 0 is DefaultPipelineAbove (8);
 	// negative sends every script on its own.
 	PipelineAbove int
+	// MaxKeys bounds the buckets this replica remembers for CachedRefusal
+	// (keyed.DefaultMax, 100,000, when 0): past it the least recently used are
+	// forgotten, and asked about again.
+	MaxKeys int
 	// Registerer receives the metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
 	// BudgetKeys bounds the budget keys that label its series per key
@@ -134,9 +139,11 @@ type Admitter struct {
 	errLog  *throttledLog
 
 	// known holds, per bucket, its state as this replica last learnt it from Redis, so
-	// that CachedRefusal can refuse without asking. Keys are the cluster key
-	// and bounded budget keys: the map is bounded by the allowlist.
-	known  sync.Map // string (Redis key) -> *atomic.Pointer[knownBucket]
+	// that CachedRefusal can refuse without asking. Keys are the cluster key, the tier
+	// reserves' and the budget keys', at most Options.MaxKeys of them: a bucket
+	// forgotten for room is one this replica asks Redis about again, so forgetting
+	// never admits (a refusal it would have made from memory, Redis makes).
+	known  *keyed.Map[atomic.Pointer[knownBucket]]
 	now    func() time.Time
 	maxAge time.Duration
 	// share is this replica's copy of the cluster side as spent while Redis cannot
@@ -265,6 +272,7 @@ func New(opts Options) (*Admitter, error) {
 		now = time.Now
 	}
 	return &Admitter{
+		known:        keyed.New(keyed.Options[atomic.Pointer[knownBucket]]{Max: opts.MaxKeys, Now: func() int64 { return now().Unix() }}),
 		now:          now,
 		maxAge:       opts.RefusalMaxAge,
 		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove),
@@ -594,11 +602,11 @@ type known struct {
 // tokens at now: nothing when it has no state of the bucket under rate, or for the
 // charge that relearns one too old.
 func (a *Admitter) knownState(key string, rate space.Rate, need int, now time.Time) known {
-	v, ok := a.known.Load(key)
-	if !ok {
+	cell := a.known.Load(key)
+	if cell == nil {
 		return known{}
 	}
-	k := v.(*atomic.Pointer[knownBucket]).Load()
+	k := cell.Load()
 	if k == nil || k.Rate != rate {
 		return known{}
 	}
@@ -651,17 +659,7 @@ func (a *Admitter) remember(key string, st BucketState, at time.Time) {
 
 // cell is where this replica keeps what it knows of the bucket under key.
 func (a *Admitter) cell(key string) *atomic.Pointer[knownBucket] {
-	return pointerIn[knownBucket](&a.known, key)
-}
-
-// pointerIn is m's cell under key, made empty the first time: a load, and a store
-// only for a key not seen before.
-func pointerIn[T any](m *sync.Map, key string) *atomic.Pointer[T] {
-	v, ok := m.Load(key)
-	if !ok {
-		v, _ = m.LoadOrStore(key, &atomic.Pointer[T]{})
-	}
-	return v.(*atomic.Pointer[T])
+	return a.known.LoadOrNew(key, nil)
 }
 
 // upTo is the most the bucket can hold at now: the known tokens and every refill

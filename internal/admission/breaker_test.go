@@ -33,8 +33,25 @@ func TestBreaker(t *testing.T) {
 		t.Cleanup(func() { rdb.Close() })
 		p := &paused{srv: srv, reg: prometheus.NewRegistry()}
 		p.breaker = NewBreaker(BreakerOptions{Failures: 3, OpenFor: 300 * time.Millisecond, Registerer: p.reg})
-		const timeout = 50 * time.Millisecond
-		var err error
+		// The scripts are loaded first, on a timeout no loaded machine misses, so that
+		// the components' first calls are one round trip each; their own timeout is
+		// short, since each call of the outage waits for it.
+		warm, err := New(Options{Redis: rdb, Prefix: testenv.Prefix(t), Enabled: true, Cluster: space.Rate{RefillRPS: 1, Burst: 100}, Timeout: testTimeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := warm.Admit(testenv.Context(t), "warm-up", rate(1, 5)); err != nil {
+			t.Fatalf("loading the scripts: %v", err)
+		}
+		warmConc, err := NewConcurrencyLimiter(ConcurrencyOptions{Redis: rdb, Prefix: testenv.Prefix(t), Timeout: testTimeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := warmConc.Acquire(testenv.Context(t), "warm-up", 3); err != nil {
+			t.Fatalf("loading the scripts: %v", err)
+		}
+		warmConc.Close()
+		const timeout = 200 * time.Millisecond
 		p.adm, err = New(Options{Redis: rdb, Prefix: testenv.Prefix(t), Enabled: true, FailClosed: failClosed,
 			Cluster: space.Rate{RefillRPS: 1, Burst: 100}, Timeout: timeout, Breaker: p.breaker, Registerer: p.reg})
 		if err != nil {

@@ -142,8 +142,7 @@ func TestKnownShortBucketsLetThroughWhatTheirRefillServes(t *testing.T) {
 			t.Fatalf("initech = %+v, want the cluster's refusal: acme claimed its token", le)
 		}
 		claims := func(client space.ClientKey) int64 {
-			v, _ := b.adm.known.Load(b.clientKey(client))
-			return v.(*atomic.Pointer[knownBucket]).Load().claimed.Load()
+			return b.adm.known.Load(b.clientKey(client)).Load().claimed.Load()
 		}
 		if got := claims("initech"); got != 0 {
 			t.Fatalf("initech's bucket holds %d claims after the cluster refused it, want 0", got)

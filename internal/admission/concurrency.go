@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/keyed"
 	"github.com/space-sandbox/space/internal/metric"
 )
 
@@ -63,6 +64,9 @@ type ConcurrencyOptions struct {
 	// (SPACE_REDIS_PIPELINE_ABOVE): see coalescer. 0 is DefaultPipelineAbove (8);
 	// negative sends every script on its own.
 	PipelineAbove int
+	// MaxKeys bounds the clients whose places this replica remembers for Alongside
+	// (keyed.DefaultMax, 100,000, when 0).
+	MaxKeys int
 	// FailClosed: on a Redis error or timeout, false (the default) lets the request
 	// through within the cap as this replica alone counts it (placeLocally); true
 	// returns an error wrapping ErrUnavailable. Both are counted as decision="error",
@@ -95,9 +99,10 @@ type ConcurrencyLimiter struct {
 	seq      atomic.Uint64
 
 	// known is what this replica's newest Acquire (by Redis's clock) learnt of each
-	// client's places, for Alongside: client key -> *knownPlaces. Bounded by the
-	// budget keys, which are.
-	known sync.Map
+	// client's places, for Alongside, for at most ConcurrencyOptions.MaxKeys clients
+	// (a client with places being taken alongside is kept): a client forgotten takes
+	// its next place before its work, as one not asked for recently does.
+	known *keyed.Map[knownPlaces]
 	now   func() time.Time
 
 	mu   sync.Mutex
@@ -151,7 +156,7 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 		logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &ConcurrencyLimiter{
+	c := &ConcurrencyLimiter{
 		run:        newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove),
 		prefix:     prefix + ":client_concurrency:",
 		ttl:        ttl,
@@ -167,7 +172,13 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 		local:      map[string]int{},
 		ctx:        ctx,
 		cancel:     cancel,
-	}, nil
+	}
+	c.known = keyed.New(keyed.Options[knownPlaces]{
+		Max:  opts.MaxKeys,
+		Keep: func(k *knownPlaces) bool { return k.pending.Load() > 0 },
+		Now:  func() int64 { return c.now().Unix() },
+	})
+	return c, nil
 }
 
 // Acquire takes one of client's cap places until the lease's Release, which is
@@ -350,11 +361,7 @@ func (k *knownPlaces) forget() {
 }
 
 func (c *ConcurrencyLimiter) places(client space.ClientKey) *knownPlaces {
-	if k, ok := c.known.Load(client); ok {
-		return k.(*knownPlaces)
-	}
-	k, _ := c.known.LoadOrStore(client, &knownPlaces{})
-	return k.(*knownPlaces)
+	return c.known.LoadOrNew(string(client), nil)
 }
 
 // Alongside reports whether a request of client may take its place under cap

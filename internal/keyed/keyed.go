@@ -153,15 +153,19 @@ func (m *Map[V]) evict() {
 			cut = mid + 1
 		}
 	}
-	for _, c := range all {
-		if over <= 0 {
-			break
-		}
-		if c.used <= cut {
-			if _, loaded := m.m.LoadAndDelete(c.key); loaded {
-				m.size.Add(-1)
-				m.evicted.Add(1)
-				over--
+	// Older than the cut-off first, all of them; then of the cut-off's own second only
+	// as many as are still over.
+	for _, older := range [2]bool{true, false} {
+		for _, c := range all {
+			if over <= 0 {
+				return
+			}
+			if (older && c.used < cut) || (!older && c.used == cut) {
+				if _, loaded := m.m.LoadAndDelete(c.key); loaded {
+					m.size.Add(-1)
+					m.evicted.Add(1)
+					over--
+				}
 			}
 		}
 	}

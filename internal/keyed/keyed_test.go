@@ -35,6 +35,25 @@ func TestMap(t *testing.T) {
 		}
 	})
 
+	t.Run("the older keys go first even when the newest second holds more than the excess", func(t *testing.T) {
+		t.Parallel()
+		for range 20 { // the map's order differs every time
+			var clock atomic.Int64
+			m := New(Options[int]{Max: 100, Now: clock.Load})
+			m.LoadOrNew("old", nil)
+			clock.Store(1)
+			for i := range 100 { // all in one second, the last one past the bound
+				m.LoadOrNew(fmt.Sprintf("k%d", i), nil)
+			}
+			if m.Len() != 90 {
+				t.Fatalf("%d keys, want 90", m.Len())
+			}
+			if m.Load("old") != nil {
+				t.Fatal("the one key of an older second was kept over keys of the newest")
+			}
+		}
+	})
+
 	t.Run("an entry Keep holds is never forgotten, however old", func(t *testing.T) {
 		t.Parallel()
 		var clock atomic.Int64
