@@ -108,6 +108,9 @@ type LimitError struct {
 	Cap int
 	// Remaining is what was left in the rejecting bucket (tokens, or places).
 	Remaining float64
+	// FromMemory is true for a refusal a replica made from what it last learnt of the
+	// bucket, without asking Redis (Charger.CachedRefusal): the API paces those.
+	FromMemory bool
 }
 
 func (e *LimitError) Error() string {

@@ -649,7 +649,7 @@ func (b known) claim(cost int, bucket space.Bucket, client space.ClientKey) (*kn
 func (b known) limitError(bucket space.Bucket, client space.ClientKey, left float64) *space.LimitError {
 	limit := b.k.Rate
 	left = max(left, 0)
-	return &space.LimitError{Bucket: bucket, Client: client, RetryAfter: micros((b.need - left) / limit.RefillRPS * 1e6), Limit: &limit, Remaining: left}
+	return &space.LimitError{Bucket: bucket, Client: client, RetryAfter: micros((b.need - left) / limit.RefillRPS * 1e6), Limit: &limit, Remaining: left, FromMemory: true}
 }
 
 // remember records what a decision found of the bucket under key, for CachedRefusal.

@@ -44,8 +44,10 @@ type Budgets interface {
 
 // Sandboxes is the sandbox flow (*sandbox.Service).
 type Sandboxes interface {
+	// Plan validates a create to be queued; Create runs a synchronous one, taking its
+	// concurrency place from places and returning it, to be given back once answered.
 	Plan(caller space.Caller, req sandbox.CreateRequest) (sandbox.Plan, error)
-	Create(ctx context.Context, p sandbox.Plan) (*space.Sandbox, error)
+	Create(ctx context.Context, caller space.Caller, req sandbox.CreateRequest, places sandbox.Places) (*space.Sandbox, space.Lease, error)
 	Get(ctx context.Context, client space.ClientID, id string) (*space.Sandbox, error)
 	List(ctx context.Context, client space.ClientID, limit int, pageToken string) (*sandbox.Page, error)
 	Pause(ctx context.Context, caller space.Caller, id string) (*space.Sandbox, error)

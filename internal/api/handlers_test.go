@@ -64,14 +64,35 @@ func (f *fakeSandboxes) Plan(caller space.Caller, req sandbox.CreateRequest) (sa
 	return sandbox.Plan{Caller: caller, Request: req}, nil
 }
 
-func (f *fakeSandboxes) Create(_ context.Context, p sandbox.Plan) (*space.Sandbox, error) {
+// Create plans the create (Plan, so that plan's errors apply), then takes its place
+// from places as sandbox.Service.Create does: a malformed create after it, any other
+// refusal of the plan (422, a refusal from memory) before it.
+func (f *fakeSandboxes) Create(ctx context.Context, caller space.Caller, req sandbox.CreateRequest, places sandbox.Places) (*space.Sandbox, space.Lease, error) {
+	p, err := f.Plan(caller, req)
+	if err != nil && space.ErrorCode(err) != space.EINVALID {
+		return nil, space.Lease{}, err
+	}
+	lease, lerr := places.Acquire(ctx, caller.Key, caller.Concurrency)
+	if lerr != nil {
+		return nil, space.Lease{}, lerr
+	}
+	if err != nil {
+		return nil, lease, err
+	}
 	f.mu.Lock()
 	f.created++
 	f.mu.Unlock()
 	if f.create != nil {
-		return f.create(p)
+		defer func() {
+			if r := recover(); r != nil {
+				lease.Release() // as the service gives back the place of a create that panics
+				panic(r)
+			}
+		}()
+		sb, err := f.create(p)
+		return sb, lease, err
 	}
-	return running, nil
+	return running, lease, nil
 }
 
 func (f *fakeSandboxes) Get(_ context.Context, client space.ClientID, id string) (*space.Sandbox, error) {
@@ -337,7 +358,7 @@ func TestCreateHandler(t *testing.T) {
 		h := setup(t)
 		h.sandboxes.plan = func(c space.Caller, _ sandbox.CreateRequest) error {
 			return &space.LimitError{Bucket: space.BucketClientActivation, Client: c.Key, RetryAfter: 3 * time.Second,
-				Limit: &space.Rate{RefillRPS: 1, Burst: 5}, Remaining: 0.4}
+				Limit: &space.Rate{RefillRPS: 1, Burst: 5}, Remaining: 0.4, FromMemory: true}
 		}
 		w := h.do(h.public, "POST", "/v1/sandboxes", pythonCreate)
 		p := problemOf(t, w)

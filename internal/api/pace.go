@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -140,4 +141,32 @@ func (p *refusalPace) hold(ctx context.Context, key space.ClientKey) {
 	case <-ctx.Done():
 		stop()
 	}
+}
+
+// pacedPlaces is the concurrency cap as a create takes it (sandbox.Places): the
+// limiter's place, and the create counted at work (refusalPace.begin) from the moment
+// it asks for its place, past its refusal from memory, until the place is given back.
+type pacedPlaces struct {
+	leases Leases
+	pace   *refusalPace
+}
+
+func (p pacedPlaces) Acquire(ctx context.Context, key space.ClientKey, cap int) (space.Lease, error) {
+	at := p.pace.begin(key)
+	l, err := p.leases.Acquire(ctx, key, cap)
+	if err != nil {
+		p.pace.end(at)
+		return l, err
+	}
+	var once sync.Once
+	return space.NewLease(func() {
+		once.Do(func() {
+			l.Release()
+			p.pace.end(at)
+		})
+	}, l.Roomy), nil
+}
+
+func (p pacedPlaces) Alongside(key space.ClientKey, cap int) (func(), bool) {
+	return p.leases.Alongside(key, cap)
 }

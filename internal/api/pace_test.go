@@ -43,7 +43,7 @@ func TestRefusalPace(t *testing.T) {
 		b.h.sandboxes.plan = func(c space.Caller, _ sandbox.CreateRequest) error {
 			if c.Key == "acme" && b.refuseAcme.Load() {
 				return &space.LimitError{Bucket: space.BucketClientActivation, Client: c.Key, RetryAfter: time.Second,
-					Limit: &space.Rate{RefillRPS: 1, Burst: 5}}
+					Limit: &space.Rate{RefillRPS: 1, Burst: 5}, FromMemory: true}
 			}
 			return nil
 		}

@@ -2,9 +2,9 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -195,9 +195,9 @@ func createRequest(r *http.Request) (sandbox.CreateRequest, error) {
 	}, err
 }
 
-// createSandbox is POST /v1/sandboxes: the create is planned once (validated, its
-// shape resolved, a refusal known from memory asked: sandbox.Service.Plan), then
-// queued (Prefer: respond-async, 202) or made (201).
+// createSandbox is POST /v1/sandboxes: made (201) by sandbox.Service.Create, which
+// runs the whole create order and takes the concurrency place from s.places, or
+// queued (Prefer: respond-async, 202).
 //
 // A create that can never pass (422) or whose refusal is already known (429) is
 // answered before it takes a concurrency place: a client flooding over its rate costs
@@ -207,31 +207,42 @@ func createRequest(r *http.Request) (sandbox.CreateRequest, error) {
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	caller := callerFrom(r.Context())
 	req, err := createRequest(r)
-	var plan sandbox.Plan
-	if err == nil {
-		plan, err = s.sandboxes.Plan(caller, req)
-		// A create refused on its way to Create (its concurrency cap) gives back what
-		// the plan holds; Create releases it itself.
-		defer plan.Release()
-		if code := space.ErrorCode(err); code == space.ELIMITED || code == space.EUNPROCESSABLE {
-			if code == space.ELIMITED {
-				// Refused from memory: yields to another key's request at work here.
-				s.pace.hold(r.Context(), caller.Key)
-			}
-			s.writeError(w, r, err)
-			return
+	if err != nil {
+		// A body that is not a create at all: told after the place, as a create
+		// whose fields are invalid is (sandbox.Service.Create).
+		lease, lerr := s.places.Acquire(r.Context(), caller.Key, caller.Concurrency)
+		if lerr != nil {
+			err = lerr
 		}
+		w, done := heldUntilAnswered(w, r, lease)
+		defer done()
+		s.writeError(w, r, err)
+		return
 	}
-	// Past the refusal from memory, this create is work another key's refusals yield
-	// to (refusalPace).
-	defer s.pace.end(s.pace.begin(caller.Key))
-	if err == nil && plan.Alongside() {
-		if placed, ok := s.concurrency.Alongside(caller.Key, caller.Concurrency); ok {
-			s.createAlongside(w, r, plan, placed)
-			return
-		}
+	if req.Async {
+		s.queueCreate(w, r, caller, req)
+		return
 	}
-	lease, lerr := s.concurrency.Acquire(r.Context(), caller.Key, caller.Concurrency)
+	sb, lease, err := s.sandboxes.Create(r.Context(), caller, req, s.places)
+	if le, ok := errors.AsType[*space.LimitError](err); ok && le.FromMemory {
+		// Refused from memory: yields to another key's request at work here.
+		s.pace.hold(r.Context(), caller.Key)
+	}
+	w, done := heldUntilAnswered(w, r, lease)
+	defer done()
+	s.writeCreated(w, r, sb, err)
+}
+
+// queueCreate plans a create to be queued and queues it, holding its caller's
+// concurrency place while it does, as any request in flight does. A queued create is
+// not refused from memory: it waits in the queue for its bucket.
+func (s *Server) queueCreate(w http.ResponseWriter, r *http.Request, caller space.Caller, req sandbox.CreateRequest) {
+	plan, err := s.sandboxes.Plan(caller, req)
+	if err != nil && space.ErrorCode(err) != space.EINVALID {
+		s.writeError(w, r, err)
+		return
+	}
+	lease, lerr := s.places.Acquire(r.Context(), caller.Key, caller.Concurrency)
 	if lerr != nil {
 		s.writeError(w, r, lerr)
 		return
@@ -242,47 +253,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if req.Async {
-		// A copy for the queue: the plan itself stays on this goroutine's stack (a
-		// Plan is about 550 bytes, and every create, refused ones first, has one).
-		queued := plan
-		s.enqueue(w, r, dispatcher.Request{Kind: space.OperationCreate, Client: caller.ID, Create: &queued, IdempotencyKey: req.IdempotencyKey}, operationsPath)
-		return
-	}
-	sb, err := s.sandboxes.Create(r.Context(), plan)
-	s.writeCreated(w, r, sb, err)
-}
-
-// createAlongside makes a planned create whose concurrency place is taken alongside
-// its reservation (sandbox.Plan.Alongside, and placed from Leases.Alongside): the
-// place's round trip to Redis runs while the reservation's to Postgres does, instead
-// of before it. Create waits for the place once the create is reserved, before
-// anything is adopted, charged or started; refused, the reservation is taken back and
-// the caller is told the cap, as it would have been first. The place is given back as
-// heldUntilAnswered says.
-func (s *Server) createAlongside(w http.ResponseWriter, r *http.Request, plan sandbox.Plan, placed func()) {
-	type taken struct {
-		lease space.Lease
-		err   error
-	}
-	leased := make(chan taken, 1)
-	go func() {
-		defer placed()
-		l, err := s.concurrency.Acquire(r.Context(), plan.Caller.Key, plan.Caller.Concurrency)
-		leased <- taken{l, err}
-	}()
-	place := sync.OnceValue(func() taken { return <-leased })
-	sb, err := s.sandboxes.Create(r.Context(), plan.WithPlace(func() error { return place().err }))
-	// Create may end before it asks (its reservation failed): the place is waited for
-	// all the same, to be given back, or to be what the caller is told.
-	l := place()
-	if err != nil && l.err != nil {
-		s.writeError(w, r, l.err)
-		return
-	}
-	w, done := heldUntilAnswered(w, r, l.lease)
-	defer done()
-	s.writeCreated(w, r, sb, err)
+	s.enqueue(w, r, dispatcher.Request{Kind: space.OperationCreate, Client: caller.ID, Create: &plan, IdempotencyKey: req.IdempotencyKey}, operationsPath)
 }
 
 // writeCreated answers a synchronous create: 201 with the sandbox and its Location,

@@ -100,6 +100,7 @@ type Server struct {
 	identity     space.IdentityMode
 	refusals     *logs.Throttle
 	pace         *refusalPace
+	places       pacedPlaces // the concurrency cap as a create takes it
 	gate         *gate
 
 	auth        Authenticator
@@ -142,6 +143,7 @@ func New(opts Options) *Server {
 	}
 	s.refusals = logs.NewThrottle(every, nil)
 	s.pace = newRefusalPace(max(opts.RefusalPace, 0), opts.Registry)
+	s.places = pacedPlaces{leases: s.concurrency, pace: s.pace}
 	if opts.Gate.Seats >= 0 {
 		s.gate = newGate(opts.Gate, opts.Registry)
 	}

@@ -567,7 +567,7 @@ func TestQueueSignals(t *testing.T) {
 		const header = `# HELP space_dispatcher_oldest_queued_seconds Age of the oldest queued operation since it was accepted, by kind, budget key and tier; 0 when none is queued. Read at scrape time (aggregate with max).
 # TYPE space_dispatcher_oldest_queued_seconds gauge
 `
-		const depthHeader = `# HELP space_dispatcher_queue_depth Operations not yet final, by kind, state (queued: waiting for a worker, parked behind their owner's lanes, snoozed by a limit or backing off after a failed attempt; running), and the budget key and tier they were accepted under; read from Postgres at scrape time (the same on every replica: aggregate with max).
+		const depthHeader = `# HELP space_dispatcher_queue_depth Operations not yet final, by kind, state (queued: waiting for a worker, parked behind their owner's lanes, snoozed by a limit or backing off after a failed attempt; running), and the budget key (the SPACE_METRICS_BUDGET_KEYS largest backlogs; the rest summed as _other) and tier they were accepted under; read from Postgres at scrape time (the same on every replica: aggregate with max).
 # TYPE space_dispatcher_queue_depth gauge
 `
 		const unknownOldest = `space_dispatcher_oldest_queued_seconds{budget_key="unknown",kind="create",tier=""} 0

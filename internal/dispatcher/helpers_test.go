@@ -142,6 +142,7 @@ func (b *bundle) dispatcher(o setupOptions) *dispatcher.Dispatcher {
 		MaxAttempts:       cmp.Or(o.maxAttempts, defaults.Dispatcher.MaxAttempts),
 		OwnerLanes:        cmp.Or(o.ownerLanes, defaults.Dispatcher.OwnerLanes),
 		IdempotencyTTL:    defaults.IdempotencyKeyTTL,
+		BudgetKeys:        defaults.MetricsBudgetKeys,
 		JobTimeout:        cmp.Or(o.jobTimeout, 10*time.Minute), // above any run of these tests
 		RescueAfter:       o.rescueAfter,
 		SettleWait:        o.settleWait,
@@ -301,11 +302,9 @@ func (b *bundle) count(sql string, args ...any) int {
 	return n
 }
 
-// create plans req for caller and makes it at once, as a synchronous create does.
+// create makes req for caller at once, as a synchronous create does, with no
+// concurrency cap.
 func create(svc *sandbox.Service, ctx context.Context, caller space.Caller, req sandbox.CreateRequest) (*space.Sandbox, error) {
-	p, err := svc.Plan(caller, req)
-	if err != nil {
-		return nil, err
-	}
-	return svc.Create(ctx, p)
+	sb, _, err := svc.Create(ctx, caller, req, nil)
+	return sb, err
 }

@@ -183,10 +183,7 @@ func (d *Dispatcher) run(ctx context.Context, op *row, caller space.Caller) erro
 		}
 		req.ID = op.SandboxID
 		req.Answered = true // its 202 named the sandbox
-		var plan sandbox.Plan
-		if plan, err = svc.Plan(caller, req); err == nil {
-			_, err = svc.Create(ctx, plan)
-		}
+		_, err = svc.CreateQueued(ctx, caller, req)
 	case space.OperationRestore:
 		_, err = svc.Restore(ctx, caller, op.SandboxID)
 	case space.OperationWake:

@@ -35,7 +35,7 @@ type activation interface {
 	// error aborts the activation with nothing reserved.
 	reserve(ctx context.Context, caller space.Caller) (*space.Sandbox, substrate.Template, *pool.Slot, error)
 	// placed waits for the activation's concurrency place when it is being taken
-	// alongside the reservation (a create's, Plan.WithPlace), and returns its refusal;
+	// alongside the reservation (a create's, takePlace), and returns its refusal;
 	// nil at once otherwise.
 	placed() error
 	// undo takes the reservation back when the charge is refused (429, 503).

@@ -17,11 +17,11 @@ import (
 	"github.com/space-sandbox/space/internal/substrate"
 )
 
-// The create flow, top to bottom: a request is planned once (Plan: validated, its
-// shape resolved, a refusal known from memory asked), then created (Create: its
-// Idempotency-Key or fixed id looked up, the refusal asked if Plan could not, then
-// the activation shared with restore, activate.go). Every step reads what the plan
-// carries; nothing is validated, resolved or refused twice.
+// The create order, top to bottom in Service.create: validate (Plan), look up a
+// repeat, the refusal from memory (once, for a create that is no repeat), the
+// concurrency place (place.go), then the activation a create shares with a restore
+// (activate.go): reserve, charge, start, finish. Nothing is validated, resolved or
+// refused twice.
 
 // CreateRequest is a create as its caller sent it.
 type CreateRequest struct {
@@ -78,58 +78,33 @@ type Plan struct {
 	Caller   space.Caller
 	Request  CreateRequest
 	Template substrate.Template
-	// refusalAsked is true when Plan asked for a refusal known from memory; Create
-	// asks after its lookups otherwise.
-	refusalAsked bool
-	// hold is what the refusal cache let this create through with (see
-	// space.Charger): held until Create has charged, or the create ends without.
+	// hold is what the refusal from memory let this create through with (see
+	// space.Charger.CachedRefusal): held until the create has charged, or ends
+	// without.
 	hold space.Hold
-	// cold is true when Plan found the pool view knowing no ready slot of the shape.
+	// cold is true when the refusal from memory found the pool view knowing no ready
+	// slot of the shape.
 	cold bool
-	// place, when set, waits for the create's concurrency place, taken alongside its
-	// reservation (WithPlace).
-	place func() error
 }
 
-// Alongside reports whether p's create may take its concurrency place alongside its
-// reservation rather than before it (the API's choice, as
-// admission.ConcurrencyLimiter.Alongside allows): a plain synchronous create (no key,
-// no fixed id, not queued: one that is never a repeat) of a shape the pool view knew
-// no ready slot of when it was planned, so that the reservation it runs beside is all
-// but certain to claim none.
-func (p Plan) Alongside() bool { return p.refusalAsked && p.cold }
-
-// WithPlace returns p with place, the wait for its concurrency place being taken
-// alongside its reservation. Create calls it once the reservation is made, before
-// anything is adopted, charged or started; an error from it takes the reservation
-// back (a slot it claimed all the same is discarded) and is Create's error.
-func (p Plan) WithPlace(place func() error) Plan {
-	p.place = place
-	return p
-}
-
-// Release gives back what the plan holds of the buckets' known tokens (see
-// space.Charger.CachedRefusal). Create releases it itself; whoever makes a Plan and
-// may not pass it to Create (a create refused by its concurrency cap after it was
-// planned) releases it too. Releasing twice is harmless.
-func (p Plan) Release() {
+// release gives back what the plan holds of the buckets' known tokens. Releasing
+// twice is harmless.
+func (p *Plan) release() {
 	if p.hold != nil {
 		p.hold.Release()
 	}
 }
 
-// Plan checks a create once, in the order its caller is answered:
+// Plan validates a create, in the order its caller is answered, and returns it
+// planned:
 //
 //  1. the body is valid: EINVALID naming the field, before any limit is looked at;
 //  2. the shape can ever be served: its template known, within the caps, at a cost the
 //     client's bucket can hold; EUNPROCESSABLE naming the field otherwise, before any
-//     refusal: a 429 would have its caller wait for what no wait can give;
-//  3. a refusal this replica already knows (see knownRefusal), asked here for a plain
-//     synchronous create, so that a client flooding over its rate is answered before
-//     it takes a concurrency place. A create that may repeat an earlier request (an
-//     Idempotency-Key, a fixed id) is asked in Create instead, once it is known not to
-//     be a repeat, whose answer is what the first made; a queued create is not asked
-//     at all: it waits for its bucket.
+//     refusal: a 429 would have its caller wait for what no wait can give.
+//
+// It is Create's first step; the API calls it alone for a create it queues, which is
+// planned now and created when the dispatcher runs it (CreateQueued).
 func (s *Service) Plan(caller space.Caller, req CreateRequest) (Plan, error) {
 	began := s.opts.Now()
 	p := Plan{Caller: caller, Request: req}
@@ -145,17 +120,14 @@ func (s *Service) Plan(caller space.Caller, req CreateRequest) (Plan, error) {
 		if err := idempotency.Check(req.IdempotencyKey); err != nil {
 			return p, err
 		}
+		if req.ID != "" {
+			return p, errors.New("create: an idempotency key and a fixed id are exclusive")
+		}
 	}
 	var err error
 	if p.Template, err = s.resolve(caller, req.Shape); err != nil {
 		s.metrics.refused("create", err, s.opts.Now().Sub(began))
 		return p, err
-	}
-	if !req.Async && req.ID == "" && req.IdempotencyKey == "" {
-		p.refusalAsked = true
-		if err := s.knownRefusal(&p, began); err != nil {
-			return p, err
-		}
 	}
 	return p, nil
 }
@@ -203,20 +175,21 @@ func whose(c space.Caller) string {
 	return fmt.Sprintf("client %q", c.Key)
 }
 
-// knownRefusal answers a create with the refusal it is known to meet, at once and for
-// nothing: no reservation, no lease, no call to Postgres or Redis. It is the path of a
-// client flooding over its rate, whose every create would otherwise reserve a row,
-// charge, be refused and undo the row.
+// refuseFromMemory answers a create with the refusal it is known to meet, at once and
+// for nothing: no reservation, no place, no call to Postgres or Redis. It is the path
+// of a client flooding over its rate, whose every create would otherwise reserve a
+// row, charge, be refused and undo the row.
 //
 // It refuses only when every step before the charge would let the create through to
 // it, read from memory: the pool view knows no ready slot of the shape and no target
 // making them (a warm hit costs no budget and must never be refused for want of one),
 // and the Charger's refusal cache already knows that a charge of the template's cost
-// would be refused. The live cap is not looked at: a create over it and over its rate
-// may be told either reason. Anything else returns nil, and the charge asks Redis.
+// would be refused (a *space.LimitError with FromMemory set). The live cap is not
+// looked at: a create over it and over its rate may be told either reason. Anything
+// else returns nil, and the charge asks Redis.
 //
-// A create it lets through holds its cost in p (Plan.Release) until it is charged.
-func (s *Service) knownRefusal(p *Plan, began time.Time) error {
+// A create it lets through holds its cost in p until it is charged.
+func (s *Service) refuseFromMemory(p *Plan, began time.Time) error {
 	if s.opts.View == nil || !s.opts.View.Cold(p.Request.Shape) {
 		return nil
 	}
@@ -235,98 +208,220 @@ func (s *Service) knownRefusal(p *Plan, began time.Time) error {
 // operation).
 const syncCreate = "create (synchronous)"
 
-// Create makes the sandbox of a planned create, owned by its caller's id and capped
-// and charged under its budget key.
+// Create makes the sandbox a synchronous create asks for, owned by its caller's id and
+// capped and charged under its budget key, taking its concurrency place from places
+// (the API's; nil takes none). It returns the place with the outcome: whoever called
+// gives it back (Release) once it has answered, whatever the outcome (a zero Lease
+// when no place was taken).
 //
-// A create that may repeat an earlier one is looked up first:
-//   - under an Idempotency-Key (internal/idempotency): a repeat works on the sandbox
-//     the first request made, and charges nothing when that one runs; a new request
-//     claims the key for a new sandbox id;
-//   - with a fixed id (a queued create's run, or a repeat under a key), by that id: no
-//     sandbox yet, it is created with it; failed (an earlier attempt's cold start
-//     failed), the activation runs again in that row, which a refused retry (429, 422,
-//     503) puts back to failed with its error; starting, an attempt is in flight or
-//     was cut short with its replica, and nobody can tell which here: an error
-//     wrapping ErrSettling, for the caller to try again once the reconciler has
-//     settled the row; any other state, an earlier attempt made it, and it is
-//     returned as it is. An id of another client's sandbox is ECONFLICT.
-func (s *Service) Create(ctx context.Context, p Plan) (*space.Sandbox, error) {
-	defer func() { p.Release() }() // the hold p has by the end: Plan's, or one asked below
-	req := p.Request
+// The order, each step only for a create the step before let through:
+//
+//  1. validate: the body and the shape (Plan); a shape that can never be served is a
+//     422 before any limit, a malformed body a 400 after the concurrency place (in
+//     the order the limits apply: a client over its cap is told the cap);
+//  2. look up a repeat: under an Idempotency-Key (internal/idempotency), the sandbox
+//     the first request made, which is answered as it is; with a fixed id (a queued
+//     create's run, or a repeat under a key), by that id: no sandbox yet, it is
+//     created with it; failed (an earlier attempt's cold start failed), the
+//     activation runs again in that row, which a refused retry (429, 422, 503) puts
+//     back to failed with its error; starting, an attempt is in flight or was cut short
+//     with its replica, and nobody can tell which here: an error wrapping ErrSettling,
+//     for the caller to try again once the reconciler has settled the row; any other
+//     state, an earlier attempt made it, and it is returned as it is. An id of another
+//     client's sandbox is ECONFLICT;
+//  3. the refusal from memory (refuseFromMemory), once, for a create that is no
+//     repeat and no retry: a client flooding over its rate is answered before it takes
+//     a place or a key;
+//  4. claim a new Idempotency-Key for a new sandbox id: a refused create left it free
+//     for its retry;
+//  5. the concurrency place (takePlace): before the reservation, or alongside it for a
+//     plain create the pool cannot serve warm;
+//  6. the activation (activate.go): reserve, charge, start, finish.
+func (s *Service) Create(ctx context.Context, caller space.Caller, req CreateRequest, places Places) (*space.Sandbox, space.Lease, error) {
+	return s.create(ctx, caller, req, places)
+}
+
+// CreateQueued is the dispatcher's run of a queued create (CreateRequest.ID fixed, its
+// 202 answered): Create's order without a concurrency place, which bounds requests in
+// flight; queued work is bounded by its lanes instead.
+func (s *Service) CreateQueued(ctx context.Context, caller space.Caller, req CreateRequest) (*space.Sandbox, error) {
+	sb, _, err := s.create(ctx, caller, req, nil)
+	return sb, err
+}
+
+func (s *Service) create(ctx context.Context, caller space.Caller, req CreateRequest, places Places) (*space.Sandbox, space.Lease, error) {
+	began := s.opts.Now()
+	// 1. Validate.
+	p, err := s.Plan(caller, req)
+	if space.ErrorCode(err) == space.EINVALID {
+		// A malformed create is told so after its place, in the order the limits
+		// apply: a client over its concurrency cap is told the cap.
+		pl, perr := s.takePlace(ctx, caller, places, false)
+		if perr != nil {
+			return nil, space.Lease{}, perr
+		}
+		lease, _ := pl.wait()
+		return nil, lease, err
+	}
+	if err != nil {
+		return nil, space.Lease{}, err
+	}
+	defer p.release() // the hold of the refusal from memory, if it let the create through
+
+	// 2. Look up a repeat.
+	c := &creation{s: s, tmpl: p.Template, unclaimable: !req.Answered && req.IdempotencyKey == ""}
+	id, byKey := req.ID, false
 	if req.IdempotencyKey != "" {
-		if req.ID != "" {
-			return nil, errors.New("create: an idempotency key and a fixed id are exclusive")
-		}
-		id, asked, err := s.claimKey(ctx, &p)
+		first, err := s.keyHolder(ctx, &p)
 		if err != nil {
-			return nil, err
+			return nil, space.Lease{}, err
 		}
-		req.ID, p.refusalAsked = id, asked
+		if first != nil {
+			id, byKey = first.SandboxID, true
+		}
+	}
+	if id != "" {
+		done, err := s.repeat(ctx, c, caller.ID, id)
+		if err != nil || done != nil {
+			return done, space.Lease{}, err
+		}
 	}
 
-	id, retry := req.ID, false
+	// 3. The refusal from memory.
+	if !c.retry {
+		if err := s.refuseFromMemory(&p, began); err != nil {
+			return nil, space.Lease{}, err
+		}
+	}
+
+	// 4. A new key claimed for a new sandbox.
+	if req.IdempotencyKey != "" && !byKey {
+		var twin bool
+		if id, twin, err = s.claimKey(ctx, &p); err != nil {
+			return nil, space.Lease{}, err
+		}
+		if twin {
+			// A concurrent twin claimed the key first: this create repeats it.
+			done, err := s.repeat(ctx, c, caller.ID, id)
+			if err != nil || done != nil {
+				return done, space.Lease{}, err
+			}
+		}
+	}
+	c.fixedID = id != ""
 	if id == "" {
 		id = uuid.NewString()
-	} else {
-		cur, err := s.existing(ctx, p.Caller.ID, id)
-		switch {
-		case err != nil:
-			return nil, err
-		case cur != nil && cur.State != space.StateFailed:
-			// A repeat is answered with the sandbox, which from then on no longer
-			// depends on a key to be claimed.
-			if err := markAnswered(ctx, s.db, cur); err != nil {
-				return nil, err
-			}
-			return cur, nil
-		}
-		retry = cur != nil
-		// A retry of a failed row takes the usual path, so that the row keeps the
-		// history of its refused retries.
-		if !retry && !p.refusalAsked {
-			if err := s.knownRefusal(&p, s.opts.Now()); err != nil {
-				return nil, err
-			}
-		}
 	}
-
-	sb := &space.Sandbox{
+	c.sb = &space.Sandbox{
 		ID:              id,
-		Client:          p.Caller.ID,
-		BudgetKey:       p.Caller.Key,
+		Client:          caller.ID,
+		BudgetKey:       caller.Key,
 		State:           space.StateStarting,
 		Shape:           req.Shape,
 		TemplateVersion: p.Template.Version,
 		Metadata:        req.Metadata,
 		Answered:        req.Answered,
 	}
-	return s.activate(ctx, p.Caller, &creation{s: s, sb: sb, tmpl: p.Template, retry: retry, fixedID: req.ID != "",
-		unclaimable: !req.Answered && req.IdempotencyKey == "", place: p.place})
+
+	// 5. The concurrency place.
+	plain := req.ID == "" && req.IdempotencyKey == ""
+	pl, err := s.takePlace(ctx, caller, places, plain && p.cold)
+	if err != nil {
+		return nil, space.Lease{}, err
+	}
+	c.place = pl
+	handed := false
+	defer func() {
+		if !handed {
+			// The activation panicked: the place is given back here, since nobody
+			// else holds it (a place kept is renewed for as long as its replica runs).
+			lease, _ := pl.wait()
+			lease.Release()
+		}
+	}()
+
+	// 6. The activation.
+	sb, err := s.activate(ctx, caller, c)
+	// The activation may end before it waits for a place taken alongside (its
+	// reservation failed): the place is waited for all the same, to be given back, or
+	// to be what the caller is told, as it would have been first.
+	lease, perr := pl.wait()
+	handed = true
+	if err != nil && perr != nil {
+		return nil, lease, perr
+	}
+	return sb, lease, err
 }
 
-// claimKey returns the sandbox id p's idempotency key names: a new one when the key
-// is free (or expired), the first request's when the key already names this request.
-// A new request is asked for a known refusal before it claims anything (asked is then
-// true), so that a refused one leaves the key free for its retry; a repeat is not: its
-// answer is what the first made, even while the client is refused.
-func (s *Service) claimKey(ctx context.Context, p *Plan) (id string, asked bool, err error) {
-	body, err := p.Request.Encode()
+// keyHolder returns the request that p's Idempotency-Key names, nil when the key is
+// free (or expired); a key naming a different request is EUNPROCESSABLE.
+func (s *Service) keyHolder(ctx context.Context, p *Plan) (*idempotency.Record, error) {
+	rec, err := s.keyRecord(p)
+	if err != nil {
+		return nil, err
+	}
+	first, err := idempotency.Get(ctx, s.db, rec.Client, rec.Key)
+	if err != nil || first == nil {
+		return nil, err
+	}
+	return first, first.Names(rec.RequestHash)
+}
+
+// repeat looks up the sandbox a create with a fixed id repeats, into c: a sandbox to
+// answer with as it is (done), a failed one to retry in its row (c.retry), or none
+// yet, to be created with the id. See Create for each case.
+func (s *Service) repeat(ctx context.Context, c *creation, client space.ClientID, id string) (done *space.Sandbox, err error) {
+	cur, err := s.existing(ctx, client, id)
+	switch {
+	case err != nil:
+		return nil, err
+	case cur != nil && cur.State != space.StateFailed:
+		// A repeat is answered with the sandbox, which from then on no longer depends
+		// on a key to be claimed.
+		if err := markAnswered(ctx, s.db, cur); err != nil {
+			return nil, err
+		}
+		return cur, nil
+	}
+	// A retry of a failed row takes the usual path, so that the row keeps the history
+	// of its refused retries.
+	c.retry = cur != nil
+	return nil, nil
+}
+
+// claimKey claims p's free Idempotency-Key for a new sandbox id, and returns the id. A
+// concurrent twin whose claim committed first makes this create a repeat of it: the
+// twin's sandbox id is returned (twin true), which this create then works on as a
+// fixed id.
+func (s *Service) claimKey(ctx context.Context, p *Plan) (id string, twin bool, err error) {
+	rec, err := s.keyRecord(p)
 	if err != nil {
 		return "", false, err
 	}
-	rec := &idempotency.Record{Client: p.Caller.ID, Key: p.Request.IdempotencyKey,
-		RequestHash: idempotency.Hash(syncCreate, "", body), SandboxID: uuid.NewString()}
-	first, err := idempotency.Run(ctx, s.db, rec, s.opts.IdempotencyTTL, func() error {
-		asked = true
-		return s.knownRefusal(p, s.opts.Now())
-	}, nil)
+	var first *idempotency.Record
+	err = s.db.Tx(ctx, func(tx pgx.Tx) error {
+		var err error
+		first, err = idempotency.Claim(ctx, tx, rec, s.opts.IdempotencyTTL)
+		return err
+	})
 	switch {
 	case err != nil:
-		return "", asked, err
+		return "", false, err
 	case first != nil:
-		return first.SandboxID, asked, nil
+		return first.SandboxID, true, nil
 	}
-	return rec.SandboxID, asked, nil
+	return rec.SandboxID, false, nil
+}
+
+// keyRecord is the record p's Idempotency-Key is claimed with: the synchronous create
+// it names, by its hash, and a new sandbox id.
+func (s *Service) keyRecord(p *Plan) (*idempotency.Record, error) {
+	body, err := p.Request.Encode()
+	if err != nil {
+		return nil, err
+	}
+	return &idempotency.Record{Client: p.Caller.ID, Key: p.Request.IdempotencyKey,
+		RequestHash: idempotency.Hash(syncCreate, "", body), SandboxID: uuid.NewString()}, nil
 }
 
 // ErrSettling is in the chain of the error of a create whose sandbox is still
@@ -373,8 +468,8 @@ type creation struct {
 	unclaimable bool
 	// failedWith is a revived row's error, put back when the retry is refused.
 	failedWith string
-	// place is the plan's wait for its concurrency place (Plan.WithPlace), or nil.
-	place func() error
+	// place is the create's concurrency place (takePlace).
+	place *place
 }
 
 func (c *creation) kind() string                  { return "create" }
@@ -400,10 +495,8 @@ func (c *creation) reserve(ctx context.Context, caller space.Caller) (*space.San
 }
 
 func (c *creation) placed() error {
-	if c.place == nil {
-		return nil
-	}
-	return c.place()
+	_, err := c.place.wait()
+	return err
 }
 
 func (c *creation) undo(ctx context.Context, sb *space.Sandbox) error {

@@ -142,19 +142,14 @@ func TestEarlyRefusal(t *testing.T) {
 				t.Fatalf("%s: %d holds not given back", tc.name, n)
 			}
 		}
-		// A plan that never reaches Create (its caller refused by the concurrency cap
-		// in between) is released by whoever planned it.
-		p, err := b.svc.Plan(acme(), sandbox.CreateRequest{Shape: python})
-		if err != nil {
-			t.Fatal(err)
+		// A create let through by its refusal from memory and then refused its
+		// concurrency place gives its hold back too.
+		full := &places{refuse: overCap}
+		if _, _, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}, full); !errors.Is(err, overCap) {
+			t.Fatalf("over its concurrency cap: err = %v, want the cap's refusal", err)
 		}
-		if n := b.charger.held.Load(); n != 1 {
-			t.Fatalf("a plan let through holds %d, want 1", n)
-		}
-		p.Release()
-		p.Release()
 		if n := b.charger.held.Load(); n != 0 {
-			t.Fatalf("released twice: %d held, want 0", n)
+			t.Fatalf("refused its place: %d holds not given back", n)
 		}
 	})
 
@@ -227,8 +222,11 @@ func TestEarlyRefusal(t *testing.T) {
 			View:    pool.NewView(pool.ViewOptions{DB: b.db}), // never run
 			Catalog: sandbox.Catalog{Templates: substrate.Templates{python.Template: {Name: python.Template, Image: "python"}}}})
 		b.charger.known = always
-		if _, err := b.svc.Plan(acme(), sandbox.CreateRequest{Shape: python}); err != nil {
+		if _, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err != nil {
 			t.Fatalf("refused %v without a view that can tell", err)
+		}
+		if got := b.events.list(); !equal(got, []string{"charge:acme", "start_cold"}) {
+			t.Fatalf("events = %v, want the charge asked, not a refusal from memory", got)
 		}
 	})
 }

@@ -123,7 +123,7 @@ func TestCreateWithFixedID(t *testing.T) {
 		b, v := setupRefusing(t)
 		v.waitCold(python)
 		b.charger.known = func(space.ClientKey) bool { return true }
-		if _, err := b.svc.Plan(acme(), sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.ELIMITED {
+		if _, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python}); space.ErrorCode(err) != space.ELIMITED {
 			t.Fatalf("a synchronous create known refused: err = %v, want the refusal", err)
 		}
 		if _, err := b.svc.Plan(acme(), sandbox.CreateRequest{Shape: python, Async: true}); err != nil {

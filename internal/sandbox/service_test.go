@@ -65,7 +65,7 @@ func (c *charger) CachedRefusal(ch space.Charge) (space.Hold, *space.LimitError)
 		return &fakeHold{held: &c.held}, nil
 	}
 	c.events.add("refuse:" + string(client))
-	return nil, &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Second, Limit: rate}
+	return nil, &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Second, Limit: rate, FromMemory: true}
 }
 
 // fakeHold counts itself in held until it is released.
@@ -757,11 +757,9 @@ func TestOutage(t *testing.T) {
 	})
 }
 
-// create plans req for caller and makes it, as the API and the dispatcher do.
+// create makes req for caller at once, as a synchronous create does, with no
+// concurrency cap.
 func create(svc *sandbox.Service, ctx context.Context, caller space.Caller, req sandbox.CreateRequest) (*space.Sandbox, error) {
-	p, err := svc.Plan(caller, req)
-	if err != nil {
-		return nil, err
-	}
-	return svc.Create(ctx, p)
+	sb, _, err := svc.Create(ctx, caller, req, nil)
+	return sb, err
 }
