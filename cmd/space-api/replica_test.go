@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -31,7 +32,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(runCheckingOpenAPI(m))
+	code := runCheckingOpenAPI(m)
+	removePreviousRelease()
+	os.Exit(code)
 }
 
 // replica is a space-api serving in a process of its own: the test binary started with
@@ -44,6 +47,9 @@ type replica struct {
 	internal string
 	logs     *testenv.Buffer
 	done     chan error
+	// release is the release a replica of another release's binary runs ("": this
+	// code's).
+	release string
 }
 
 // startReplica starts a replica with env (SPACE_* variables) plus listeners of its
@@ -51,9 +57,39 @@ type replica struct {
 // the test's log if the test failed.
 func startReplica(t *testing.T, name string, env map[string]string) *replica {
 	t.Helper()
+	return startReplicaCmd(t, name, func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = []string{serveEnv + "=1"}
+		return cmd
+	}, env)
+}
+
+// startReplicaCmd is startReplica for a replica that the command newCmd makes serves
+// (this code, or another release's binary): its Env gets env, the listeners and what
+// startReplica passes on. A listener's port taken between testenv.FreeAddr and the
+// replica's listen (by any socket of the machine: an outgoing connection's local port
+// too) is retried on other ports.
+func startReplicaCmd(t *testing.T, name string, newCmd func() *exec.Cmd, env map[string]string) *replica {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		r, err := startReplicaOnce(t, name, newCmd(), env)
+		if err == nil {
+			return r
+		}
+		if attempt < 3 && strings.Contains(r.logs.String(), "address already in use") {
+			t.Logf("replica %s: a port was taken before it listened; again on others", name)
+			continue
+		}
+		t.Fatalf("replica %s exited before it was ready: %v\n%s", name, err, r.logs.String())
+	}
+}
+
+// startReplicaOnce starts cmd as startReplicaCmd does, and returns the replica once it
+// is ready, or with the error it exited with before.
+func startReplicaOnce(t *testing.T, name string, cmd *exec.Cmd, env map[string]string) (*replica, error) {
+	t.Helper()
 	public, internal := testenv.FreeAddr(t), testenv.FreeAddr(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = []string{serveEnv + "=1", "SPACE_HTTP_ADDR=" + public, "SPACE_INTERNAL_HTTP_ADDR=" + internal}
+	cmd.Env = append(cmd.Env, "SPACE_HTTP_ADDR="+public, "SPACE_INTERNAL_HTTP_ADDR="+internal)
 	for _, k := range []string{"PATH", "HOME", "TMPDIR", "GORACE"} {
 		if v, ok := os.LookupEnv(k); ok {
 			cmd.Env = append(cmd.Env, k+"="+v)
@@ -82,13 +118,16 @@ func startReplica(t *testing.T, name string, env map[string]string) *replica {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return r
+				return r, nil
 			}
 		}
 		select {
 		case err := <-r.done:
 			r.done <- err
-			t.Fatalf("replica %s exited before it was ready: %v\n%s", name, err, r.logs.String())
+			if err == nil {
+				err = errors.New("exit status 0")
+			}
+			return r, err
 		default:
 		}
 		if time.Now().After(deadline) {
