@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	neturl "net/url"
 	"path"
 	"slices"
 	"strings"
@@ -25,19 +26,19 @@ import (
 
 // The migrations scenario (`-only migrations`): the upgrade from the release before,
 // whose schema is at migration migrationsFrom, run against a database holding a
-// history of its size while that release's creates go on. Each run, on a database of
-// its own:
+// history of its size while that release's creates go on:
 //
-//   - goose takes a fresh database to version migrationsFrom, and one INSERT ... SELECT
+//   - once: goose takes a fresh database to version migrationsFrom, and one INSERT ... SELECT
 //     generate_series a table fills it with sizes.migrationSandboxes sandboxes (mostly
 //     terminated, 2% running, some failed and paused, of sizes.migrationClients
 //     clients, created over a year) and sizes.migrationOperations operations (mostly
 //     succeeded, each with its finished_at, a few queued and running), with the
 //     idempotency keys of the last day; then VACUUM (ANALYZE), as autovacuum would have
-//     left tables of that size;
-//   - the release before's writes start, an open loop at a steady rate, each timed from
-//     the moment it was due (a write that waits makes the ones due meanwhile wait, and
-//     each counts its own wait): synchronous creates as that release made them (a
+//     left tables of that size; each run migrates a copy of it (CREATE DATABASE ...
+//     TEMPLATE), so that every run starts from the same history at the cost of a copy;
+//   - the release before's writes start, an open loop at a steady rate, each in a
+//     goroutine of its own (a write that waits holds back no other but through
+//     Postgres) and timed from the moment it was due: synchronous creates as that release made them (a
 //     transaction that takes the budget key's advisory lock, counts its live
 //     sandboxes and inserts the row of the columns it knew, then the row set running)
 //     and queued operations (the row of the columns it knew); for
@@ -79,10 +80,9 @@ type WriteLatency struct {
 
 // MigrationsRun is one run of the migrations scenario.
 type MigrationsRun struct {
-	// FillSec is the load and the vacuum; SandboxesMB and OperationsMB the tables'
-	// total relation sizes after it (indexes and TOAST included).
-	FillSec                   float64
-	SandboxesMB, OperationsMB float64
+	// CopySec is the copy of the loaded database this run migrated (CREATE DATABASE
+	// ... TEMPLATE).
+	CopySec float64
 	// MigrateSec is store.Migrate's wall time; Steps our migrations as it logged them,
 	// in order (a step applied in an attempt that gave way is not logged: see
 	// Retries); OursMS their sum.
@@ -131,23 +131,35 @@ type MigrationsResult struct {
 	// Held is the run with the long transaction; nil when the size has none.
 	Held *MigrationsRun
 	Hold time.Duration
+	// FillSec is the load and the vacuum of the database every run copies;
+	// SandboxesMB and OperationsMB the tables' total relation sizes after it (indexes
+	// and TOAST included).
+	FillSec                   float64
+	SandboxesMB, OperationsMB float64
 }
 
 func runMigrations(ctx context.Context, env *Env, runs int, sz sizes) (*MigrationsResult, error) {
 	res := &MigrationsResult{Sandboxes: sz.migrationSandboxes, Operations: sz.migrationOperations, Clients: sz.migrationClients,
 		CreateRate: sz.migrationCreateRate, OpRate: sz.migrationOpRate, Baseline: sz.migrationBaseline,
 		LockTimeout: store.DDLLockTimeout, From: migrationsFrom, Hold: sz.migrationHold}
+	// The history is loaded once, into a database that each run copies: a copy takes
+	// seconds where the load takes a minute or more.
+	loaded, drop, err := res.load(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
 	for i := range runs {
-		run, err := res.run(ctx, env, 0)
+		run, err := res.run(ctx, env, loaded, 0)
 		if err != nil {
 			return nil, fmt.Errorf("run %d: %w", i+1, err)
 		}
-		env.logf("migrations: run %d: filled in %.1f s, migrated in %.1f s (ours %.1f s); writes during: p99 %.1f ms, max %.1f ms, %d failed; baseline p99 %.1f ms",
-			i+1, run.FillSec, run.MigrateSec, run.OursMS/1000, run.During.P99, run.During.Max, run.During.Failed, run.Baseline.P99)
+		env.logf("migrations: run %d: copied in %.1f s, migrated in %.1f s (ours %.1f s); writes during: p99 %.1f ms, max %.1f ms, %d failed; baseline p99 %.1f ms",
+			i+1, run.CopySec, run.MigrateSec, run.OursMS/1000, run.During.P99, run.During.Max, run.During.Failed, run.Baseline.P99)
 		res.Runs = append(res.Runs, run)
 	}
 	if sz.migrationHold > 0 {
-		run, err := res.run(ctx, env, sz.migrationHold)
+		run, err := res.run(ctx, env, loaded, sz.migrationHold)
 		if err != nil {
 			return nil, fmt.Errorf("the run with a long transaction: %w", err)
 		}
@@ -188,34 +200,58 @@ func namedPool(ctx context.Context, url, name string, conns int32) (*pgxpool.Poo
 	return p, nil
 }
 
-// run is one run on a fresh database; hold > 0 holds the long transaction that long.
-func (r *MigrationsResult) run(ctx context.Context, env *Env, hold time.Duration) (MigrationsRun, error) {
-	var out MigrationsRun
+// load makes the database the runs copy: our schema at migrationsFrom, and the
+// history. It returns its name and a function that drops it.
+func (r *MigrationsResult) load(ctx context.Context, env *Env) (string, func(), error) {
 	url, drop, err := env.emptyDatabase(ctx)
 	if err != nil {
-		return out, err
+		return "", nil, err
+	}
+	fail := func(err error) (string, func(), error) { drop(); return "", nil, err }
+	db, err := store.Open(ctx, url)
+	if err != nil {
+		return fail(err)
+	}
+	// Closed before any copy: a template database takes no other session.
+	defer db.Close()
+	if err := migrateTo(ctx, db, migrationsFrom); err != nil {
+		return fail(err)
+	}
+	start := time.Now()
+	if err := r.fill(ctx, db); err != nil {
+		return fail(err)
+	}
+	r.FillSec = time.Since(start).Seconds()
+	var sbBytes, opBytes int64
+	if err := db.QueryRow(ctx, `SELECT pg_total_relation_size('sandboxes'), pg_total_relation_size('operations')`).Scan(&sbBytes, &opBytes); err != nil {
+		return fail(fmt.Errorf("table sizes: %w", err))
+	}
+	r.SandboxesMB, r.OperationsMB = float64(sbBytes)/(1<<20), float64(opBytes)/(1<<20)
+	env.logf("migrations: %s sandboxes (%.0f MB), %s operations (%.0f MB) loaded in %.1f s",
+		count(r.Sandboxes), r.SandboxesMB, count(r.Operations), r.OperationsMB, r.FillSec)
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return fail(err)
+	}
+	return strings.TrimPrefix(u.Path, "/"), drop, nil
+}
+
+// run is one run on a copy of the loaded database; hold > 0 holds the long
+// transaction that long.
+func (r *MigrationsResult) run(ctx context.Context, env *Env, loaded string, hold time.Duration) (MigrationsRun, error) {
+	var out MigrationsRun
+	start := time.Now()
+	url, drop, err := testenv.CreateDatabase(ctx, env.AdminURL, loaded)
+	if err != nil {
+		return out, fmt.Errorf("copy the loaded database: %w", err)
 	}
 	defer drop()
+	out.CopySec = time.Since(start).Seconds()
 	db, err := store.Open(ctx, url)
 	if err != nil {
 		return out, err
 	}
 	defer db.Close()
-	if err := migrateTo(ctx, db, migrationsFrom); err != nil {
-		return out, err
-	}
-	start := time.Now()
-	if err := r.fill(ctx, db); err != nil {
-		return out, err
-	}
-	out.FillSec = time.Since(start).Seconds()
-	var sbBytes, opBytes int64
-	if err := db.QueryRow(ctx, `SELECT pg_total_relation_size('sandboxes'), pg_total_relation_size('operations')`).Scan(&sbBytes, &opBytes); err != nil {
-		return out, fmt.Errorf("table sizes: %w", err)
-	}
-	out.SandboxesMB, out.OperationsMB = float64(sbBytes)/(1<<20), float64(opBytes)/(1<<20)
-	env.logf("migrations: %s sandboxes (%.0f MB), %s operations (%.0f MB) loaded in %.1f s",
-		count(r.Sandboxes), out.SandboxesMB, count(r.Operations), out.OperationsMB, out.FillSec)
 
 	writers, err := namedPool(ctx, url, "bench-writes", store.DefaultMaxConns)
 	if err != nil {
@@ -787,8 +823,8 @@ func (r *Report) migrationsSummary(b *strings.Builder) {
 		return
 	}
 	for i, run := range m.Runs {
-		fmt.Fprintf(b, "  migrations run %d: %s sandboxes + %s operations loaded in %.1f s; Migrate %.1f s (ours %.1f s, %d retries); writes before: %s; during: %s; slowest at %.1f s during %q\n",
-			i+1, count(m.Sandboxes), count(m.Operations), run.FillSec, run.MigrateSec, run.OursMS/1000, run.Retries,
+		fmt.Fprintf(b, "  migrations run %d: %s sandboxes (%.0f MB) + %s operations (%.0f MB), loaded in %.1f s, copied in %.1f s; Migrate %.1f s (ours %.1f s, %d retries); writes before: %s; during: %s; slowest at %.1f s during %q\n",
+			i+1, count(m.Sandboxes), m.SandboxesMB, count(m.Operations), m.OperationsMB, m.FillSec, run.CopySec, run.MigrateSec, run.OursMS/1000, run.Retries,
 			run.Baseline.line(), run.During.line(), run.SlowestAtSec, run.Slowest)
 		var steps []string
 		for _, s := range run.Steps {
@@ -813,15 +849,14 @@ func (r *Report) migrationsMarkdown(b *strings.Builder) {
 	col := func(f func(MigrationsRun) float64) Stat { return summarize(m.column(f)) }
 	first := m.Runs[0]
 	w("### 9. Migrations: the upgrade under the release before's writes, at %s sandboxes and %s operations\n\n", count(m.Sandboxes), count(m.Operations))
-	w("`-only migrations`, bench/bench/migrations.go: each run, a fresh database taken by goose to version %d (the release before's schema) and filled with one `INSERT ... SELECT generate_series` a table: ", m.From)
+	w("`-only migrations`, bench/bench/migrations.go: a database taken by goose to version %d (the release before's schema) and filled with one `INSERT ... SELECT generate_series` a table, which each run copies (`CREATE DATABASE ... TEMPLATE`): ", m.From)
 	w("%s sandboxes of %s clients created over a year (2%% running, 2%% failed, 0.4%% paused, the rest terminated) and %s operations (4%% failed, a few queued and running, the rest succeeded with their `finished_at`), the idempotency keys of the last day, then `VACUUM (ANALYZE)`. ",
 		count(m.Sandboxes), count(m.Clients), count(m.Operations))
 	w("The release before's writes go on, an open loop, each timed from the moment it was due: %d creates/s as it made them (the budget key's advisory lock and live count, the row of the columns it knew, committed; then the row set running) and %d queued operations/s (the row of the columns it knew), for %s alone (the baseline) and then through `store.Migrate`, which runs our migrations from %d on and then River's (here its tables are made; a database upgraded from the release before has them, at the same River version). ",
 		m.CreateRate, m.OpRate, m.Baseline, m.From+1)
 	w("Each migration session waits at most %s for a lock (`store.DDLLockTimeout`). The durations of our migrations are those `Migrate` logs; what it ran while the slowest write waited is read from `pg_stat_activity`, polled every 50 ms.\n\n", m.LockTimeout)
 	w("| median [min–max] of %d runs | |\n|---|---:|\n", len(m.Runs))
-	w("| load and vacuum, s | %s |\n", col(func(x MigrationsRun) float64 { return x.FillSec }).format("%.1f"))
-	w("| sandboxes / operations, total relation size MB | %s / %s |\n", col(func(x MigrationsRun) float64 { return x.SandboxesMB }).format("%.0f"), col(func(x MigrationsRun) float64 { return x.OperationsMB }).format("%.0f"))
+	w("| sandboxes / operations, total relation size MB (loaded once, in %.0f s with the vacuum; each run a copy) | %.0f / %.0f |\n", m.FillSec, m.SandboxesMB, m.OperationsMB)
 	w("| `store.Migrate`, s | %s |\n", col(func(x MigrationsRun) float64 { return x.MigrateSec }).format("%.1f"))
 	w("| of which our migrations (their logged durations), s | %s |\n", col(func(x MigrationsRun) float64 { return x.OursMS / 1000 }).format("%.1f"))
 	w("| steps that gave way to a lock and were tried again | %s |\n", col(func(x MigrationsRun) float64 { return float64(x.Retries) }).format("%.0f"))
