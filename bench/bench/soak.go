@@ -584,13 +584,20 @@ func (r *Report) soakMarkdown(b *strings.Builder) {
 	}
 	sf, sl, sg, _ := s.Growth(func(x SoakSample) float64 { return float64(x.Sandboxes) })
 	of, ol, og, _ := s.Growth(func(x SoakSample) float64 { return float64(x.Operations) })
-	zf, zl, zg, _ := s.Growth(func(x SoakSample) float64 { return x.SandboxesMB + x.OperationsMB })
+	// The sizes grow until the dead rows between two vacuums have pages to go to, then
+	// stay: the first steady sample, the middle one and the last show both.
+	var sizes []string
+	if st := s.steady(); len(st) > 0 {
+		for _, x := range []SoakSample{st[0], st[len(st)/2], st[len(st)-1]} {
+			sizes = append(sizes, fmt.Sprintf("%.2f MB at %.0f s", x.SandboxesMB+x.OperationsMB, x.AtSec))
+		}
+	}
 	state := "stopped growing"
 	if !s.Flat() {
 		state = "**did not stop growing**"
 	}
-	w("\nFrom %s on (twice a row's hold and retention), the rows %s: sandboxes %.0f → %.0f (%+.0f%%), operations %.0f → %.0f (%+.0f%%); the two tables' size %.2f → %.2f MB (%+.0f%%). ",
-		time.Duration(2*(s.Retention+s.Hold)), state, sf, sl, 100*sg, of, ol, 100*og, zf, zl, 100*zg)
+	w("\nFrom %s on (twice a row's hold and retention), the rows %s: sandboxes %.0f → %.0f (%+.0f%%), operations %.0f → %.0f (%+.0f%%); the two tables' size %s. ",
+		time.Duration(2*(s.Retention+s.Hold)), state, sf, sl, 100*sg, of, ol, 100*og, strings.Join(sizes, ", "))
 	early, late := s.halves()
 	vacuums := 0
 	for _, x := range s.Samples {
