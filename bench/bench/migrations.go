@@ -887,8 +887,8 @@ func (r *Report) migrationsMarkdown(b *strings.Builder) {
 	w("\n\n")
 	if h := m.Held; h != nil {
 		w("**Behind a long transaction** (one run more, not in the medians): a transaction that read `sandboxes` (`SELECT count(*)`, as a report would) began as the migration started and stayed open %.1f s. ", h.HeldSec)
-		w("`store.Migrate` took %.1f s; %d times a step gave way to the lock after %s and was tried again. The migration waited for a lock at %s, from its start. ",
-			h.MigrateSec, h.Retries, m.LockTimeout, describeWaits(h.Waits))
+		w("`store.Migrate` took %.1f s; steps that gave way to the lock after %s and were tried again: %d. The migration waited for a lock at %s, from its start. ",
+			h.MigrateSec, m.LockTimeout, h.Retries, describeWaits(h.Waits))
 		w("The writes during it: %s; the slowest, due %.1f s in, waited while the migration ran `%s`: a write queues behind the ALTER that waits, so each wait of the ALTER is a wait of every write to the table. ",
 			h.During.line(), h.SlowestAtSec, orNone(h.Slowest))
 		w("The schema at its head afterwards: %v; %d of the %d migrations were logged with their durations (those applied in an attempt that then gave way are not).\n\n", h.Migrated, len(h.Steps), h.Head-int64(m.From))
