@@ -29,6 +29,12 @@
 //     sandboxes, 1,000 of them due: the round's wall time, the due query's time in
 //     Postgres and its plan, and the round right after with nothing due
 //     (lifecycle.go);
+//   - migrations: the upgrade from the release before's schema at a year of history
+//     (1M sandboxes, 1M operations) while that release's creates go on: each
+//     migration's duration and the longest a create waited, once more behind a long
+//     transaction (migrations.go);
+//   - soak: steady creates and deletes against one space-api whose retention is
+//     short: the tables' rows and sizes and the creates' p99 over minutes (soak.go);
 //   - gobench: the hot-path `go test -bench` benchmarks, allocations included.
 //
 // Private redis-servers, free ports and the bench's databases come from the product's
@@ -79,7 +85,7 @@ func (e *Env) logf(format string, args ...any) {
 }
 
 // Scenarios are the scenario names, in the order they run.
-var Scenarios = []string{"script", "decisions", "http", "flood", "keys", "replicas", "pool", "lifecycle", "gobench"}
+var Scenarios = []string{"script", "decisions", "http", "flood", "keys", "replicas", "pool", "lifecycle", "migrations", "soak", "gobench"}
 
 // Config is what to run and how much of it.
 type Config struct {
@@ -91,6 +97,8 @@ type Config struct {
 	Quick bool
 	// Only runs these scenarios (names of Scenarios); empty runs them all.
 	Only []string
+	// Soak is how long the soak scenario sends its load; 0 is the size's default.
+	Soak time.Duration
 }
 
 func (c Config) wants(name string) bool {
@@ -131,6 +139,16 @@ type sizes struct {
 	// The lifecycle's table: live sandboxes, how many of them are due (a divisor of
 	// live), and how many clients own them.
 	lifecycleLive, lifecycleDue, lifecycleClients int
+	// The migrations' history (sandboxes, operations, their clients), the release
+	// before's writes a second during it (creates, queued operations), how long they
+	// run alone first, and how long the long transaction stays open (0: no such run).
+	migrationSandboxes, migrationOperations, migrationClients int
+	migrationCreateRate, migrationOpRate                      int
+	migrationBaseline, migrationHold                          time.Duration
+	// The soak: how long, how often it samples, the retention, how long a sandbox
+	// lives before its delete, synchronous and queued creates a second.
+	soakDur, soakEvery, soakRetention, soakHold time.Duration
+	soakRate, soakAsyncRate                     int
 }
 
 func sizesFor(quick bool) sizes {
@@ -144,6 +162,10 @@ func sizesFor(quick bool) sizes {
 			replicaDur: 600 * time.Millisecond, replicaBurst: 20, replicaRefill: 5, replicaWorkers: 2,
 			goBenchTime: "1x", goBenchCount: 1,
 			lifecycleLive: 2000, lifecycleDue: 20, lifecycleClients: 20,
+			migrationSandboxes: 20_000, migrationOperations: 20_000, migrationClients: 200,
+			migrationCreateRate: 20, migrationOpRate: 10, migrationBaseline: time.Second, migrationHold: 3 * time.Second,
+			soakDur: 20 * time.Second, soakEvery: 5 * time.Second, soakRetention: 5 * time.Second, soakHold: time.Second,
+			soakRate: 20, soakAsyncRate: 5,
 		}
 	}
 	return sizes{
@@ -155,6 +177,10 @@ func sizesFor(quick bool) sizes {
 		replicaDur: 4 * time.Second, replicaBurst: 200, replicaRefill: 50, replicaWorkers: 4,
 		goBenchTime: "1s", goBenchCount: 3,
 		lifecycleLive: 100_000, lifecycleDue: 1000, lifecycleClients: 1000,
+		migrationSandboxes: 1_000_000, migrationOperations: 1_000_000, migrationClients: 10_000,
+		migrationCreateRate: 50, migrationOpRate: 20, migrationBaseline: 10 * time.Second, migrationHold: 12 * time.Second,
+		soakDur: 5 * time.Minute, soakEvery: 15 * time.Second, soakRetention: 30 * time.Second, soakHold: 2 * time.Second,
+		soakRate: 50, soakAsyncRate: 10,
 	}
 }
 
@@ -175,7 +201,10 @@ type Report struct {
 	Replicas  *ReplicasResult
 	Pool      *PoolResult
 	Lifecycle *LifecycleResult
-	GoBench   *GoBenchResult
+	// Migrations and Soak are the scenarios of the schema and the history over time.
+	Migrations *MigrationsResult
+	Soak       *SoakResult
+	GoBench    *GoBenchResult
 }
 
 // Run runs the scenarios of cfg and returns what they measured. A scenario that fails
@@ -193,6 +222,9 @@ func Run(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		return nil, errors.New("bench: Env.Dir is required")
 	}
 	sz := sizesFor(cfg.Quick)
+	if cfg.Soak > 0 {
+		sz.soakDur = cfg.Soak
+	}
 	// The Redis-only comparisons with redis_rate take seconds a run and sit close to
 	// their targets: they get at least five runs.
 	cheapRuns := cfg.Runs
@@ -212,6 +244,8 @@ func Run(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		{"replicas", func() (err error) { rep.Replicas, err = runReplicas(ctx, env, cfg.Runs, sz); return }},
 		{"pool", func() (err error) { rep.Pool, err = runPool(ctx, env, cfg.Quick); return }},
 		{"lifecycle", func() (err error) { rep.Lifecycle, err = runLifecycle(ctx, env, cfg.Runs, sz); return }},
+		{"migrations", func() (err error) { rep.Migrations, err = runMigrations(ctx, env, cfg.Runs, sz); return }},
+		{"soak", func() (err error) { rep.Soak, err = runSoak(ctx, env, sz); return }},
 		{"gobench", func() (err error) { rep.GoBench, err = runGoBench(ctx, env, sz); return }},
 	}
 	for _, s := range steps {

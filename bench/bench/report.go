@@ -92,6 +92,8 @@ func (r *Report) Targets() []Target {
 	}
 	ts = append(ts, r.poolTargets()...)
 	ts = append(ts, r.lifecycleTargets()...)
+	ts = append(ts, r.migrationsTargets()...)
+	ts = append(ts, r.soakTargets()...)
 	return ts
 }
 
@@ -186,6 +188,8 @@ func (r *Report) Summary() string {
 	}
 	r.poolSummary(&b)
 	r.lifecycleSummary(&b)
+	r.migrationsSummary(&b)
+	r.soakSummary(&b)
 	fmt.Fprintf(&b, "\ntook %s\n", r.Took.Round(time.Second))
 	return b.String()
 }
@@ -488,6 +492,8 @@ func (r *Report) Markdown(command string) string {
 
 	r.poolMarkdown(&b)
 	r.lifecycleMarkdown(&b)
+	r.migrationsMarkdown(&b)
+	r.soakMarkdown(&b)
 	if g := r.GoBench; g != nil {
 		w("### Go benchmarks of the hot paths\n\n")
 		w("`%s`, median [min–max] over the runs. Each package says what its benchmark measures; those with Postgres or Redis in them use the services.\n\n", g.Command)

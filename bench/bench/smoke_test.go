@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -47,8 +48,9 @@ func TestSmoke(t *testing.T) {
 		built <- err
 	}()
 
-	// The lifecycle's round needs only Postgres: it runs beside the build too.
-	redisOnly, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"script", "decisions", "keys", "lifecycle"}})
+	// The lifecycle's round and the migrations need only Postgres: they run beside the
+	// build too.
+	redisOnly, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"script", "decisions", "keys", "lifecycle", "migrations"}})
 	if berr := <-built; berr != nil {
 		t.Fatalf("go build ./cmd/space-api: %v", berr)
 	}
@@ -62,7 +64,7 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	redisOnly.Pool = pooled.Pool
-	servers, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"http", "flood", "replicas"}})
+	servers, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"http", "flood", "replicas", "soak"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,11 +313,61 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("the due query returned %d rows before the rounds and %d after, want %d and 0", run.Due.Rows, run.IdleDue.Rows, min(l.Due, l.Batch))
 		}
 	})
+	t.Run("the migrations from the release before's schema succeed under its writes, none of which fails, and end at the head", func(t *testing.T) {
+		m := redisOnly.Migrations
+		if m == nil || len(m.Runs) != 1 || m.Held == nil {
+			t.Fatalf("migrations result %+v", m)
+		}
+		for i, run := range append(slices.Clone(m.Runs), *m.Held) {
+			if !run.Migrated || run.Version != run.Head || run.Head <= migrationsFrom {
+				t.Errorf("run %d: at version %d of %d, store.CheckMigrated clean: %v", i+1, run.Version, run.Head, run.Migrated)
+			}
+			for name, l := range map[string]WriteLatency{"before": run.Baseline, "during": run.During} {
+				if l.Writes == 0 || l.Failed != 0 {
+					t.Errorf("run %d: writes %s the migration: %d, %d failed: %v", i+1, name, l.Writes, l.Failed, l.Errors)
+				}
+			}
+			if !(run.MigrateSec > 0) || !(run.CopySec > 0) {
+				t.Errorf("run %d: migrated in %v s, copied in %v s", i+1, run.MigrateSec, run.CopySec)
+			}
+		}
+		// Every one of our migrations after the release before's is logged with its
+		// duration (the held run's steps that gave way, if any, are not: see Retries).
+		run := m.Runs[0]
+		if int64(len(run.Steps)) != run.Head-migrationsFrom || run.Retries != 0 {
+			t.Errorf("logged steps %+v (%d retries), want the %d after version %d", run.Steps, run.Retries, run.Head-migrationsFrom, migrationsFrom)
+		}
+		if !(m.FillSec > 0) || !(m.SandboxesMB > 0) || !(m.OperationsMB > 0) {
+			t.Errorf("loaded in %v s: sandboxes %v MB, operations %v MB", m.FillSec, m.SandboxesMB, m.OperationsMB)
+		}
+		if m.Held.HeldSec < m.Hold.Seconds() {
+			t.Errorf("the long transaction stayed open %.1f s, want %s", m.Held.HeldSec, m.Hold)
+		}
+	})
+	t.Run("the soak's tables are purged by retention and every create, queued create and delete is answered", func(t *testing.T) {
+		s := servers.Soak
+		if s == nil || len(s.Samples) == 0 {
+			t.Fatalf("soak result %+v", s)
+		}
+		if s.Purged["sandboxes"] <= 0 || s.Purged["operations"] <= 0 {
+			t.Errorf("space_retention_deleted_total %v: retention deleted nothing", s.Purged)
+		}
+		last := s.Samples[len(s.Samples)-1]
+		if s.Created == 0 || last.Sandboxes >= int64(s.Created) || s.Failed != 0 || s.Deleted != s.Created {
+			t.Errorf("%d sandboxes made, %d deleted, %d rows left at the end, %d failed: %v", s.Created, s.Deleted, last.Sandboxes, s.Failed, s.Outcomes)
+		}
+		for _, x := range s.Samples {
+			if x.Creates == 0 || !(x.P99 > 0) {
+				t.Errorf("sample at %.0f s: %d creates, p99 %v ms", x.AtSec, x.Creates, x.P99)
+			}
+		}
+	})
 	t.Run("the report renders every scenario and the doc keeps what is outside its markers", func(t *testing.T) {
 		merged := *servers
 		merged.Script, merged.Decision, merged.Keys, merged.Pool, merged.Lifecycle = redisOnly.Script, redisOnly.Decision, redisOnly.Keys, redisOnly.Pool, redisOnly.Lifecycle
+		merged.Migrations = redisOnly.Migrations
 		md := merged.Markdown("make bench")
-		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas", "### 7. Warm pool", "### 8. Lifecycle"} {
+		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas", "### 7. Warm pool", "### 8. Lifecycle", "### 9. Migrations", "### 10. Soak"} {
 			if !strings.Contains(md, want) {
 				t.Errorf("markdown lacks %q", want)
 			}

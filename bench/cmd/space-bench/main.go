@@ -3,7 +3,7 @@
 // scripts/bench.sh, which starts the local services first and builds it from the bench
 // module, bench/, into bin/space-bench):
 //
-//	space-bench [-runs 3] [-only http,flood] [-quick] [-space-api bin/space-api] [-doc docs/benchmarks.md]
+//	space-bench [-runs 3] [-only http,flood] [-quick] [-soak 5m] [-space-api bin/space-api] [-doc docs/benchmarks.md]
 //
 // It reads the services from the variables `scripts/services.sh env` prints:
 // SPACE_DATABASE_URL (the Postgres server; the bench creates and drops databases of
@@ -70,6 +70,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	spaceAPI := fs.String("space-api", "", "space-api binary; default: go build one into a scratch directory")
 	doc := fs.String("doc", "docs/benchmarks.md", "file whose space-bench section is rewritten; empty writes none")
 	keep := fs.Bool("keep", false, "keep the scratch directory (each server's log, its flags file) and print where it is")
+	soak := fs.Duration("soak", 0, "how long the soak scenario sends its load (default 5m, quick 20s); a longer soak: -only soak -soak 30m")
 	templates := fs.String("templates", "deploy/demo/templates.json", "SPACE_TEMPLATES_FILE of the servers")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -112,7 +113,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		env.SpaceAPI = absFrom(root, env.SpaceAPI)
 	}
 
-	cfg := bench.Config{Runs: *runs, Quick: *quick}
+	cfg := bench.Config{Runs: *runs, Quick: *quick, Soak: *soak}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
 	}
