@@ -209,7 +209,7 @@ func (s *server) metric(name string, labels ...string) float64 {
 }
 
 // knownCold waits until the replica's pool view knows shape cold, as a refusal from
-// memory needs (sandbox.Service.knownRefusal). The view is a loop of its own, started
+// memory needs (sandbox.Service.refuseFromMemory). The view is a loop of its own, started
 // with the server, and tells nothing until its first sync: until then every refusal
 // asks Redis.
 func (s *server) knownCold(shape space.Shape) {

@@ -44,16 +44,24 @@ type keyLayout struct {
 // reserve.lua).
 var thisLayout = keyLayout{cluster: 32, client: 40, softClient: 40, reserve: 40}
 
-// sinceRelease is what this code changed after a release, as the test checks that
-// release beside it: the key layout the release writes, and a field of a flags entry
-// that this code added and the release refuses (with the whole quota flag). A release
-// not listed writes this code's layout and refuses no field this code added; list the
-// previous release here when a change makes it differ.
-var sinceRelease = map[string]struct {
-	layout   keyLayout
-	newField string
+// releases are this project's releases, newest first: the commit each was cut at,
+// and what this code changed after it, as the test checks that release beside it (the
+// key layout the release writes, and a field of a flags entry that this code added and
+// the release refuses, with the whole quota flag). The commit, not the tag, names the
+// release here: a clone need not carry its tags, and a shallow one need not carry its
+// history (the test fetches the one commit it builds). Add a release at the top when it
+// is cut; a release that writes this code's layout and refuses no field this code added
+// has thisLayout and no newField.
+var releases = []struct {
+	tag, commit string
+	layout      keyLayout
+	newField    string
 }{
-	"v0.1.0": {layout: keyLayout{cluster: 24, client: 24, softClient: 32, reserve: 32}, newField: `"max_lifetime_seconds": 3600`},
+	{
+		tag: "v0.1.0", commit: "d9671edf60b5394e21e39dd2583e8cd09bf5f342",
+		layout:   keyLayout{cluster: 24, client: 24, softClient: 32, reserve: 32},
+		newField: `"max_lifetime_seconds": 3600`,
+	},
 }
 
 // previousRelease is the release before this code, built.
@@ -96,11 +104,12 @@ func removePreviousRelease() {
 	}
 }
 
-// buildPreviousRelease finds the previous release, the newest v* tag that is an
-// ancestor of HEAD and does not point at it, checks it out into a temporary git
-// worktree and builds its cmd/space-api there. A missing git, a checkout without its
-// history (a tarball) or a clone without the tag is an error naming what is missing:
-// the upgrade must not pass for untested.
+// buildPreviousRelease finds the previous release, the newest of releases that is not
+// HEAD itself, fetches its one commit into a temporary repository and builds its
+// cmd/space-api there. The commit comes from this checkout when it holds it, else from
+// its origin (a shallow clone); this checkout is never changed. A missing git, a source
+// tarball or a commit neither holds is an error naming what is missing: the upgrade must
+// not pass for untested.
 //
 // The build is a whole space-api: on an empty build cache a minute or two of CPU, so it
 // is made once per run of the test binary. It is made with the race detector when the
@@ -110,7 +119,7 @@ func removePreviousRelease() {
 func buildPreviousRelease() (previousRelease, error) {
 	var rel previousRelease
 	if _, err := exec.LookPath("git"); err != nil {
-		return rel, errors.New("git is not installed: the previous release is built from the repository's tags")
+		return rel, errors.New("git is not installed: the previous release is built from the repository's history")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -127,33 +136,31 @@ func buildPreviousRelease() (previousRelease, error) {
 	}
 	top, err := git(".", "rev-parse", "--show-toplevel")
 	if err != nil {
-		return rel, fmt.Errorf("this is not a git checkout (a source tarball?), and the previous release is built from its tags: %w", err)
+		return rel, fmt.Errorf("this is not a git checkout (a source tarball?), and the previous release is built from its history: %w", err)
 	}
 	head, err := git(top, "rev-parse", "HEAD")
 	if err != nil {
 		return rel, err
 	}
-	tags, err := git(top, "tag", "--list", "v[0-9]*", "--merged", "HEAD", "--sort=-creatordate")
-	if err != nil {
-		return rel, err
-	}
-	for _, tag := range strings.Fields(tags) {
-		commit, err := git(top, "rev-parse", tag+"^{commit}")
-		if err != nil {
-			return rel, err
-		}
-		if commit != head {
-			rel.tag, rel.commit = tag, commit
+	for _, r := range releases {
+		if r.commit != head {
+			rel.tag, rel.commit, rel.layout, rel.newField = r.tag, r.commit, r.layout, r.newField
 			break
 		}
 	}
 	if rel.tag == "" {
-		return rel, fmt.Errorf("no release tag (v*) is an ancestor of HEAD %.12s other than at HEAD itself: a clone without its tags (git fetch --tags), or a shallow one (git fetch --tags --unshallow)?", head)
+		return rel, fmt.Errorf("HEAD %.12s is the only release listed: list the one before it", head)
 	}
-	since, ok := sinceRelease[rel.tag]
-	rel.layout, rel.newField = since.layout, since.newField
-	if !ok {
-		rel.layout = thisLayout
+	// From this checkout when it holds the commit, else from where it was cloned.
+	from := top
+	if _, err := git(top, "cat-file", "-e", rel.commit+"^{commit}"); err != nil {
+		origin, oerr := git(top, "remote", "get-url", "origin")
+		if oerr != nil {
+			return rel, fmt.Errorf("%s (%.12s) is not in this checkout, and it has no origin to fetch it from: %w", rel.tag, rel.commit, oerr)
+		}
+		from = origin
+	} else if _, err := git(top, "merge-base", "--is-ancestor", rel.commit, "HEAD"); err != nil {
+		return rel, fmt.Errorf("%s (%.12s) is not an ancestor of HEAD %.12s: is the releases table of another branch?", rel.tag, rel.commit, head)
 	}
 
 	oldRelease.dir, err = os.MkdirTemp("", "space-previous-release-")
@@ -161,16 +168,15 @@ func buildPreviousRelease() (previousRelease, error) {
 		return rel, err
 	}
 	src := filepath.Join(oldRelease.dir, "src")
-	if _, err := git(top, "worktree", "add", "--detach", src, rel.tag); err != nil {
+	if _, err := git(oldRelease.dir, "init", "--quiet", src); err != nil {
 		return rel, err
 	}
-	defer func() {
-		// Its own context: the worktree goes even when the build ran out of time.
-		cleanup, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = exec.CommandContext(cleanup, "git", "-C", top, "worktree", "remove", "--force", src).Run()
-		_ = exec.CommandContext(cleanup, "git", "-C", top, "worktree", "prune").Run()
-	}()
+	if _, err := git(src, "fetch", "--quiet", "--depth", "1", from, rel.commit); err != nil {
+		return rel, fmt.Errorf("fetching %s (%.12s): %w", rel.tag, rel.commit, err)
+	}
+	if _, err := git(src, "checkout", "--quiet", "FETCH_HEAD"); err != nil {
+		return rel, err
+	}
 	// go test puts its own go first on the test's PATH.
 	goBin, err := exec.LookPath("go")
 	if err != nil {

@@ -365,7 +365,7 @@ func (c *ConcurrencyLimiter) places(client space.ClientKey) *knownPlaces {
 }
 
 // Alongside reports whether a request of client may take its place under cap
-// alongside other work of its own (a create's reservation: see sandbox.Plan.Alongside)
+// alongside other work of its own (a create's reservation: see sandbox.Service.takePlace)
 // instead of before it, and if so counts that place as being taken here until done
 // is called, which must be once the Acquire it was for has returned.
 //

@@ -19,7 +19,7 @@ import (
 // bound is reached only by a flood of about 100,000 a second at the default pace.
 const maxPacedRefusals = 1024
 
-// refusalPace holds a create refused from memory (Service.knownRefusal) before it is
+// refusalPace holds a create refused from memory (sandbox.Service.refuseFromMemory) before it is
 // answered, while a request of another budget key is at work on this replica (a
 // create past its own refusal from memory, or any request on a route that takes a
 // concurrency place: a restore, a pause, a delete, a read): until no request at all is

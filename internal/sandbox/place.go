@@ -18,10 +18,10 @@ type Places interface {
 	Alongside(key space.ClientKey, cap int) (done func(), ok bool)
 }
 
-// place is a create's concurrency place: placeTaken before its reservation, or being placeTaken
+// place is a create's concurrency place: taken before its reservation, or being taken
 // alongside it. A nil place is none.
 type place struct {
-	taking chan placeTaken // nil when placeTaken before
+	taking chan placeTaken // nil when taken before
 	once   sync.Once
 	placeTaken
 }
@@ -31,7 +31,7 @@ type placeTaken struct {
 	err   error
 }
 
-// wait returns the place once it is placeTaken, or its refusal.
+// wait returns the place once it is taken, or its refusal.
 func (p *place) wait() (space.Lease, error) {
 	if p == nil {
 		return space.Lease{}, nil
