@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"strconv"
 	"time"
@@ -50,7 +51,11 @@ type tierPlan struct {
 	args string
 	own  bool
 	// knownKey and drawable are the refusal cache's entry for the tier's cluster side:
-	// an upper bound of the rate and burst of everything the tier could draw on.
+	// an upper bound of the rate and burst of everything the tier could draw on. The
+	// key names the sources too (a digest of their rates and what each lends): the
+	// bound a decision leaves holds only while they do (model rule 11), and two tables
+	// may split one drawable rate between other sources, under which the old bound is
+	// too low.
 	knownKey string
 	drawable space.Rate
 }
@@ -86,6 +91,10 @@ func (a *Admitter) plan(res *space.Reservations) *reservePlan {
 			}
 		}
 		t.args = string(args)
+		sources := fnv.New64a()
+		sources.Write([]byte(p.shared))
+		sources.Write(args)
+		t.knownKey += "|" + strconv.FormatUint(sources.Sum64(), 36)
 		return t
 	}
 	for _, r := range res.Reserves {
