@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +26,10 @@ const (
 	// again (the interval, when longer): a substrate that cannot snapshot is not asked
 	// again every round.
 	pauseRetry = time.Minute
+	// catchUpEvery is how often a round also looks for live sandboxes missing a
+	// deadline their owner's lifecycle sets (catchUp): a full scan of the live rows,
+	// too much for every round, and nothing a minute late matters to.
+	catchUpEvery = time.Minute
 )
 
 // LifecycleOptions configure a Lifecycle.
@@ -63,6 +68,10 @@ type Lifecycle struct {
 	logger   *slog.Logger
 	actions  *prometheus.CounterVec
 	failures *prometheus.CounterVec
+	caughtUp prometheus.Counter
+	// lastCatchUp is when this replica's rounds last ran catchUp (Unix nanoseconds; 0:
+	// never).
+	lastCatchUp atomic.Int64
 }
 
 // LifecycleResult says what one round did.
@@ -76,6 +85,8 @@ type LifecycleResult struct {
 	Failed, Skipped int
 	// Queries is how many queries for due sandboxes the round ran.
 	Queries int
+	// CaughtUp is how many sandboxes the round gave a deadline they lacked (catchUp).
+	CaughtUp int
 }
 
 // NewLifecycle returns a Lifecycle, or an error naming the option that is missing.
@@ -106,6 +117,10 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 	for _, a := range []string{"pause", "terminate"} {
 		l.failures.WithLabelValues(a)
 	}
+	l.caughtUp = metric.Register(opts.Registerer, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "space_sandbox_lifecycle_deadlines_caught_up_total",
+		Help: "Live sandboxes given a lifecycle deadline they lacked (made before the lifecycle, by an older release, or before their owner's limit was set), counted from the moment it was noticed.",
+	}))
 	return l, nil
 }
 
@@ -162,6 +177,14 @@ func (l *Lifecycle) Round(ctx context.Context) (LifecycleResult, error) {
 	res := LifecycleResult{Taken: map[[2]string]int{}}
 	var mu sync.Mutex
 	leader, err := store.WhileLocked(ctx, l.svc.db.Pool(), store.LifecycleLockID, func(ctx context.Context) error {
+		if now, last := l.svc.opts.Now(), l.lastCatchUp.Load(); last == 0 || now.Sub(time.Unix(0, last)) >= catchUpEvery {
+			n, err := l.catchUp(ctx)
+			if err != nil {
+				return err
+			}
+			l.lastCatchUp.Store(now.UnixNano())
+			res.CaughtUp = n
+		}
 		for {
 			due, err := l.due(ctx)
 			res.Queries++
@@ -299,4 +322,60 @@ func (l *Lifecycle) putOff(ctx context.Context, id string, retry time.Duration) 
 		WHERE id = $1 AND state = 'running' AND idle_at <= now()`, id, retry.Seconds()); err != nil {
 		l.logger.WarnContext(ctx, "put off a failed idle pause", "sandbox", id, "err", err)
 	}
+}
+
+// catchUp gives every live sandbox the deadlines its owner's lifecycle sets and it
+// lacks: a sandbox made before the lifecycle existed, or by an older release during a
+// rolling upgrade, or before its owner's tier had the limit. Each such deadline counts
+// from now, not from the sandbox's creation or last activity: a limit added to a
+// fleet ends nothing at once, it gives every sandbox a full lifetime, idle timeout or
+// retention from the moment it is noticed (docs/lifecycle.md). A deadline already set
+// is never moved. It returns how many sandboxes it changed.
+func (l *Lifecycle) catchUp(ctx context.Context) (int, error) {
+	rows, err := l.svc.db.Query(ctx, `SELECT DISTINCT client FROM sandboxes
+		WHERE (state = 'running' AND (expires_at IS NULL OR idle_at IS NULL))
+			OR (state = 'paused' AND (expires_at IS NULL OR retain_until IS NULL))`)
+	if err != nil {
+		return 0, fmt.Errorf("find sandboxes without deadlines: %w", err)
+	}
+	var owners []string
+	for rows.Next() {
+		var o string
+		if err := rows.Scan(&o); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("find sandboxes without deadlines: %w", err)
+		}
+		owners = append(owners, o)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("find sandboxes without deadlines: %w", err)
+	}
+	total := 0
+	for _, o := range owners {
+		lc := l.opts.Resolve(ctx, space.ClientID(o)).Lifecycle
+		if lc.MaxLifetime <= 0 && lc.IdleTimeout <= 0 && lc.PausedRetention <= 0 {
+			continue // nothing to set: the sandboxes of an owner without limits live on
+		}
+		tag, err := l.svc.db.Exec(ctx, `UPDATE sandboxes SET
+				expires_at = CASE WHEN expires_at IS NULL AND $2::float8 > 0 THEN now() + make_interval(secs => $2) ELSE expires_at END,
+				idle_action = CASE WHEN state = 'running' AND idle_at IS NULL AND $3::float8 > 0 THEN nullif($4::text, '') ELSE idle_action END,
+				idle_at = CASE WHEN state = 'running' AND idle_at IS NULL AND $3::float8 > 0 THEN now() + make_interval(secs => $3) ELSE idle_at END,
+				retain_until = CASE WHEN state = 'paused' AND retain_until IS NULL AND $5::float8 > 0 THEN now() + make_interval(secs => $5) ELSE retain_until END,
+				updated_at = now()
+			WHERE client = $1 AND (
+				(expires_at IS NULL AND $2::float8 > 0 AND state IN ('running', 'paused'))
+				OR (state = 'running' AND idle_at IS NULL AND $3::float8 > 0)
+				OR (state = 'paused' AND retain_until IS NULL AND $5::float8 > 0))`,
+			o, lc.MaxLifetime.Seconds(), lc.IdleTimeout.Seconds(), string(idleAction(lc)), lc.PausedRetention.Seconds())
+		if err != nil {
+			return total, fmt.Errorf("set the deadlines of %s's sandboxes: %w", o, err)
+		}
+		total += int(tag.RowsAffected())
+	}
+	if total > 0 {
+		l.caughtUp.Add(float64(total))
+		l.logger.InfoContext(ctx, "gave live sandboxes the lifecycle deadlines they lacked, counted from now", "sandboxes", total, "owners", len(owners))
+	}
+	return total, nil
 }

@@ -207,7 +207,7 @@ func TestIdleAndOldSandboxes(t *testing.T) {
 		b.roundsUntil(t, "the unpausable idle sandbox to be terminated", sb.ID, is(space.StateTerminated, space.ReasonIdle))
 	})
 
-	t.Run("the paused cap refuses the third pause, and an idle action past it terminates instead", func(t *testing.T) {
+	t.Run("the paused cap refuses the third pause, and an idle action past it terminates instead, for sandboxes made before the idle timeout too", func(t *testing.T) {
 		t.Parallel()
 		b := setupLifecycle(t, space.Lifecycle{PausedSandboxes: 2})
 		for range 2 {
@@ -230,8 +230,11 @@ func TestIdleAndOldSandboxes(t *testing.T) {
 		b.mu.Unlock()
 		idle := b.create(t)
 		b.roundsUntil(t, "the idle sandbox past the cap to be terminated", idle.ID, is(space.StateTerminated, space.ReasonPausedSandboxCap))
-		if got := testMetric(t, b.reg, "space_sandbox_lifecycle_actions_total", "terminate", "paused_sandbox_cap", "pro"); got != 1 {
-			t.Errorf("terminations for the paused cap counted %v, want 1", got)
+		// The third, made before acme had an idle timeout, is given one by a round
+		// (counted from then) and ends the same way.
+		b.roundsUntil(t, "the sandbox made before the idle timeout to be terminated", third.ID, is(space.StateTerminated, space.ReasonPausedSandboxCap))
+		if got := testMetric(t, b.reg, "space_sandbox_lifecycle_actions_total", "terminate", "paused_sandbox_cap", "pro"); got != 2 {
+			t.Errorf("terminations for the paused cap counted %v, want 2", got)
 		}
 	})
 
@@ -328,4 +331,88 @@ func testMetric(t *testing.T, reg *prometheus.Registry, name string, values ...s
 		}
 	}
 	return 0
+}
+
+func TestDeadlinesCaughtUp(t *testing.T) {
+	t.Parallel()
+	lc := space.Lifecycle{MaxLifetime: time.Hour, IdleTimeout: 10 * time.Minute, PausedRetention: 2 * time.Hour}
+	b := setupLifecycle(t, lc)
+	// Rows as a release before the lifecycle wrote them: no deadlines at all. One of
+	// acme's running sandboxes already has a max lifetime, which stays as it is; an
+	// owner without limits keeps sandboxes that live on.
+	insert := func(client, state, extra string) string {
+		t.Helper()
+		var id string
+		if err := b.db.QueryRow(b.ctx, `INSERT INTO sandboxes (id, client, budget_key, state, template, cpu_millis, memory_mib, disk_gib, snapshot_ref, expires_at)
+			VALUES (gen_random_uuid(), $1, $1, $2, $3, $4, $5, $6, CASE WHEN $2 = 'paused' THEN 'snap' END, `+extra+`)
+			RETURNING id`, client, state, python.Template, python.CPUMillis, python.MemoryMiB, python.DiskGiB).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	running := insert("acme", "running", "NULL")
+	paused := insert("acme", "paused", "NULL")
+	dated := insert("acme", "running", "now() + interval '1 day'")
+	free := insert("plain", "running", "NULL")
+	var before time.Time
+	if err := b.db.QueryRow(b.ctx, `SELECT expires_at FROM sandboxes WHERE id = $1`, dated).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := b.life.Round(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.CaughtUp != 3 || len(res.Taken) != 0 {
+		t.Fatalf("the round caught up %d sandboxes and took %v; want acme's 3 given deadlines from now, and nothing ended", res.CaughtUp, res.Taken)
+	}
+	if got := testMetric(t, b.reg, "space_sandbox_lifecycle_deadlines_caught_up_total"); got != 3 {
+		t.Errorf("space_sandbox_lifecycle_deadlines_caught_up_total %v, want 3", got)
+	}
+	// Seconds from now to each deadline (-1: none).
+	left := func(id string) (expires, idle, retain float64, action string) {
+		t.Helper()
+		if err := b.db.QueryRow(b.ctx, `SELECT
+				coalesce(extract(epoch FROM expires_at - now()), -1)::float8,
+				coalesce(extract(epoch FROM idle_at - now()), -1)::float8,
+				coalesce(extract(epoch FROM retain_until - now()), -1)::float8,
+				coalesce(idle_action, '')
+			FROM sandboxes WHERE id = $1`, id).Scan(&expires, &idle, &retain, &action); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	// Counted from the round, a minute of slack for a slow machine.
+	near := func(got float64, want time.Duration) bool {
+		return got <= want.Seconds() && got > want.Seconds()-60
+	}
+	t.Run("a running sandbox without deadlines gets its owner's lifetime and idle timeout from now", func(t *testing.T) {
+		expires, idle, retain, action := left(running)
+		if !near(expires, lc.MaxLifetime) || !near(idle, lc.IdleTimeout) || retain != -1 || action != string(space.IdlePause) {
+			t.Fatalf("expires in %.0fs, idle in %.0fs (%q), retained %.0fs; want %v, %v (pause) and none", expires, idle, action, retain, lc.MaxLifetime, lc.IdleTimeout)
+		}
+	})
+	t.Run("a paused sandbox without deadlines gets its lifetime and retention from now, and no idle timeout", func(t *testing.T) {
+		expires, idle, retain, _ := left(paused)
+		if !near(expires, lc.MaxLifetime) || idle != -1 || !near(retain, lc.PausedRetention) {
+			t.Fatalf("expires in %.0fs, idle in %.0fs, retained %.0fs; want %v, none and %v", expires, idle, retain, lc.MaxLifetime, lc.PausedRetention)
+		}
+	})
+	t.Run("a deadline already set is not moved, and the one it lacked is added", func(t *testing.T) {
+		var after time.Time
+		if err := b.db.QueryRow(b.ctx, `SELECT expires_at FROM sandboxes WHERE id = $1`, dated).Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		if !after.Equal(before) {
+			t.Errorf("its max lifetime moved from %v to %v", before, after)
+		}
+		if _, idle, _, _ := left(dated); !near(idle, lc.IdleTimeout) {
+			t.Errorf("idle in %.0fs, want %v", idle, lc.IdleTimeout)
+		}
+	})
+	t.Run("an owner without limits keeps sandboxes without deadlines", func(t *testing.T) {
+		if expires, idle, retain, _ := left(free); expires != -1 || idle != -1 || retain != -1 {
+			t.Fatalf("plain's sandbox expires in %.0fs, idle in %.0fs, retained %.0fs; want no deadline", expires, idle, retain)
+		}
+	})
 }
