@@ -83,6 +83,9 @@ func (r *Report) Targets() []Target {
 			ts = append(ts, n.targets()...)
 		}
 	}
+	if o := r.Overload; o != nil {
+		ts = append(ts, o.targets()...)
+	}
 	if g := r.GoBench; g != nil {
 		plain, tiered := g.line("./cmd/space-api", "BenchmarkCreate/rejected"), g.line("./cmd/space-api", "BenchmarkCreate/rejected_tiered")
 		if plain != nil && tiered != nil {
@@ -165,6 +168,9 @@ func (r *Report) Summary() string {
 				summarize(n.Space.Steal.Alone).format("%.0f%%"), summarize(n.Space.Steal.Fixed).format("%.0f%%"), summarize(n.Space.Steal.Saturated).format("%.0f%%"))
 			fmt.Fprintf(&b, "  flood: the quiet client's answers from space-api: %s\n", outcomes(n.Space.Outcomes))
 		}
+	}
+	if o := r.Overload; o != nil {
+		o.summary(&b)
 	}
 	if k := r.Keys; k != nil {
 		fmt.Fprintf(&b, "  keys: %.0f bytes per idle client key; %d idle keys gone %s after their last write (TTL %s)\n",
@@ -488,6 +494,9 @@ func (r *Report) Markdown(command string) string {
 
 	r.poolMarkdown(&b)
 	r.lifecycleMarkdown(&b)
+	if o := r.Overload; o != nil {
+		o.markdown(&b)
+	}
 	if g := r.GoBench; g != nil {
 		w("### Go benchmarks of the hot paths\n\n")
 		w("`%s`, median [min–max] over the runs. Each package says what its benchmark measures; those with Postgres or Redis in them use the services.\n\n", g.Command)
