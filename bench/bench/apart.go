@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"strconv"
 	"sync"
 	"time"
@@ -35,6 +36,28 @@ const startedLine = "space-bench-load: sending"
 // machine can take seconds to get there; an arm measured beside it waits for this,
 // not for a guess of how long a start takes.
 func (l load) runApartNotify(ctx context.Context, started chan<- struct{}) (*loadResult, error) {
+	p, err := l.startApart(ctx, started, nil)
+	if err != nil {
+		return nil, err
+	}
+	w, err := p.wait()
+	if err != nil {
+		return nil, err
+	}
+	return w.result(), nil
+}
+
+// apartProc is a stream's process, started by startApart.
+type apartProc struct {
+	name   string
+	cmd    *exec.Cmd
+	stdout bytes.Buffer
+	stderr *startWatch
+}
+
+// startApart starts the stream's process (see runApartNotify); stdin, when not nil,
+// is its standard input (a slowloris runs until it is closed).
+func (l load) startApart(ctx context.Context, started chan<- struct{}, stdin io.Reader) (*apartProc, error) {
 	spec, err := json.Marshal(l)
 	if err != nil {
 		return nil, err
@@ -43,26 +66,31 @@ func (l load) runApartNotify(ctx context.Context, started chan<- struct{}) (*loa
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", l.Name, err)
 	}
-	var stdout bytes.Buffer
-	stderr := &startWatch{started: started}
-	defer stderr.close()
-	cmd := generatorCommand(ctx, l.Yield, self)
-	cmd.Env = append(os.Environ(), loadEnv+"="+string(spec))
-	cmd.Stdout, cmd.Stderr = &stdout, stderr
-	if err := cmd.Start(); err != nil {
+	p := &apartProc{name: l.Name, stderr: &startWatch{started: started}}
+	p.cmd = generatorCommand(ctx, l.Yield, self)
+	p.cmd.Env = append(os.Environ(), loadEnv+"="+string(spec))
+	p.cmd.Stdout, p.cmd.Stderr, p.cmd.Stdin = &p.stdout, p.stderr, stdin
+	if err := p.cmd.Start(); err != nil {
+		p.stderr.close()
 		return nil, fmt.Errorf("load %s in its own process: %w", l.Name, err)
 	}
-	streams.started(cmd.Process.Pid)
-	err = cmd.Wait()
+	streams.started(p.cmd.Process.Pid)
+	return p, nil
+}
+
+// wait waits for the stream's process to end and reads what it printed.
+func (p *apartProc) wait() (wireResult, error) {
+	defer p.stderr.close()
+	err := p.cmd.Wait()
 	var w wireResult
 	if err == nil {
-		err = json.Unmarshal(stdout.Bytes(), &w)
+		err = json.Unmarshal(p.stdout.Bytes(), &w)
 	}
-	streams.ended(cmd.Process.Pid, w.Ticks)
+	streams.ended(p.cmd.Process.Pid, w.Ticks)
 	if err != nil {
-		return nil, fmt.Errorf("load %s in its own process: %w: %s", l.Name, err, bytes.TrimSpace(stderr.out.Bytes()))
+		return w, fmt.Errorf("load %s in its own process: %w: %s", p.name, err, bytes.TrimSpace(p.stderr.bytes()))
 	}
-	return w.result(), nil
+	return w, nil
 }
 
 // startWatch is a stream process's stderr: kept for the error it may explain, and
@@ -71,6 +99,13 @@ type startWatch struct {
 	mu      sync.Mutex
 	out     bytes.Buffer
 	started chan<- struct{}
+}
+
+// bytes is what the process wrote so far.
+func (w *startWatch) bytes() []byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return bytes.Clone(w.out.Bytes())
 }
 
 func (w *startWatch) Write(p []byte) (int, error) {
@@ -148,6 +183,15 @@ func ServeLoad(ctx context.Context, out io.Writer) (bool, error) {
 	if err := json.Unmarshal([]byte(spec), &l); err != nil {
 		return true, fmt.Errorf("%s: %w", loadEnv, err)
 	}
+	if l.Slow > 0 {
+		st, err := l.runSlowloris(ctx, os.Stdin, os.Stderr)
+		if err != nil {
+			return true, err
+		}
+		w := wireResult{Name: l.Name, Slow: st}
+		_, w.Ticks, _ = readProcTicks("/proc/self")
+		return true, json.NewEncoder(out).Encode(w)
+	}
 	fmt.Fprintln(os.Stderr, startedLine)
 	var r *loadResult
 	if l.Raw {
@@ -169,20 +213,23 @@ type wireResult struct {
 	First   time.Time
 	Elapsed time.Duration
 	Answers []wireAnswer
+	Unsent  int
+	// Slow is a slowloris's figures (runSlowloris), where the stream is one.
+	Slow *SlowStats `json:",omitempty"`
 	// Ticks is the CPU time the stream's process used (clock ticks, user and
 	// system), read as it ends.
 	Ticks uint64
 }
 
 type wireAnswer struct {
-	Outcome     string
-	At, Latency time.Duration
+	Outcome           string
+	At, Wait, Latency time.Duration `json:",omitempty"`
 }
 
 func wire(r *loadResult) wireResult {
-	w := wireResult{Name: r.Name, First: r.First, Elapsed: r.Elapsed, Answers: make([]wireAnswer, 0, len(r.answers))}
+	w := wireResult{Name: r.Name, First: r.First, Elapsed: r.Elapsed, Unsent: r.Unsent, Answers: make([]wireAnswer, 0, len(r.answers))}
 	for _, a := range r.answers {
-		w.Answers = append(w.Answers, wireAnswer{Outcome: a.outcome, At: a.at, Latency: a.latency})
+		w.Answers = append(w.Answers, wireAnswer{Outcome: a.outcome, At: a.at, Wait: a.wait, Latency: a.latency})
 	}
 	return w
 }
@@ -190,8 +237,8 @@ func wire(r *loadResult) wireResult {
 func (w wireResult) result() *loadResult {
 	r := newLoadResult(w.Name)
 	for _, a := range w.Answers {
-		r.add(a.Outcome, a.At, a.Latency)
+		r.addSent(a.Outcome, a.At, a.Wait, a.Latency)
 	}
-	r.Elapsed, r.First = w.Elapsed, w.First
+	r.Elapsed, r.First, r.Unsent = w.Elapsed, w.First, w.Unsent
 	return r
 }

@@ -114,3 +114,26 @@ func TestRunRaw(t *testing.T) {
 		}
 	})
 }
+
+func TestOfferedAndAnswered(t *testing.T) {
+	t.Parallel()
+	r := newLoadResult("flood")
+	ms := time.Millisecond
+	// due at, sent after, answered after (from due)
+	r.addSent("201", 0, 0, 5*ms)
+	r.addSent("429 client_activation", 10*ms, 90*ms, 95*ms) // sent at 100 ms, answered at 105 ms
+	r.addSent("503", 20*ms, 0, 200*ms)                      // sent at 20 ms, answered at 220 ms
+	r.addSent("error", 30*ms, 0, 1*ms)                      // no answer: neither sent nor answered
+	if got := r.sentWithin(0, 50*ms); got != 2 {
+		t.Errorf("sent in [0, 50 ms) = %d, want 2 (the one due at 10 ms went at 100 ms)", got)
+	}
+	if got := r.sentWithin(50*ms, time.Second); got != 1 {
+		t.Errorf("sent in [50 ms, 1 s) = %d, want 1", got)
+	}
+	if got := r.answeredWithin("", 0, 150*ms); got != 2 {
+		t.Errorf("answered in [0, 150 ms) = %d, want 2", got)
+	}
+	if got, want := [3]int{r.answeredWithin("201", 0, time.Second), r.answeredWithin("429", 0, time.Second), r.answeredWithin("503", 0, 210*ms)}, [3]int{1, 1, 0}; got != want {
+		t.Errorf("answered by status %v, want %v", got, want)
+	}
+}

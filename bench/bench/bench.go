@@ -19,6 +19,10 @@
 //     creates/s of a client over its rate under wrk, beside two peers (a chi server
 //     asking redis_rate, and the same answering 429 at once; package peer);
 //   - flood: one client at 20× its rate beside a well-behaved one;
+//   - overload: each server's capacity C, then open-loop floods at 2C and 5C beside
+//     a quiet client, and again beside a slowloris: what space-api answers past its
+//     capacity, what the flooder still gets admitted, and the quiet client's latency,
+//     against the chi + redis_rate peer in the same runs (overload.go);
 //   - keys: Redis memory per idle client key, decisions/s with 10, 10k and 1M client
 //     keys, and idle keys expiring;
 //   - replicas: three space-api processes sharing Redis and Postgres admit exactly the
@@ -85,7 +89,7 @@ func (e *Env) logf(format string, args ...any) {
 }
 
 // Scenarios are the scenario names, in the order they run.
-var Scenarios = []string{"script", "decisions", "http", "flood", "keys", "replicas", "pool", "lifecycle", "migrations", "soak", "gobench"}
+var Scenarios = []string{"script", "decisions", "http", "flood", "overload", "keys", "replicas", "pool", "lifecycle", "migrations", "soak", "gobench"}
 
 // Config is what to run and how much of it.
 type Config struct {
@@ -149,6 +153,16 @@ type sizes struct {
 	// lives before its delete, synchronous and queued creates a second.
 	soakDur, soakEvery, soakRetention, soakHold time.Duration
 	soakRate, soakAsyncRate                     int
+
+	// The overload scenario: the closed loop that measures C, each flood's time
+	// before the quiet client starts, the flooder's reference arm, its bucket's rate,
+	// the slowloris's connections, the floods as multiples of C, and the most
+	// connections a flood's generator holds.
+	overCapDur, overSettle, overRefDur time.Duration
+	overFloodRate                      float64
+	overSlowConns                      int
+	overMultiples                      []int
+	overMaxConns                       int
 }
 
 func sizesFor(quick bool) sizes {
@@ -158,6 +172,8 @@ func sizesFor(quick bool) sizes {
 			httpDur: 300 * time.Millisecond, httpWarmUp: 100 * time.Millisecond, httpWorkers: 4, warmTarget: 40,
 			onOffRate: 50, onOffDur: 200 * time.Millisecond, onOffRounds: 1,
 			floodRate: 5, goodRate: 4, floodDur: 600 * time.Millisecond, quietSend: 20, quietDur: 600 * time.Millisecond, fixedFlood: 200, floodConns: 8,
+			overCapDur: time.Second, overSettle: 200 * time.Millisecond, overRefDur: 500 * time.Millisecond, overFloodRate: 20,
+			overSlowConns: 50, overMultiples: []int{2, 5}, overMaxConns: 256,
 			keyCounts: []int{10, 1000}, keysDur: 100 * time.Millisecond, memoryKeys: 500, expiryKeys: 200,
 			replicaDur: 600 * time.Millisecond, replicaBurst: 20, replicaRefill: 5, replicaWorkers: 2,
 			goBenchTime: "1x", goBenchCount: 1,
@@ -173,6 +189,8 @@ func sizesFor(quick bool) sizes {
 		httpDur: 2 * time.Second, httpWarmUp: time.Second, httpWorkers: 16, warmTarget: 2000,
 		onOffRate: 150, onOffDur: time.Second, onOffRounds: 4,
 		floodRate: 50, goodRate: 20, floodDur: 4 * time.Second, quietSend: 100, quietDur: 10 * time.Second, fixedFlood: 5000, floodConns: 64,
+		overCapDur: 3 * time.Second, overSettle: time.Second, overRefDur: 5 * time.Second, overFloodRate: 500,
+		overSlowConns: 1000, overMultiples: []int{2, 5}, overMaxConns: 2048,
 		keyCounts: []int{10, 10_000, 1_000_000}, keysDur: 1500 * time.Millisecond, memoryKeys: 10_000, expiryKeys: 10_000,
 		replicaDur: 4 * time.Second, replicaBurst: 200, replicaRefill: 50, replicaWorkers: 4,
 		goBenchTime: "1s", goBenchCount: 3,
@@ -197,6 +215,7 @@ type Report struct {
 	Decision  *DecisionsResult
 	HTTP      *HTTPResult
 	Flood     *FloodResult
+	Overload  *OverloadResult
 	Keys      *KeysResult
 	Replicas  *ReplicasResult
 	Pool      *PoolResult
@@ -240,6 +259,7 @@ func Run(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		{"decisions", func() (err error) { rep.Decision, err = runDecisions(ctx, env, cheapRuns, sz); return }},
 		{"http", func() (err error) { rep.HTTP, err = runHTTP(ctx, env, cfg.Runs, sz); return }},
 		{"flood", func() (err error) { rep.Flood, err = runFlood(ctx, env, cfg.Runs, sz); return }},
+		{"overload", func() (err error) { rep.Overload, err = runOverload(ctx, env, cfg.Runs, sz); return }},
 		{"keys", func() (err error) { rep.Keys, err = runKeys(ctx, env, cfg.Runs, sz); return }},
 		{"replicas", func() (err error) { rep.Replicas, err = runReplicas(ctx, env, cfg.Runs, sz); return }},
 		{"pool", func() (err error) { rep.Pool, err = runPool(ctx, env, cfg.Quick); return }},

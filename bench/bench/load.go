@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +36,10 @@ type load struct {
 	// Raw sends it with runRaw, not vegeta: an open loop at Rate over Conns
 	// connections for a fraction of vegeta's CPU (the fixed flood's generator).
 	Raw bool
+	// Slow > 0 makes the stream a slowloris of that many connections instead
+	// (runSlowloris): it sends no request whole, and runs until its process's
+	// standard input is closed (startSlowloris).
+	Slow int `json:",omitempty"`
 	// Yield runs the stream's process (runApart) at the lowest CPU priority
 	// (generatorCommand): a flood beside a client whose latency is measured.
 	Yield bool `json:"-"`
@@ -53,26 +58,59 @@ type loadResult struct {
 	latencies map[string][]time.Duration
 	all       []time.Duration
 	// answers are the answers in the order they came, each with when its request was
-	// sent (from the first) and its latency.
+	// due (from the first), how long after that it was sent, and its latency (from
+	// when it was due).
 	answers []answer
+	// Unsent are the requests a raw stream could not send by its end (runRaw).
+	Unsent int
 }
 
 type answer struct {
-	outcome     string
-	at, latency time.Duration
+	outcome           string
+	at, wait, latency time.Duration
 }
 
 func newLoadResult(name string) *loadResult {
 	return &loadResult{Name: name, Outcomes: map[string]int{}, latencies: map[string][]time.Duration{}}
 }
 
-// add counts one answer.
+// add counts one answer to a request sent when it was due.
 func (r *loadResult) add(outcome string, at, latency time.Duration) {
+	r.addSent(outcome, at, 0, latency)
+}
+
+// addSent counts one answer to a request due at at, sent wait later.
+func (r *loadResult) addSent(outcome string, at, wait, latency time.Duration) {
 	r.Requests++
 	r.Outcomes[outcome]++
 	r.latencies[outcome] = append(r.latencies[outcome], latency)
 	r.all = append(r.all, latency)
-	r.answers = append(r.answers, answer{outcome: outcome, at: at, latency: latency})
+	r.answers = append(r.answers, answer{outcome: outcome, at: at, wait: wait, latency: latency})
+}
+
+// sentWithin is the number of requests sent in [from, to) after the stream's first
+// was due: what the stream offered the server then.
+func (r *loadResult) sentWithin(from, to time.Duration) int {
+	n := 0
+	for _, a := range r.answers {
+		if t := a.at + a.wait; t >= from && t < to && a.outcome != "error" {
+			n++
+		}
+	}
+	return n
+}
+
+// answeredWithin is the number of answers whose outcome starts with prefix ("" for
+// any answer: every status, no "error") received in [from, to) after the stream's
+// first request was due.
+func (r *loadResult) answeredWithin(prefix string, from, to time.Duration) int {
+	n := 0
+	for _, a := range r.answers {
+		if t := a.at + a.latency; t >= from && t < to && a.outcome != "error" && strings.HasPrefix(a.outcome, prefix) {
+			n++
+		}
+	}
+	return n
 }
 
 // latencyWithin is the p-th percentile latency of the requests sent in [from, to)
@@ -187,8 +225,9 @@ func (l load) run(ctx context.Context) *loadResult {
 }
 
 var (
-	warmTrue   = []byte(`"warm":true`)
-	bucketName = []byte(`"bucket":"`)
+	warmTrue    = []byte(`"warm":true`)
+	bucketName  = []byte(`"bucket":"`)
+	problemCode = []byte(`"code":"`)
 )
 
 // classify names a result's outcome from its status and body.
@@ -205,13 +244,31 @@ func outcome(code int, body []byte) string {
 		}
 		return "201"
 	case http.StatusTooManyRequests:
-		if i := bytes.Index(body, bucketName); i >= 0 {
-			rest := body[i+len(bucketName):]
-			if j := bytes.IndexByte(rest, '"'); j >= 0 {
-				return "429 " + string(rest[:j])
-			}
+		if v, ok := jsonString(body, bucketName); ok {
+			return "429 " + v
 		}
 		return "429"
+	case http.StatusServiceUnavailable:
+		// space-api's 503s say why: overloaded (shed by its gate before any work)
+		// or unavailable (a store failed).
+		if v, ok := jsonString(body, problemCode); ok {
+			return "503 " + v
+		}
+		return "503"
 	}
 	return strconv.Itoa(code)
+}
+
+// jsonString is the string value after key (`"name":"`) in body, if any.
+func jsonString(body, key []byte) (string, bool) {
+	i := bytes.Index(body, key)
+	if i < 0 {
+		return "", false
+	}
+	rest := body[i+len(key):]
+	j := bytes.IndexByte(rest, '"')
+	if j < 0 {
+		return "", false
+	}
+	return string(rest[:j]), true
 }

@@ -848,7 +848,7 @@ func (r *Report) migrationsMarkdown(b *strings.Builder) {
 	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	col := func(f func(MigrationsRun) float64) Stat { return summarize(m.column(f)) }
 	first := m.Runs[0]
-	w("### 9. Migrations: the upgrade under the release before's writes, at %s sandboxes and %s operations\n\n", count(m.Sandboxes), count(m.Operations))
+	w("### 10. Migrations: the upgrade under the release before's writes, at %s sandboxes and %s operations\n\n", count(m.Sandboxes), count(m.Operations))
 	w("`-only migrations`, bench/bench/migrations.go: a database taken by goose to version %d (the release before's schema) and filled with one `INSERT ... SELECT generate_series` a table, which each run copies (`CREATE DATABASE ... TEMPLATE`): ", m.From)
 	w("%s sandboxes of %s clients created over a year (2%% running, 2%% failed, 0.4%% paused, the rest terminated) and %s operations (4%% failed, a few queued and running, the rest succeeded with their `finished_at`), the idempotency keys of the last day, then `VACUUM (ANALYZE)`. ",
 		count(m.Sandboxes), count(m.Clients), count(m.Operations))

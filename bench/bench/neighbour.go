@@ -296,14 +296,15 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	return nil
 }
 
-// targets are the quiet neighbour's goals: its p99 within 1.25× of its own alone
-// under the fixed flood over its rate, within 2× under the flood as fast as wrk goes,
-// and every create answered 201.
+// targets are the quiet neighbour's goals: its p99 within 2× of its own alone under
+// the flood as fast as wrk goes, and every create answered 201. Beside the fixed flood
+// its p99 is reported with no goal: its ratio moved by 3× between runs of one build,
+// the peer's too; the overload scenario's goals, each read against the peer in the
+// same run, took its place.
 func (n *NeighbourResult) targets() []Target {
-	fixed, saturated := ratioStats(n.Space.Fixed, n.Space.Alone), ratioStats(n.Space.Saturated, n.Space.Alone)
+	saturated := ratioStats(n.Space.Saturated, n.Space.Alone)
 	success := summarize(n.Space.Success)
 	return []Target{
-		{fmt.Sprintf("a quiet neighbour's p99 ≤ 1.25× its own alone, beside a %d/s flood", n.FixedFlood), fixed.format("%.2f×"), fixed.Median <= 1.25},
 		{"a quiet neighbour's p99 ≤ 2× its own alone, beside a flood as fast as wrk goes", saturated.format("%.2f×"), saturated.Median <= 2},
 		{"the quiet neighbour keeps 100% success beside both floods", success.format("%.1f%%"), success.Min >= 100},
 	}

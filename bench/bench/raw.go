@@ -17,7 +17,11 @@ import (
 // runRaw sends the stream as a plain HTTP/1.1 client over l.Conns connections, each
 // sending the next request that is due once its previous answer is in: an open loop
 // at l.Rate, as wrk2 -c Conns -R Rate, each latency counted from when its request was
-// due, so a request that waited for a connection counts its wait.
+// due, so a request that waited for a connection counts its wait. When it is sent is
+// kept too (the answer's wait): what the stream offered a second is what it sent,
+// which is less than Rate when its connections were all waiting or it lacked the CPU.
+// A request still unsent rawGrace after the stream's end is not sent (counted in
+// Unsent): the stream ends on time, whatever it could not offer.
 //
 // It is the fixed flood's generator. vegeta spent about 110 µs of CPU a request (0.57
 // cores at 5,000/s in the recorded runs, as much as the server it measured), on two
@@ -67,9 +71,12 @@ func (l load) runRaw(ctx context.Context) (*loadResult, error) {
 	type answer struct {
 		outcome string
 		due     time.Time
+		wait    time.Duration // from due to sent
 		latency time.Duration
 	}
 	answers := make([][]answer, l.Conns)
+	unsent := make([]int, l.Conns)
+	end := start.Add(l.Duration + rawGrace)
 	var wg sync.WaitGroup
 	for c := range l.Conns {
 		wg.Go(func() {
@@ -81,18 +88,23 @@ func (l load) runRaw(ctx context.Context) (*loadResult, error) {
 				}
 			}()
 			for d := range due {
+				if time.Now().After(end) {
+					unsent[c]++
+					continue
+				}
 				if conn == nil {
 					var err error
 					if conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", u.Host); err != nil {
 						conn = nil
-						answers[c] = append(answers[c], answer{"error", d, time.Since(d)})
+						answers[c] = append(answers[c], answer{"error", d, time.Since(d), time.Since(d)})
 						continue
 					}
 					r = bufio.NewReader(conn)
 				}
-				_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+				sent := time.Now()
+				_ = conn.SetDeadline(sent.Add(30 * time.Second))
 				code, body, err := exchange(conn, r, req)
-				answers[c] = append(answers[c], answer{outcome(code, body), d, time.Since(d)})
+				answers[c] = append(answers[c], answer{outcome(code, body), d, sent.Sub(d), time.Since(d)})
 				if err != nil {
 					conn.Close()
 					conn = nil
@@ -103,14 +115,19 @@ func (l load) runRaw(ctx context.Context) (*loadResult, error) {
 	wg.Wait()
 	res := newLoadResult(l.Name)
 	res.First = start
-	for _, as := range answers {
+	for c, as := range answers {
 		for _, a := range as {
-			res.add(a.outcome, a.due.Sub(start), a.latency)
+			res.addSent(a.outcome, a.due.Sub(start), a.wait, a.latency)
 			res.Elapsed = max(res.Elapsed, a.due.Add(a.latency).Sub(start))
 		}
+		res.Unsent += unsent[c]
 	}
 	return res, nil
 }
+
+// rawGrace is how late after its stream's end a raw stream still sends a request
+// that was due before it.
+const rawGrace = time.Second
 
 // exchange writes req on conn and reads its answer: the status code and the body
 // (kept only when short: the outcome reads a 429's bucket or a 201's warm flag).

@@ -83,6 +83,9 @@ func (r *Report) Targets() []Target {
 			ts = append(ts, n.targets()...)
 		}
 	}
+	if o := r.Overload; o != nil {
+		ts = append(ts, o.targets()...)
+	}
 	if g := r.GoBench; g != nil {
 		plain, tiered := g.line("./cmd/space-api", "BenchmarkCreate/rejected"), g.line("./cmd/space-api", "BenchmarkCreate/rejected_tiered")
 		if plain != nil && tiered != nil {
@@ -167,6 +170,9 @@ func (r *Report) Summary() string {
 				summarize(n.Space.Steal.Alone).format("%.0f%%"), summarize(n.Space.Steal.Fixed).format("%.0f%%"), summarize(n.Space.Steal.Saturated).format("%.0f%%"))
 			fmt.Fprintf(&b, "  flood: the quiet client's answers from space-api: %s\n", outcomes(n.Space.Outcomes))
 		}
+	}
+	if o := r.Overload; o != nil {
+		o.summary(&b)
 	}
 	if k := r.Keys; k != nil {
 		fmt.Fprintf(&b, "  keys: %.0f bytes per idle client key; %d idle keys gone %s after their last write (TTL %s)\n",
@@ -409,7 +415,7 @@ func (r *Report) Markdown(command string) string {
 			outcomes(f.Space.GoodOutcomes), outcomes(f.Space.FloodOutcomes), outcomes(f.Peer.GoodOutcomes), outcomes(f.Peer.FloodOutcomes),
 			100*float64(f.Space.GoodTotal)/float64(max(f.Space.GoodTotal+f.Space.FloodSent, 1)))
 		if n := f.Neighbour; n != nil {
-			w("A quiet neighbour: `bench-quiet` sends %d creates/s (a quarter of its rate) for %s alone, then beside `bench-flood` sending %d/s (open loop over %d connections, as wrk2 -c %d -R %d), then beside `bench-flood` as fast as wrk goes (1 thread, %d connections, closed loop); the three back to back in each run, on the same server, then on the peer (chi + redis_rate, each client its own limit: the flooder's rate and burst, the quiet client's). Each client is a process of its own (the driver's binary, started again for one stream), as another client would be, on the same 2 cores; the floods' two generators (the fixed flood's process and wrk) run at the lowest CPU priority (nice %d), so that on cores they share with the server, Postgres and Redis they take only what nothing else wants, as a flooding client's own machine would, while the server's work for the flood keeps its priority. The fixed flood starts with the flooder's bucket full: the quiet client's creates of its first %s are beside the flooder's burst of admitted creates, reported apart; the arm's p99 is that of the %s after, beside the flood over its rate.\n\n",
+			w("A quiet neighbour: `bench-quiet` sends %d creates/s (a quarter of its rate) for %s alone, then beside `bench-flood` sending %d/s (open loop over %d connections, as wrk2 -c %d -R %d), then beside `bench-flood` as fast as wrk goes (1 thread, %d connections, closed loop); the three back to back in each run, on the same server, then on the peer (chi + redis_rate, each client its own limit: the flooder's rate and burst, the quiet client's). Each client is a process of its own (the driver's binary, started again for one stream), as another client would be, on the same 2 cores; the floods' two generators (the fixed flood's process and wrk) run at the lowest CPU priority (nice %d), so that on cores they share with the server, Postgres and Redis they take only what nothing else wants, as a flooding client's own machine would, while the server's work for the flood keeps its priority. The fixed flood starts with the flooder's bucket full: the quiet client's creates of its first %s are beside the flooder's burst of admitted creates, reported apart; the arm's p99 is that of the %s after, beside the flood over its rate, reported with no target (section 9 has the goals of a flood past capacity).\n\n",
 				n.QuietSend, n.Duration, n.FixedFlood, n.FloodConns, n.FloodConns, n.FixedFlood, n.Connections, yieldNice, n.Settle, n.Duration)
 			w("| quiet client p99 ms | alone | beside %d/s | ratio | beside the flooder's burst (first %s) | beside wrk | ratio |\n|---|---:|---:|---:|---:|---:|---:|\n", n.FixedFlood, n.Settle)
 			for _, a := range n.servers() {
@@ -492,6 +498,9 @@ func (r *Report) Markdown(command string) string {
 
 	r.poolMarkdown(&b)
 	r.lifecycleMarkdown(&b)
+	if o := r.Overload; o != nil {
+		o.markdown(&b)
+	}
 	r.migrationsMarkdown(&b)
 	r.soakMarkdown(&b)
 	if g := r.GoBench; g != nil {

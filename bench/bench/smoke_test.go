@@ -64,7 +64,7 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	redisOnly.Pool = pooled.Pool
-	servers, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"http", "flood", "replicas", "soak"}})
+	servers, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"http", "flood", "overload", "replicas", "soak"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,8 +175,8 @@ func TestSmoke(t *testing.T) {
 				found++
 			}
 		}
-		if found != 2 {
-			t.Errorf("%d quiet-neighbour ratio targets, want 2: %+v", found, servers.Targets())
+		if found != 1 {
+			t.Errorf("%d quiet-neighbour ratio targets, want 1 (beside wrk): %+v", found, servers.Targets())
 		}
 	})
 	t.Run("the quiet neighbour's creates are read back from space-api's log and the machine's CPU is split by process", func(t *testing.T) {
@@ -213,6 +213,68 @@ func TestSmoke(t *testing.T) {
 					t.Errorf("%s: cores used by %s beside the fixed flood: %+v", a.name, user, a.arms.Cores)
 				}
 			}
+		}
+	})
+	t.Run("the overload scenario measures each server's capacity, floods it open loop past it beside a quiet client, and again beside a slowloris", func(t *testing.T) {
+		o := servers.Overload
+		if o == nil {
+			t.Fatal("no overload result")
+		}
+		for _, s := range o.servers() {
+			for name, v := range map[string][]float64{"capacity": s.s.Capacity, "the flooder alone": s.s.Reference, "the quiet client alone": s.s.Alone} {
+				if len(v) != 1 || !(v[0] > 0) {
+					t.Errorf("%s: %s %v", s.name, name, v)
+				}
+			}
+			// What each flood's generator and the server did is counted, never timed:
+			// some of its creates were sent and answered over the quiet client's arm,
+			// the flooder was both admitted and refused, the quiet client answered.
+			refused := "429 client_activation"
+			if s.s == &o.Peer {
+				refused = "429"
+			}
+			for _, arms := range [][]*OverloadArm{s.s.Plain, s.s.Slow} {
+				if len(arms) != len(o.Multiples) {
+					t.Fatalf("%s: %d floods, want one for each of %v", s.name, len(arms), o.Multiples)
+				}
+				for _, a := range arms {
+					for name, v := range map[string][]float64{"asked": a.Asked, "offered": a.Offered, "answered": a.Answered, "quiet p99": a.QuietP99, "quiet ratio": a.QuietRatio} {
+						if len(v) != 1 || !(v[0] > 0) {
+							t.Errorf("%s at %d×C: %s %v", s.name, a.Multiple, name, v)
+						}
+					}
+					if len(a.Admitted) != 1 || len(a.Goodput) != 1 || len(a.QuietSuccess) != 1 || len(a.RunQueue) != 1 {
+						t.Errorf("%s at %d×C: admitted %v, goodput %v, quiet success %v, run queue %v: want one each", s.name, a.Multiple, a.Admitted, a.Goodput, a.QuietSuccess, a.RunQueue)
+					}
+					if a.FloodOutcomes["201"] == 0 || a.FloodOutcomes[refused] == 0 {
+						t.Errorf("%s at %d×C: the flood's answers %v, want some 201 and some %s", s.name, a.Multiple, a.FloodOutcomes, refused)
+					}
+					if a.QuietOutcomes["201"] == 0 {
+						t.Errorf("%s at %d×C: the quiet client's answers %v, want 201s", s.name, a.Multiple, a.QuietOutcomes)
+					}
+				}
+				// The floods are asked for their multiples of the same run's C.
+				if c := s.s.Capacity[0]; len(arms[0].Asked) == 1 && math.Abs(arms[0].Asked[0]-float64(arms[0].Multiple)*c) > 1 {
+					t.Errorf("%s: the %d×C flood was asked for %v creates/s, C being %v", s.name, arms[0].Multiple, arms[0].Asked, c)
+				}
+			}
+			if len(s.s.Slowloris) != 1 {
+				t.Fatalf("%s: slowloris figures %+v", s.name, s.s.Slowloris)
+			}
+			if sl := s.s.Slowloris[0]; sl.Conns != o.SlowConns || sl.Dials < sl.Conns || sl.MaxOpen < 1 || sl.MaxOpen > sl.Conns || sl.Bytes < int64(sl.Conns) {
+				t.Errorf("%s: the slowloris %+v: want its %d connections opened, held and sending", s.name, sl, o.SlowConns)
+			}
+		}
+		found := 0
+		for _, tg := range servers.Targets() {
+			for _, prefix := range []string{"past its capacity C", "a quiet client (", "the quiet client's p99 beside/alone", "the flooder's admitted creates/s", "beside a slowloris of"} {
+				if strings.HasPrefix(tg.Name, prefix) && !strings.Contains(tg.Measured, "n/a") {
+					found++
+				}
+			}
+		}
+		if found != 5 {
+			t.Errorf("%d overload targets measured, want 5: %+v", found, servers.Targets())
 		}
 	})
 	t.Run("the well-behaved client keeps every create through the flood, on space-api and on the peer", func(t *testing.T) {
@@ -367,7 +429,7 @@ func TestSmoke(t *testing.T) {
 		merged.Script, merged.Decision, merged.Keys, merged.Pool, merged.Lifecycle = redisOnly.Script, redisOnly.Decision, redisOnly.Keys, redisOnly.Pool, redisOnly.Lifecycle
 		merged.Migrations = redisOnly.Migrations
 		md := merged.Markdown("make bench")
-		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas", "### 7. Warm pool", "### 8. Lifecycle", "### 9. Migrations", "### 10. Soak"} {
+		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas", "### 7. Warm pool", "### 8. Lifecycle", "### 9. Overload", "### 10. Migrations", "### 11. Soak"} {
 			if !strings.Contains(md, want) {
 				t.Errorf("markdown lacks %q", want)
 			}

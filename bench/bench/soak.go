@@ -558,7 +558,7 @@ func (r *Report) soakMarkdown(b *strings.Builder) {
 		return
 	}
 	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
-	w("### 10. Soak: steady creates and deletes under retention\n\n")
+	w("### 11. Soak: steady creates and deletes under retention\n\n")
 	w("`-only soak`, bench/bench/soak.go: one space-api with `SPACE_RETENTION_SANDBOXES` and `SPACE_RETENTION_OPERATIONS` at %s and `SPACE_RECONCILE_INTERVAL` %s (retention deletes in the reconciler's round), one client whose rate and caps the load never reaches. ", s.Retention, s.Reconcile)
 	w("An open loop sends %d creates/s, each deleted %s after its 201, and %d queued creates/s (`Prefer: respond-async`), each followed until its operation succeeds and then deleted, for **%s** (a longer soak: `space-bench -only soak -soak 30m`). ", s.Rate, s.Hold, s.AsyncRate, s.Duration)
 	w("Every %s the tables' rows and total relation sizes (indexes and TOAST included) are read, with the creates' latency over the window before, from when each create was due. ", s.Every)
