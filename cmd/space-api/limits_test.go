@@ -328,7 +328,7 @@ func TestConcurrencyCap(t *testing.T) {
 		}
 	})
 
-	t.Run("a client far below its cap takes its places alongside its reservations, and the cap holds exactly", func(t *testing.T) {
+	t.Run("a client far below its cap takes its places alongside its bookings, and the cap holds exactly", func(t *testing.T) {
 		t.Parallel()
 		const capN, burst = 8, 24
 		s := startServer(t, e2eOptions{quota: `{"clients": {"acme": {"concurrency": 8}}, "default": {"live_sandboxes": 100}}`})

@@ -8,7 +8,7 @@ import (
 	"github.com/space-sandbox/space"
 )
 
-// heldUntilAnswered returns the writer a request holding lease answers through, and
+// keptUntilAnswered returns the writer a request holding lease answers through, and
 // what to defer: the answer's end, then the lease given back.
 //
 // A roomy lease (space.Lease.Roomy: its key holds at most half its cap) is given back
@@ -22,7 +22,7 @@ import (
 //
 // The request's duration in the access log and the request metrics is the time to
 // its answer (see observe), not to the lease's release.
-func heldUntilAnswered(w http.ResponseWriter, r *http.Request, lease space.Lease) (http.ResponseWriter, func()) {
+func keptUntilAnswered(w http.ResponseWriter, r *http.Request, lease space.Lease) (http.ResponseWriter, func()) {
 	if !lease.Roomy {
 		return w, lease.Release
 	}

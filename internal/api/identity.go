@@ -111,7 +111,7 @@ func (s *Server) identify(next http.Handler) http.Handler {
 
 // limitConcurrency caps the caller's budget key's in-flight requests cluster-wide
 // (the concurrency cap of docs/design.md, "The create path"): over the cap is a 429
-// client_concurrency. The place is given back as heldUntilAnswered says.
+// client_concurrency. The place is given back as keptUntilAnswered says.
 func (s *Server) limitConcurrency(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caller := callerFrom(r.Context())
@@ -123,7 +123,7 @@ func (s *Server) limitConcurrency(next http.Handler) http.Handler {
 			s.writeError(w, r, err)
 			return
 		}
-		w, done := heldUntilAnswered(w, r, lease)
+		w, done := keptUntilAnswered(w, r, lease)
 		defer done()
 		next.ServeHTTP(w, r)
 	})

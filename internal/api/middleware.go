@@ -33,7 +33,7 @@ type requestState struct {
 	caller     space.Caller
 	identified bool
 	// answered is when the answer was flushed before the handler returned (see
-	// heldUntilAnswered); zero when it ends with the handler.
+	// keptUntilAnswered); zero when it ends with the handler.
 	answered time.Time
 }
 

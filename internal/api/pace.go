@@ -13,13 +13,13 @@ import (
 	"github.com/space-sandbox/space/internal/metric"
 )
 
-// maxPacedRefusals bounds the refusals held at once on a replica: past it a refusal
-// is answered at once. A held refusal is a parked goroutine and an open connection;
-// an open-loop flood of R creates a second holds about R × the pace of them, so the
+// maxPacedRefusals bounds the refusals delayed at once on a replica: past it a refusal
+// is answered at once. A delayed refusal is a parked goroutine and an open connection;
+// an open-loop flood of R creates a second delays about R × the pace of them, so the
 // bound is reached only by a flood of about 100,000 a second at the default pace.
 const maxPacedRefusals = 1024
 
-// refusalPace holds a create refused from memory (sandbox.Service.refuseFromMemory) before it is
+// refusalPace delays a create refused from memory (sandbox.Service.refuseFromMemory) before it is
 // answered, while a request of another budget key is at work on this replica (a
 // create past its own refusal from memory, or any request on a route that takes a
 // concurrency place: a restore, a pause, a delete, a read): until no request at all is
@@ -30,30 +30,30 @@ const maxPacedRefusals = 1024
 // client that sends its next create as soon as it is answered (a closed loop, as most
 // do) sends as fast as the replica answers: on a saturated replica, that CPU is what
 // another client's create or restore waits behind at each of its round trips to
-// Postgres and Redis. Held, the flooder's connections send nothing while the
+// Postgres and Redis. Delayed, the flooder's connections send nothing while the
 // neighbour's request runs (a closed loop over N connections sends at most N a pace),
 // and the replica's CPU goes to that request; answered at once otherwise, a flood
-// alone on the replica is refused as fast as it can be. A held refusal is answered as
+// alone on the replica is refused as fast as it can be. A delayed refusal is answered as
 // soon as the replica has nothing else at work, not at the end of a fixed wait: the
 // writes of a flood's answers, most of a refusal's CPU (a system call that carries the
 // answer through the kernel), then fall in the gaps between the neighbour's requests
 // instead of on the next one. The flooder loses nothing it was owed: it was refused
 // either way and is told to retry after a second or more. Refusals from Redis and
-// every other answer are never held.
+// every other answer are never delayed.
 type refusalPace struct {
-	pace time.Duration // 0: never hold
-	// after is time.NewTimer's channel and stop, for tests to decide when a hold ends.
+	pace time.Duration // 0: never delay
+	// after is time.NewTimer's channel and stop, for tests to decide when a delay ends.
 	after func(time.Duration) (<-chan time.Time, func() bool)
-	// onHold, when set, is told each hold as it starts (tests).
-	onHold func()
+	// onDelay, when set, is told each delay as it starts (tests).
+	onDelay func()
 
 	working atomic.Int64 // requests at work on this replica, every key's
 	// byKey is the same, by key: bounded, a key with requests at work never
 	// forgotten (keyed.Map's Keep).
-	byKey *keyed.Map[atomic.Int64]
-	held  atomic.Int64
+	byKey   *keyed.Map[atomic.Int64]
+	delayed atomic.Int64
 	// idle is closed, and replaced, when the last request at work here ends while
-	// refusals are held: they are answered then, before their pace.
+	// refusals are delayed: they are answered then, before their pace.
 	idle  atomic.Pointer[chan struct{}]
 	paced prometheus.Counter
 }
@@ -68,7 +68,7 @@ func newRefusalPace(pace time.Duration, reg prometheus.Registerer) *refusalPace 
 		},
 		paced: metric.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "space_refusals_paced_total",
-			Help: "Creates refused from memory whose answer was held (for SPACE_REFUSAL_PACE at most) because another budget key's request was at work on the replica.",
+			Help: "Creates refused from memory whose answer was delayed (for SPACE_REFUSAL_PACE at most) because another budget key's request was at work on the replica.",
 		})),
 	}
 	idle := make(chan struct{})
@@ -86,9 +86,9 @@ func (p *refusalPace) begin(key space.ClientKey) *atomic.Int64 {
 	return c
 }
 
-// end ends a request begun with begin; the last at work lets the held refusals go.
+// end ends a request begun with begin; the last at work lets the delayed refusals go.
 func (p *refusalPace) end(c *atomic.Int64) {
-	if p.working.Add(-1) == 0 && p.held.Load() > 0 {
+	if p.working.Add(-1) == 0 && p.delayed.Load() > 0 {
 		next := make(chan struct{})
 		close(*p.idle.Swap(&next))
 	}
@@ -110,28 +110,28 @@ func (p *refusalPace) neighbours(key space.ClientKey) bool {
 	return all > own
 }
 
-// hold waits before key's refusal from memory is answered, when another key's request
-// is at work here and fewer than maxPacedRefusals are held: until no request is at
+// delay waits before key's refusal from memory is answered, when another key's request
+// is at work here and fewer than maxPacedRefusals are delayed: until no request is at
 // work here, for the pace at most; it returns early when the caller goes.
-func (p *refusalPace) hold(ctx context.Context, key space.ClientKey) {
+func (p *refusalPace) delay(ctx context.Context, key space.ClientKey) {
 	if p.pace <= 0 || !p.neighbours(key) {
 		return // a flood alone on the replica: one atomic load (neighbours')
 	}
-	// The order matters: the channel is read before this hold is counted, and the
+	// The order matters: the channel is read before this delay is counted, and the
 	// count before the requests at work are; end counts the requests first, then the
-	// holds. Whichever way the two interleave, a hold that sees a request at work is
+	// delays. Whichever way the two interleave, a delay that sees a request at work is
 	// seen by the end of the last one, which closes this channel or a later one (this
-	// one then already closed): no hold waits its whole pace for an end it missed.
-	// Hence neighbours is asked again once the hold is counted.
+	// one then already closed): no delay waits its whole pace for an end it missed.
+	// Hence neighbours is asked again once the delay is counted.
 	idle := *p.idle.Load()
-	if p.held.Add(1) > maxPacedRefusals || !p.neighbours(key) {
-		p.held.Add(-1)
+	if p.delayed.Add(1) > maxPacedRefusals || !p.neighbours(key) {
+		p.delayed.Add(-1)
 		return
 	}
-	defer p.held.Add(-1)
+	defer p.delayed.Add(-1)
 	p.paced.Inc()
-	if p.onHold != nil {
-		p.onHold()
+	if p.onDelay != nil {
+		p.onDelay()
 	}
 	c, stop := p.after(p.pace)
 	select {

@@ -22,15 +22,15 @@ func TestRefusalPace(t *testing.T) {
 	type paceBundle struct {
 		h          *handlers
 		refuseAcme atomic.Bool
-		holds      chan struct{}  // a refusal's hold began
-		fire       chan time.Time // ends one hold
-		timers     atomic.Int64   // holds that asked for a timer
+		delays     chan struct{}  // a refusal's delay began
+		fire       chan time.Time // ends one delay
+		timers     atomic.Int64   // delays that asked for a timer
 		started    chan struct{}  // a create of beta's is at work
 		finish     chan struct{}  // closed: beta's creates end
 	}
 	setupPace := func(t *testing.T, pace time.Duration) *paceBundle {
 		t.Helper()
-		b := &paceBundle{h: setup(t), holds: make(chan struct{}, 64), fire: make(chan time.Time),
+		b := &paceBundle{h: setup(t), delays: make(chan struct{}, 64), fire: make(chan time.Time),
 			started: make(chan struct{}, 64), finish: make(chan struct{})}
 		b.refuseAcme.Store(true)
 		p := b.h.server.pace
@@ -39,7 +39,7 @@ func TestRefusalPace(t *testing.T) {
 			b.timers.Add(1)
 			return b.fire, func() bool { return true }
 		}
-		p.onHold = func() { b.holds <- struct{}{} }
+		p.onDelay = func() { b.delays <- struct{}{} }
 		b.h.sandboxes.plan = func(c space.Caller, _ sandbox.CreateRequest) error {
 			if c.Key == "acme" && b.refuseAcme.Load() {
 				return &space.LimitError{Bucket: space.BucketClientActivation, Client: c.Key, RetryAfter: time.Second,
@@ -82,8 +82,8 @@ func TestRefusalPace(t *testing.T) {
 		<-b.started
 		return answer
 	}
-	// within bounds a wait for what a broken pace would never do (a hold never begun,
-	// an answer held for ever) to a failure rather than a hung test.
+	// within bounds a wait for what a broken pace would never do (a delay never begun,
+	// an answer delayed for ever) to a failure rather than a hung test.
 	within := func(t *testing.T, what string, c <-chan struct{}) {
 		t.Helper()
 		select {
@@ -92,16 +92,16 @@ func TestRefusalPace(t *testing.T) {
 			t.Fatalf("%s: not after 10s", what)
 		}
 	}
-	// heldRefusals sends n creates of acme's, refused from memory, and returns their
-	// answers once every one's hold has begun.
-	heldRefusals := func(t *testing.T, b *paceBundle, n int) []<-chan *httptest.ResponseRecorder {
+	// delayedRefusals sends n creates of acme's, refused from memory, and returns their
+	// answers once every one's delay has begun.
+	delayedRefusals := func(t *testing.T, b *paceBundle, n int) []<-chan *httptest.ResponseRecorder {
 		t.Helper()
 		answers := make([]<-chan *httptest.ResponseRecorder, n)
 		for i := range answers {
 			answers[i] = send(b, context.Background(), "acme")
 		}
 		for range n {
-			within(t, "a refusal's hold began", b.holds)
+			within(t, "a refusal's delay began", b.delays)
 		}
 		return answers
 	}
@@ -111,7 +111,7 @@ func TestRefusalPace(t *testing.T) {
 		case w := <-a:
 			return w
 		case <-time.After(10 * time.Second):
-			t.Fatal("no answer after 10s: held with no end")
+			t.Fatal("no answer after 10s: delayed with no end")
 			return nil
 		}
 	}
@@ -122,7 +122,7 @@ func TestRefusalPace(t *testing.T) {
 			t.Fatalf("acme's create = %d %s, want 429", w.Code, w.Body)
 		}
 		if n := b.timers.Load(); n != 0 {
-			t.Fatalf("%d refusals held, want none", n)
+			t.Fatalf("%d refusals delayed, want none", n)
 		}
 	}
 
@@ -131,7 +131,7 @@ func TestRefusalPace(t *testing.T) {
 		b := setupPace(t, 10*time.Millisecond)
 		beta := betaAtWork(t, b)
 		const refused = 8
-		answers := heldRefusals(t, b, refused)
+		answers := delayedRefusals(t, b, refused)
 		// Every refusal is now parked on the test's timer: none can have answered.
 		for i, a := range answers {
 			select {
@@ -157,11 +157,11 @@ func TestRefusalPace(t *testing.T) {
 		}
 	})
 
-	t.Run("held refusals are answered when the last request at work ends, before their pace", func(t *testing.T) {
+	t.Run("delayed refusals are answered when the last request at work ends, before their pace", func(t *testing.T) {
 		t.Parallel()
 		b := setupPace(t, 10*time.Millisecond)
 		beta := betaAtWork(t, b)
-		answers := heldRefusals(t, b, 4)
+		answers := delayedRefusals(t, b, 4)
 		close(b.finish) // beta's create ends; the test's timer never fires
 		if w := answered(t, beta); w.Code != http.StatusCreated {
 			t.Fatalf("beta's create = %d %s", w.Code, w.Body)
@@ -171,12 +171,12 @@ func TestRefusalPace(t *testing.T) {
 				t.Fatalf("refusal %d = %d %s, want 429", i, w.Code, w.Body)
 			}
 		}
-		if n := b.h.server.pace.held.Load(); n != 0 {
-			t.Fatalf("held = %d after every refusal was answered, want 0", n)
+		if n := b.h.server.pace.delayed.Load(); n != 0 {
+			t.Fatalf("delayed = %d after every refusal was answered, want 0", n)
 		}
 	})
 
-	t.Run("a request of the refused key's own at work keeps its held refusals to their pace", func(t *testing.T) {
+	t.Run("a request of the refused key's own at work keeps its delayed refusals to their pace", func(t *testing.T) {
 		t.Parallel()
 		b := setupPace(t, 10*time.Millisecond)
 		b.refuseAcme.Store(false)
@@ -195,13 +195,13 @@ func TestRefusalPace(t *testing.T) {
 		}()
 		<-restoring
 		refusal := send(b, context.Background(), "acme")
-		within(t, "a refusal's hold began beside beta's restore", b.holds)
+		within(t, "a refusal's delay began beside beta's restore", b.delays)
 		close(release) // beta's restore ends, acme's own create is still at work
 		if w := answered(t, restored); w.Code != http.StatusOK {
 			t.Fatalf("beta's restore = %d %s", w.Code, w.Body)
 		}
 		select {
-		case b.fire <- time.Now(): // the hold was still waiting for its pace
+		case b.fire <- time.Now(): // the delay was still waiting for its pace
 		case w := <-refusal:
 			t.Fatalf("the refusal answered %d with acme's own create still at work, before its pace", w.Code)
 		}
@@ -236,7 +236,7 @@ func TestRefusalPace(t *testing.T) {
 		beta := restore("beta")
 		<-b.started
 		refusal := send(b, context.Background(), "acme")
-		within(t, "a refusal's hold began beside beta's restore", b.holds)
+		within(t, "a refusal's delay began beside beta's restore", b.delays)
 		select {
 		case w := <-refusal:
 			t.Fatalf("the refusal answered %d before its pace ended", w.Code)
@@ -268,7 +268,7 @@ func TestRefusalPace(t *testing.T) {
 		refusedAtOnce(t, b)
 	})
 
-	t.Run("the refused key's own creates at work do not hold its refusals", func(t *testing.T) {
+	t.Run("the refused key's own creates at work do not delay its refusals", func(t *testing.T) {
 		t.Parallel()
 		b := setupPace(t, 10*time.Millisecond)
 		b.refuseAcme.Store(false)
@@ -289,18 +289,18 @@ func TestRefusalPace(t *testing.T) {
 		refusedAtOnce(t, b)
 	})
 
-	t.Run("past the bound on held refusals a refusal is answered at once", func(t *testing.T) {
+	t.Run("past the bound on delayed refusals a refusal is answered at once", func(t *testing.T) {
 		t.Parallel()
 		b := setupPace(t, 10*time.Millisecond)
 		betaAtWork(t, b)
-		b.h.server.pace.held.Store(maxPacedRefusals)
+		b.h.server.pace.delayed.Store(maxPacedRefusals)
 		refusedAtOnce(t, b)
-		if n := b.h.server.pace.held.Load(); n != maxPacedRefusals {
-			t.Fatalf("held = %d after a refusal past the bound, want it back at %d", n, maxPacedRefusals)
+		if n := b.h.server.pace.delayed.Load(); n != maxPacedRefusals {
+			t.Fatalf("delayed = %d after a refusal past the bound, want it back at %d", n, maxPacedRefusals)
 		}
 	})
 
-	t.Run("a refusal from Redis is not held", func(t *testing.T) {
+	t.Run("a refusal from Redis is not delayed", func(t *testing.T) {
 		t.Parallel()
 		b := setupPace(t, 10*time.Millisecond)
 		betaAtWork(t, b)
@@ -311,17 +311,17 @@ func TestRefusalPace(t *testing.T) {
 		refusedAtOnce(t, b)
 	})
 
-	t.Run("a caller that hangs up while its refusal is held is let go at once", func(t *testing.T) {
+	t.Run("a caller that hangs up while its refusal is delayed is let go at once", func(t *testing.T) {
 		t.Parallel()
 		b := setupPace(t, 10*time.Millisecond)
 		betaAtWork(t, b)
 		ctx, cancel := context.WithCancel(context.Background())
 		answer := send(b, ctx, "acme")
-		within(t, "the refusal's hold began", b.holds)
+		within(t, "the refusal's delay began", b.delays)
 		cancel()
 		answered(t, answer) // without the timer ever firing
-		if n := b.h.server.pace.held.Load(); n != 0 {
-			t.Fatalf("held = %d after the caller left, want 0", n)
+		if n := b.h.server.pace.delayed.Load(); n != 0 {
+			t.Fatalf("delayed = %d after the caller left, want 0", n)
 		}
 	})
 }

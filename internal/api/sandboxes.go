@@ -214,7 +214,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		if lerr != nil {
 			err = lerr
 		}
-		w, done := heldUntilAnswered(w, r, lease)
+		w, done := keptUntilAnswered(w, r, lease)
 		defer done()
 		s.writeError(w, r, err)
 		return
@@ -226,9 +226,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	sb, lease, err := s.sandboxes.Create(r.Context(), caller, req, s.places)
 	if le, ok := errors.AsType[*space.LimitError](err); ok && le.FromMemory {
 		// Refused from memory: yields to another key's request at work here.
-		s.pace.hold(r.Context(), caller.Key)
+		s.pace.delay(r.Context(), caller.Key)
 	}
-	w, done := heldUntilAnswered(w, r, lease)
+	w, done := keptUntilAnswered(w, r, lease)
 	defer done()
 	s.writeCreated(w, r, sb, err)
 }
@@ -247,7 +247,7 @@ func (s *Server) queueCreate(w http.ResponseWriter, r *http.Request, caller spac
 		s.writeError(w, r, lerr)
 		return
 	}
-	w, done := heldUntilAnswered(w, r, lease)
+	w, done := keptUntilAnswered(w, r, lease)
 	defer done()
 	if err != nil {
 		s.writeError(w, r, err)

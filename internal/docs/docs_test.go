@@ -646,3 +646,44 @@ func TestEveryDocsSectionTheRepositoryCitesIsAHeading(t *testing.T) {
 		}
 	})
 }
+
+// glossaryRow is a row of the glossary's table in docs/design.md: its word, and the
+// names in its last two columns.
+var glossaryRow = regexp.MustCompile("(?m)^\\| ([a-z ]+) \\|[^|]+\\|([^|]*)\\|([^|]*)\\|$")
+
+func TestTheGlossaryIsTheCodesVocabulary(t *testing.T) {
+	t.Parallel()
+	d, err := loadDecls()
+	if err != nil {
+		t.Fatal(err)
+	}
+	design := pages(t)["docs/design.md"]
+	at := strings.Index(design, "\n## Glossary\n")
+	if at < 0 {
+		t.Fatal("docs/design.md has no Glossary section")
+	}
+	section := design[at+1:]
+	if end := strings.Index(section[3:], "\n## "); end >= 0 {
+		section = section[:end+3]
+	}
+	rows := glossaryRow.FindAllStringSubmatch(section, -1)
+	if len(rows) < 10 {
+		t.Fatalf("%d glossary rows, want the table's", len(rows))
+	}
+	words := map[string]bool{}
+	for _, row := range rows[1:] { // the header's "word" row first
+		word := row[1]
+		if words[word] {
+			t.Errorf("the glossary defines %q twice", word)
+		}
+		words[word] = true
+		if len(codeSpan.FindAllString(row[2], -1)) == 0 {
+			t.Errorf("%q: no name in the code is given for it", word)
+		}
+		for _, m := range codeSpan.FindAllStringSubmatch(row[3], -1) {
+			if d.declared(m[1]) {
+				t.Errorf("%q: the code declares %s again, a retired name for it", word, m[1])
+			}
+		}
+	}
+}

@@ -116,7 +116,7 @@ type Claim struct {
 }
 
 // QueueClaim queues on b the claim of the oldest ready slot of exactly shape, warmed
-// from template version, for sandboxID (see claimSQL), so that a reservation can send
+// from template version, for sandboxID (see claimSQL), so that a booking can send
 // its row and its claim in one round trip, one transaction.
 func (p *Pool) QueueClaim(b *pgx.Batch, shape space.Shape, version, sandboxID string) *Claim {
 	c := &Claim{p: p, slot: &Slot{Shape: shape, Version: version}}

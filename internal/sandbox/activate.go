@@ -18,7 +18,7 @@ import (
 type activation interface {
 	// kind is the activation's label in metrics and messages: "create" or "restore".
 	kind() string
-	// transient is the state reserve puts the sandbox in (starting, restoring): every
+	// transient is the state book puts the sandbox in (starting, restoring): every
 	// later write is guarded on it, so that an activation that finds its sandbox moved
 	// on (deleted meanwhile, or settled by the reconciler) writes nothing over it.
 	transient() space.SandboxState
@@ -27,18 +27,18 @@ type activation interface {
 	// gone by the time it is ready, it is stopped and failed rather than left running
 	// at its cost, holding a live place nobody will free.
 	abandonable() bool
-	// reserve, in one transaction, checks the live cap, creates the sandbox's row or
+	// book, in one transaction, checks the live cap, creates the sandbox's row or
 	// moves it into its transient state, and claims a ready warm slot of exactly its
 	// shape and template version, unless the substrate cannot start this kind in one
 	// (a restore without substrate.WarmRestorer: a slot would only be burnt). It
 	// returns the sandbox with the template it runs and the slot, nil on a miss; its
-	// error aborts the activation with nothing reserved.
-	reserve(ctx context.Context, caller space.Caller) (*space.Sandbox, substrate.Template, *pool.Slot, error)
+	// error aborts the activation with nothing booked.
+	book(ctx context.Context, caller space.Caller) (*space.Sandbox, substrate.Template, *pool.Slot, error)
 	// placed waits for the activation's concurrency place when it is being taken
-	// alongside the reservation (a create's, takePlace), and returns its refusal;
+	// alongside the booking (a create's, takePlace), and returns its refusal;
 	// nil at once otherwise.
 	placed() error
-	// undo takes the reservation back when the charge is refused (429, 503).
+	// undo takes the booking back when the charge is refused (429, 503).
 	undo(ctx context.Context, sb *space.Sandbox) error
 	// start runs the sandbox on the substrate: in the adopted warm slot slotRef, or
 	// cold when it is empty.
@@ -49,15 +49,15 @@ type activation interface {
 
 // activate runs what every activation does, in this order:
 //
-//   - reserve, in one transaction (so that a refused activation leaves no trace and a
+//   - book, in one transaction (so that a refused activation leaves no trace and a
 //     crash loses nothing): the live-sandbox cap, checked under the budget key's
 //     advisory lock, then the sandbox's row, then a claim of a ready warm slot of
 //     exactly its shape and template version (a new create's in one round trip,
-//     reserveNew; the others' in reserveTx);
+//     bookNew; the others' in bookTx);
 //   - a warm hit is adopted and charges no bucket; a slot that cannot be adopted is
 //     discarded and the activation goes on cold, as if the pool had missed;
 //   - charge the template's cost from both activation buckets or neither: a refusal
-//     (429, or 503 failing closed) takes the reservation back;
+//     (429, or 503 failing closed) takes the booking back;
 //   - cold start, detached from the caller: the tokens are spent either way;
 //   - finish: record the sandbox running (and answered).
 func (s *Service) activate(ctx context.Context, caller space.Caller, a activation) (*space.Sandbox, error) {
@@ -65,33 +65,33 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	// The caller's own context tells, at the end, whether anyone is still waiting for
 	// the answer; the work itself runs detached from it.
 	callerCtx := ctx
-	// A caller already gone reserves nothing. A reservation once sent is read to its
+	// A caller already gone books nothing. A booking once sent is read to its
 	// end whether or not the caller still waits: cut short, it could commit unseen
 	// and leave a starting row that nothing starts, for the reconciler to fail.
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	// From the reservation on, the activation runs to its end even if the caller
+	// From the booking on, the activation runs to its end even if the caller
 	// hangs up, so that no sandbox is left half made. The substrate's own timeout
 	// bounds it, and the reconciler settles the sandbox after that bound should this
 	// replica die.
 	ctx, cancel := s.detached(ctx)
 	defer cancel()
-	sb, tmpl, slot, err := a.reserve(ctx, caller)
+	sb, tmpl, slot, err := a.book(ctx, caller)
 	if err != nil {
 		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
 		return nil, err
 	}
 	if err := a.placed(); err != nil {
-		// The concurrency place taken alongside the reservation was refused (or could
-		// not be decided, failing closed): nothing has started, and the reservation is
+		// The concurrency place taken alongside the booking was refused (or could
+		// not be decided, failing closed): nothing has started, and the booking is
 		// taken back. A slot claimed although the pool view knew none ready is
 		// discarded, as one that failed adoption is: the replenisher replaces it.
 		if slot != nil {
 			s.opts.Pool.Discard(ctx, slot)
 		}
 		// Not counted as an activation: a create refused its place before it is
-		// reserved is not either.
+		// booked is not either.
 		if uerr := a.undo(ctx, sb); uerr != nil {
 			s.logger.ErrorContext(ctx, "undo activation refused its place", "sandbox", sb.ID, "err", uerr)
 		}
@@ -128,7 +128,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	if space.ErrorCode(err) == space.EUNPROCESSABLE {
 		// The substrate refused what it was asked to run (the API server's validation
 		// of a template's pod): no retry can serve it, so it is the caller's 422 and
-		// the reservation is taken back, as for any other 422. The substrate has
+		// the booking is taken back, as for any other 422. The substrate has
 		// already removed what it made; the tokens stay spent.
 		if uerr := a.undo(ctx, sb); uerr != nil {
 			s.logger.ErrorContext(ctx, "undo refused activation", "sandbox", sb.ID, "err", uerr)
@@ -154,11 +154,11 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	return s.finish(ctx, callerCtx, caller, a, sb, ref, false, spec.SoftBreach, began)
 }
 
-// reserveTx is an activation's reservation in a transaction, for one whose row must be
+// bookTx is an activation's booking in a transaction, for one whose row must be
 // read before it is moved (a restore, a retried create): the live cap, then move (the
 // row's own step, which returns the sandbox and its template), then the warm claim
 // when warm is true.
-func (s *Service) reserveTx(ctx context.Context, caller space.Caller, warm bool,
+func (s *Service) bookTx(ctx context.Context, caller space.Caller, warm bool,
 	move func(tx pgx.Tx) (*space.Sandbox, substrate.Template, error)) (sb *space.Sandbox, tmpl substrate.Template, slot *pool.Slot, err error) {
 	err = s.db.Tx(ctx, func(tx pgx.Tx) error {
 		if err := checkLiveCap(ctx, tx, caller.Key, caller.LiveSandboxes); err != nil {
@@ -174,13 +174,13 @@ func (s *Service) reserveTx(ctx context.Context, caller space.Caller, warm bool,
 	return sb, tmpl, slot, err
 }
 
-// reserveNew is a new create's reservation in one round trip, one transaction (a
+// bookNew is a new create's booking in one round trip, one transaction (a
 // batch with no BEGIN runs as one): under a live cap the budget key's lock, then the
 // row, inserted only under the cap; then the warm claim, which claims nothing for a
-// row that was not made. One round trip where reserveTx takes four (begin, row,
+// row that was not made. One round trip where bookTx takes four (begin, row,
 // claim, commit) or, under a cap, five (and the lock and count), each of which on a
 // busy machine waits its turn on the cores as well as on the network.
-func (s *Service) reserveNew(ctx context.Context, caller space.Caller, sb *space.Sandbox, tmpl substrate.Template) (*pool.Slot, error) {
+func (s *Service) bookNew(ctx context.Context, caller space.Caller, sb *space.Sandbox, tmpl substrate.Template) (*pool.Slot, error) {
 	b := &pgx.Batch{}
 	var capped bool
 	if err := queueInsert(b, sb, caller.Lifecycle, caller.LiveSandboxes, &capped); err != nil {
@@ -219,7 +219,7 @@ func (s *Service) finish(ctx, callerCtx context.Context, caller space.Caller, a 
 	// caller has gone is its key's to claim, and when the key expires unclaimed the
 	// reconciler ends it (docs/design.md, "Unanswered creates"). Marked answered here,
 	// it would run at its client's cost for ever.
-	// Its idle clock starts now that it runs, not when it was reserved: a slow start
+	// Its idle clock starts now that it runs, not when it was booked: a slow start
 	// or restore does not eat the idle timeout.
 	out, err := setState(ctx, s.db, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, Answered: callerCtx.Err() == nil,
 		SoftBreach: &softBreach, From: []space.SandboxState{a.transient()}, stamp: activity(caller.Lifecycle)})
@@ -323,11 +323,11 @@ func (r *restoration) kind() string                  { return "restore" }
 func (r *restoration) transient() space.SandboxState { return space.StateRestoring }
 func (r *restoration) abandonable() bool             { return false }
 
-// reserve moves the paused sandbox to restoring under the restoring caller's budget
+// book moves the paused sandbox to restoring under the restoring caller's budget
 // key, and resolves its shape: a template removed or capped since it was paused is a
 // 422, with the transaction (and so the move) rolled back.
-func (r *restoration) reserve(ctx context.Context, caller space.Caller) (*space.Sandbox, substrate.Template, *pool.Slot, error) {
-	return r.s.reserveTx(ctx, caller, substrate.RestoresWarm(r.s.opts.Substrate), func(tx pgx.Tx) (*space.Sandbox, substrate.Template, error) {
+func (r *restoration) book(ctx context.Context, caller space.Caller) (*space.Sandbox, substrate.Template, *pool.Slot, error) {
+	return r.s.bookTx(ctx, caller, substrate.RestoresWarm(r.s.opts.Substrate), func(tx pgx.Tx) (*space.Sandbox, substrate.Template, error) {
 		// A restore is an activity: the idle action is due its idle timeout from now.
 		sb, err := transitionStamped(ctx, tx, r.id, r.caller.ID, space.StateRestoring, activity(r.caller.Lifecycle), space.StatePaused)
 		if err != nil {

@@ -74,7 +74,7 @@ func (p *places) Alongside(space.ClientKey, int) (func(), bool) {
 	}, true
 }
 
-// A create's concurrency place, taken before its reservation or alongside it
+// A create's concurrency place, taken before its booking or alongside it
 // (Service.Create, takePlace): on real Postgres and the simulated substrate.
 func TestCreatePlace(t *testing.T) {
 	t.Parallel()
@@ -91,7 +91,7 @@ func TestCreatePlace(t *testing.T) {
 		return b, pl, &rows
 	}
 
-	t.Run("a plain create the pool cannot serve warm takes its place alongside its reservation, before the charge", func(t *testing.T) {
+	t.Run("a plain create the pool cannot serve warm takes its place alongside its booking, before the charge", func(t *testing.T) {
 		t.Parallel()
 		b, pl, _ := alongside(t, nil)
 		sb, lease, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}, pl)
@@ -114,7 +114,7 @@ func TestCreatePlace(t *testing.T) {
 		}
 	})
 
-	t.Run("a place refused alongside takes the reservation back, charges nothing and starts nothing", func(t *testing.T) {
+	t.Run("a place refused alongside takes the booking back, charges nothing and starts nothing", func(t *testing.T) {
 		t.Parallel()
 		b, pl, rows := alongside(t, overCap)
 		_, lease, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}, pl)
@@ -149,7 +149,7 @@ func TestCreatePlace(t *testing.T) {
 			t.Fatal(err)
 		}
 		if slots != 1 || b.count(t, "true") != 0 {
-			t.Fatalf("%d ready slots, %d sandboxes; want the slot untouched and no sandbox: the place is taken before the reservation here", slots, b.count(t, "true"))
+			t.Fatalf("%d ready slots, %d sandboxes; want the slot untouched and no sandbox: the place is taken before the booking here", slots, b.count(t, "true"))
 		}
 	})
 
@@ -178,7 +178,7 @@ func TestCreatePlace(t *testing.T) {
 				t.Errorf("%s: Alongside asked %d times, want %d", tc.name, asks, tc.want)
 			}
 			if tc.want == 0 && rows != 0 {
-				t.Errorf("%s: its place was asked with %d rows reserved, want before its reservation", tc.name, rows)
+				t.Errorf("%s: its place was asked with %d rows booked, want before its booking", tc.name, rows)
 			}
 		}
 		v.setTargets(pool.Fixed(python, 1))

@@ -20,7 +20,7 @@ import (
 // The create order, top to bottom in Service.create: validate (Plan), look up a
 // repeat, the refusal from memory (once, for a create that is no repeat), the
 // concurrency place (place.go), then the activation a create shares with a restore
-// (activate.go): reserve, charge, start, finish. Nothing is validated, resolved or
+// (activate.go): book, charge, start, finish. Nothing is validated, resolved or
 // refused twice.
 
 // CreateRequest is a create as its caller sent it.
@@ -176,8 +176,8 @@ func whose(c space.Caller) string {
 }
 
 // refuseFromMemory answers a create with the refusal it is known to meet, at once and
-// for nothing: no reservation, no place, no call to Postgres or Redis. It is the path
-// of a client flooding over its rate, whose every create would otherwise reserve a
+// for nothing: no booking, no place, no call to Postgres or Redis. It is the path
+// of a client flooding over its rate, whose every create would otherwise book a
 // row, charge, be refused and undo the row.
 //
 // It refuses only when every step before the charge would let the create through to
@@ -234,9 +234,9 @@ const syncCreate = "create (synchronous)"
 //     a place or a key;
 //  4. claim a new Idempotency-Key for a new sandbox id: a refused create left it free
 //     for its retry;
-//  5. the concurrency place (takePlace): before the reservation, or alongside it for a
+//  5. the concurrency place (takePlace): before the booking, or alongside it for a
 //     plain create the pool cannot serve warm;
-//  6. the activation (activate.go): reserve, charge, start, finish.
+//  6. the activation (activate.go): book, charge, start, finish.
 func (s *Service) Create(ctx context.Context, caller space.Caller, req CreateRequest, places Places) (*space.Sandbox, space.Lease, error) {
 	return s.create(ctx, caller, req, places)
 }
@@ -343,7 +343,7 @@ func (s *Service) create(ctx context.Context, caller space.Caller, req CreateReq
 	// 6. The activation.
 	sb, err := s.activate(ctx, caller, c)
 	// The activation may end before it waits for a place taken alongside (its
-	// reservation failed): the place is waited for all the same, to be given back, or
+	// booking failed): the place is waited for all the same, to be given back, or
 	// to be what the caller is told, as it would have been first.
 	lease, perr := pl.wait()
 	handed = true
@@ -476,15 +476,15 @@ func (c *creation) kind() string                  { return "create" }
 func (c *creation) transient() space.SandboxState { return space.StateStarting }
 func (c *creation) abandonable() bool             { return c.unclaimable }
 
-func (c *creation) reserve(ctx context.Context, caller space.Caller) (*space.Sandbox, substrate.Template, *pool.Slot, error) {
+func (c *creation) book(ctx context.Context, caller space.Caller) (*space.Sandbox, substrate.Template, *pool.Slot, error) {
 	if c.retry {
-		return c.s.reserveTx(ctx, caller, true, func(tx pgx.Tx) (*space.Sandbox, substrate.Template, error) {
+		return c.s.bookTx(ctx, caller, true, func(tx pgx.Tx) (*space.Sandbox, substrate.Template, error) {
 			var err error
 			c.failedWith, err = reviveSandbox(ctx, tx, c.sb, caller.Lifecycle)
 			return c.sb, c.tmpl, err
 		})
 	}
-	slot, err := c.s.reserveNew(ctx, caller, c.sb, c.tmpl)
+	slot, err := c.s.bookNew(ctx, caller, c.sb, c.tmpl)
 	if c.fixedID && isUniqueViolation(err) {
 		return nil, c.tmpl, nil, settling(c.sb.ID, "another attempt of this create is starting it")
 	}

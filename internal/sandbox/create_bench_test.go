@@ -38,10 +38,10 @@ func (c benchCharger) CachedRefusal(ch space.Charge) (space.Hold, *space.LimitEr
 // flow's own Postgres round trips and allocs/op its own allocations:
 //
 //   - cold: a cold admit of a client with no live cap;
-//   - rejected: a refused charge by the usual path: the row reserved under the
+//   - rejected: a refused charge by the usual path: the row booked under the
 //     client's lock (live cap 50) and deleted again;
 //   - rejected_early: the same refusal known ahead and answered by the early refusal
-//     (Service.Refused): no Postgres, nothing reserved.
+//     (Service.Refused): no Postgres, nothing booked.
 func BenchmarkCreate(b *testing.B) {
 	shape := space.Shape{Template: "python-3.12", CPUMillis: 500, MemoryMiB: 1024, DiskGiB: 5}
 	templates := substrate.Templates{"python-3.12": {Name: "python-3.12", Image: "python:3.12-slim"}}

@@ -59,7 +59,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		latency: metric.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "space_sandbox_activation_seconds",
 			Help: "How long an activation took in space-api, by kind and outcome (as space_sandbox_activations_total): " +
-				"from the refusal or the reservation to the sandbox running, or refused, or failed.",
+				"from the refusal or the booking to the sandbox running, or refused, or failed.",
 			Buckets: activationBuckets,
 		}, []string{"kind", "outcome"})),
 		coldStart: metric.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{

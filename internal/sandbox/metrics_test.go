@@ -64,7 +64,7 @@ func matches(m *dto.Metric, labels map[string]string) bool {
 func TestActivationSignals(t *testing.T) {
 	t.Parallel()
 
-	t.Run("a cold start is timed from the reservation to running, and the substrate's part apart", func(t *testing.T) {
+	t.Run("a cold start is timed from the booking to running, and the substrate's part apart", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		reg, clk := timed(b)

@@ -18,7 +18,7 @@ type Places interface {
 	Alongside(key space.ClientKey, cap int) (done func(), ok bool)
 }
 
-// place is a create's concurrency place: taken before its reservation, or being taken
+// place is a create's concurrency place: taken before its booking, or being taken
 // alongside it. A nil place is none.
 type place struct {
 	taking chan placeTaken // nil when taken before
@@ -45,12 +45,12 @@ func (p *place) wait() (space.Lease, error) {
 // takePlace takes caller's concurrency place from places (none when places is nil).
 //
 // A create that may go alongside (a plain synchronous create of a shape the pool view
-// knows no ready slot of: the reservation it runs beside is all but certain to claim
-// none) takes it alongside its reservation when places allows (Places.Alongside: the
+// knows no ready slot of: the booking it runs beside is all but certain to claim
+// none) takes it alongside its booking when places allows (Places.Alongside: the
 // key was far from its cap a moment ago): the place's round trip to Redis runs while
-// the reservation's to Postgres does, instead of before it, and the activation waits
-// for it once reserved, before anything is adopted, charged or started (placed). Any
-// other create takes it now, and a refusal is its answer before anything is reserved.
+// the booking's to Postgres does, instead of before it, and the activation waits
+// for it once booked, before anything is adopted, charged or started (placed). Any
+// other create takes it now, and a refusal is its answer before anything is booked.
 func (s *Service) takePlace(ctx context.Context, caller space.Caller, places Places, mayGoAlongside bool) (*place, error) {
 	if places == nil {
 		return nil, nil

@@ -43,7 +43,7 @@ func (b *bundle) abandon(t *testing.T, id string, state space.SandboxState) {
 	}
 }
 
-// insertStarting inserts a sandbox row of acme in starting, as a create's reservation
+// insertStarting inserts a sandbox row of acme in starting, as a create's booking
 // leaves it before its cold start.
 func (b *bundle) insertStarting(t *testing.T) string {
 	t.Helper()

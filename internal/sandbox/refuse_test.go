@@ -62,7 +62,7 @@ func setupRefusing(t *testing.T) (*bundle, *view) {
 }
 
 // countInserts makes the test's database count every sandbox row ever inserted, in a
-// table of its own: a reserved-then-undone row leaves no sandbox but counts there.
+// table of its own: a booked-then-undone row leaves no sandbox but counts there.
 func (b *bundle) countInserts(t *testing.T) {
 	t.Helper()
 	for _, sql := range []string{
@@ -91,7 +91,7 @@ func TestEarlyRefusal(t *testing.T) {
 	t.Parallel()
 	always := func(space.ClientKey) bool { return true }
 
-	t.Run("a client known refused is refused without a reservation or a charge", func(t *testing.T) {
+	t.Run("a client known refused is refused without a booking or a charge", func(t *testing.T) {
 		t.Parallel()
 		b, v := setupRefusing(t)
 		b.countInserts(t)
@@ -108,7 +108,7 @@ func TestEarlyRefusal(t *testing.T) {
 			t.Fatalf("events = %v, want three refusals and nothing else", got)
 		}
 		if n := b.inserted(t); n != 0 {
-			t.Fatalf("%d rows reserved for refused creates", n)
+			t.Fatalf("%d rows booked for refused creates", n)
 		}
 	})
 

@@ -57,9 +57,9 @@ func scanSandbox(row pgx.Row, extra ...any) (*space.Sandbox, error) {
 
 // checkLiveCap returns a live_sandbox_cap LimitError when the budget key already holds
 // cap live sandboxes. It first takes the key's advisory lock for the rest of tx, so
-// that one key's activations run their count and their reservation one at a time,
+// that one key's activations run their count and their booking one at a time,
 // atomically across replicas. The lock and the count go in one round trip: the count
-// is bound and run only once the lock is granted, so it sees every reservation
+// is bound and run only once the lock is granted, so it sees every booking
 // committed before. With no cap (cap <= 0) there is nothing to count and nothing to
 // make atomic: no lock is taken, and one client's creates run side by side.
 func checkLiveCap(ctx context.Context, tx pgx.Tx, client space.ClientKey, cap int) error {
@@ -482,7 +482,7 @@ func setActivation(ctx context.Context, q store.Querier, sb *space.Sandbox, key 
 func deleteReservation(ctx context.Context, q store.Querier, id string) error {
 	_, err := q.Exec(ctx, "DELETE FROM sandboxes WHERE id = $1 AND state = 'starting'", id)
 	if err != nil {
-		return fmt.Errorf("delete sandbox reservation %s: %w", id, err)
+		return fmt.Errorf("delete sandbox booking %s: %w", id, err)
 	}
 	return nil
 }
