@@ -4,7 +4,7 @@
 # (bench/tools.sh: wrk and valgrind), builds bin/space-api and the driver (bench/cmd/space-bench, in the
 # bench module: a module of its own, so that the product's go.mod carries no load
 # generator and no peer limiter), and runs the driver, which prints a plain-text
-# summary and rewrites its section of docs/benchmarks.md. About 7 minutes on 2 cores.
+# summary and rewrites its section of docs/benchmarks.md. How long: docs/benchmarks.md, "Running it".
 #
 #   RUNS=5 make bench              runs per figure (default 3)
 #   BENCH_ARGS='-only http' ...    more flags for space-bench (see: cd bench && go run ./cmd/space-bench -h)
