@@ -111,3 +111,53 @@ func unsetMeaning(v config.Var) string {
 	}
 	return v.Unset
 }
+
+// TestLargeNumbersRenderAsConfigReadsThem sets every whole-number value to a large
+// number in a values file, where YAML gives helm a float: printed as it is, it would
+// read 1.234567e+06, which space-api refuses at start. (--set types whole numbers as
+// integers, so it is a file here.)
+func TestLargeNumbersRenderAsConfigReadsThem(t *testing.T) {
+	t.Parallel()
+	const n = "1234567"
+	numbers := map[string]string{ // value path: the variable it renders
+		"auth.failureBurst":           "SPACE_AUTH_FAILURE_BURST",
+		"auth.failureRefillRps":       "SPACE_AUTH_FAILURE_REFILL_RPS",
+		"admission.refillRps":         "SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS",
+		"admission.burst":             "SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST",
+		"admission.clientRefillRps":   "SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_REFILL_RPS",
+		"admission.clientBurst":       "SPACE_CLUSTER_ACTIVATION_ADMISSION_CLIENT_BURST",
+		"metrics.budgetKeys":          "SPACE_METRICS_BUDGET_KEYS",
+		"overload.maxInFlight":        "SPACE_MAX_IN_FLIGHT",
+		"overload.maxQueued":          "SPACE_MAX_QUEUED",
+		"overload.maxQueuedPerClient": "SPACE_MAX_QUEUED_PER_CLIENT",
+		"overload.maxConnections":     "SPACE_MAX_CONNECTIONS",
+		"kubernetes.clientQps":        "SPACE_KUBERNETES_CLIENT_QPS",
+		"kubernetes.clientBurst":      "SPACE_KUBERNETES_CLIENT_BURST",
+		"limits.maxCpuMillis":         "SPACE_MAX_CPU_MILLIS",
+		"limits.maxMemoryMib":         "SPACE_MAX_MEMORY_MIB",
+		"limits.maxDiskGib":           "SPACE_MAX_DISK_GIB",
+		"limits.maxBodyBytes":         "SPACE_MAX_BODY_BYTES",
+		"dispatcher.workers":          "SPACE_DISPATCHER_WORKERS",
+		"dispatcher.ownerLanes":       "SPACE_DISPATCHER_OWNER_LANES",
+		"dispatcher.maxAttempts":      "SPACE_DISPATCHER_MAX_ATTEMPTS",
+	}
+	sections := map[string][]string{}
+	for path := range numbers {
+		section, key, _ := strings.Cut(path, ".")
+		sections[section] = append(sections[section], "  "+key+": "+n)
+	}
+	body := "substrate: kubernetes\n"
+	for _, section := range slices.Sorted(maps.Keys(sections)) {
+		body += section + ":\n" + strings.Join(sections[section], "\n") + "\n"
+	}
+	ms := render(t, "-f", values(t, body))
+	env := envOf(t, ms, container(t, deployment(t, ms), "space-api"), nil)
+	for _, path := range slices.Sorted(maps.Keys(numbers)) {
+		if got := env[numbers[path]]; got != n {
+			t.Errorf("%s: %s=%q, want %s", path, numbers[path], got, n)
+		}
+	}
+	if _, err := config.Load(getenv(env)); err != nil {
+		t.Errorf("the rendered env does not load: %v", err)
+	}
+}
