@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/config"
 )
 
 // decodeJSON reads exactly one JSON object from the body into v, refusing unknown
@@ -47,7 +48,10 @@ func readJSON(r *http.Request) (body []byte, done func(), err error) {
 	buf := bodyBuffers.Get().(*bytes.Buffer)
 	buf.Reset()
 	done = func() {
-		if buf.Cap() <= 64<<10 { // a body near the limit is not kept for the next one
+		// The pool keeps the buffers of ordinary bodies: one grown past the default
+		// limit (by a body near it, or a larger one where SPACE_MAX_BODY_BYTES is
+		// raised) is left to the GC.
+		if buf.Cap() <= config.DefaultMaxBodyBytes {
 			bodyBuffers.Put(buf)
 		}
 	}

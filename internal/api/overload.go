@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/metric"
 )
 
@@ -50,16 +51,19 @@ type gate struct {
 	waited prometheus.Histogram
 }
 
-// GateOptions size the gate. Zero values take the defaults below; Seats < 0 turns the
-// gate off.
+// GateOptions size the gate. Zero values take the variables' defaults, config's
+// constants named below; Seats < 0 turns the gate off.
 type GateOptions struct {
-	// Seats is how many requests may be at work at once (SPACE_MAX_IN_FLIGHT, 64).
+	// Seats is how many requests may be at work at once (SPACE_MAX_IN_FLIGHT,
+	// config.DefaultMaxInFlight: 64).
 	Seats int
-	// MaxQueue bounds the requests waiting in all (SPACE_MAX_QUEUED, 1024), and
-	// MaxQueuePerKey those of one budget key (SPACE_MAX_QUEUED_PER_CLIENT, 32).
+	// MaxQueue bounds the requests waiting in all (SPACE_MAX_QUEUED,
+	// config.DefaultMaxQueued: 1024), and MaxQueuePerKey those of one budget key
+	// (SPACE_MAX_QUEUED_PER_CLIENT, config.DefaultMaxQueuedPerClient: 32).
 	MaxQueue, MaxQueuePerKey int
-	// MaxWait is the longest a request waits for a seat (SPACE_MAX_QUEUE_WAIT, 1s):
-	// past it, it is answered 503 rather than served late.
+	// MaxWait is the longest a request waits for a seat (SPACE_MAX_QUEUE_WAIT,
+	// config.DefaultMaxQueueWait: 1s): past it, it is answered 503 rather than served
+	// late.
 	MaxWait time.Duration
 }
 
@@ -78,16 +82,16 @@ const (
 
 func newGate(opts GateOptions, reg prometheus.Registerer) *gate {
 	if opts.Seats == 0 {
-		opts.Seats = 64
+		opts.Seats = config.DefaultMaxInFlight
 	}
 	if opts.MaxQueue <= 0 {
-		opts.MaxQueue = 1024
+		opts.MaxQueue = config.DefaultMaxQueued
 	}
 	if opts.MaxQueuePerKey <= 0 {
-		opts.MaxQueuePerKey = 32
+		opts.MaxQueuePerKey = config.DefaultMaxQueuedPerClient
 	}
 	if opts.MaxWait <= 0 {
-		opts.MaxWait = time.Second
+		opts.MaxWait = config.DefaultMaxQueueWait
 	}
 	g := &gate{opts: opts, waiting: map[space.ClientKey][]*waiter{}}
 	g.shed = metric.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -18,6 +18,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	openapi "github.com/space-sandbox/space/api"
+	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/logs"
 	"github.com/space-sandbox/space/internal/metric"
 )
@@ -45,7 +46,8 @@ type Options struct {
 	Checks []Check
 	// CheckTimeout bounds each readiness check (default 2s).
 	CheckTimeout time.Duration
-	// MaxBodyBytes caps request bodies (default 64 KiB).
+	// MaxBodyBytes caps request bodies (SPACE_MAX_BODY_BYTES); 0 is
+	// config.DefaultMaxBodyBytes, its default.
 	MaxBodyBytes int64
 
 	// Identity is SPACE_AUTH_MODE: it words what a caller off the allowlist is told.
@@ -135,7 +137,7 @@ func New(opts Options) *Server {
 		s.checkTimeout = 2 * time.Second
 	}
 	if s.maxBodyBytes <= 0 {
-		s.maxBodyBytes = 64 << 10
+		s.maxBodyBytes = config.DefaultMaxBodyBytes
 	}
 	every := opts.RefusalLogEvery
 	if every <= 0 {

@@ -1,6 +1,11 @@
 package config
 
-import "github.com/space-sandbox/space"
+import (
+	"strconv"
+	"time"
+
+	"github.com/space-sandbox/space"
+)
 
 // Var is one environment variable as declared in declare: what Load reads, Default
 // applies, and `space-api config` and docs/configuration.md print.
@@ -47,6 +52,22 @@ const (
 	EnvRedisTLSServerName = "SPACE_REDIS_TLS_SERVER_NAME"
 
 	EnvKubernetesNamespace = "SPACE_KUBERNETES_NAMESPACE"
+)
+
+// The defaults a component also falls back to when its Options leave the value zero
+// (a test's server, say): the declarations below are written from these constants,
+// so the component's fallback and the variable's default are one value.
+const (
+	// DefaultMaxBodyBytes is SPACE_MAX_BODY_BYTES': 64 KiB.
+	DefaultMaxBodyBytes = 64 << 10
+	// DefaultMaxInFlight, DefaultMaxQueued, DefaultMaxQueuedPerClient and
+	// DefaultMaxQueueWait are SPACE_MAX_IN_FLIGHT's, SPACE_MAX_QUEUED's,
+	// SPACE_MAX_QUEUED_PER_CLIENT's and SPACE_MAX_QUEUE_WAIT's (docs/operations.md,
+	// "Overload").
+	DefaultMaxInFlight        = 64
+	DefaultMaxQueued          = 1024
+	DefaultMaxQueuedPerClient = 32
+	DefaultMaxQueueWait       = time.Second
 )
 
 // The names the rules between variables (Config.check) name.
@@ -98,13 +119,13 @@ func declare(c *Config) []Var {
 			Help: "How long an `Idempotency-Key` names its request: a repeat within it gets the first outcome and is not charged."},
 	)...)
 	vars = append(vars, group("Overload",
-		Var{Name: "SPACE_MAX_IN_FLIGHT", Default: "64", parse: into(&c.Overload.MaxInFlight, atLeast(0)),
+		Var{Name: "SPACE_MAX_IN_FLIGHT", Default: strconv.Itoa(DefaultMaxInFlight), parse: into(&c.Overload.MaxInFlight, atLeast(0)),
 			Help: "Public requests at work at once on a replica; the rest wait their turn, round robin between budget keys, or are answered 503 `overloaded`. 0: no bound. Health checks and the internal listener are never held."},
-		Var{Name: "SPACE_MAX_QUEUED", Default: "1024", parse: into(&c.Overload.MaxQueued, atLeast(1)),
+		Var{Name: "SPACE_MAX_QUEUED", Default: strconv.Itoa(DefaultMaxQueued), parse: into(&c.Overload.MaxQueued, atLeast(1)),
 			Help: "Public requests that may wait for their turn, all budget keys together; one more is answered 503 at once."},
-		Var{Name: "SPACE_MAX_QUEUED_PER_CLIENT", Default: "32", parse: into(&c.Overload.MaxQueuedPerClient, atLeast(1)),
+		Var{Name: "SPACE_MAX_QUEUED_PER_CLIENT", Default: strconv.Itoa(DefaultMaxQueuedPerClient), parse: into(&c.Overload.MaxQueuedPerClient, atLeast(1)),
 			Help: "Public requests of one budget key that may wait for their turn; one more is answered 503 at once."},
-		Var{Name: "SPACE_MAX_QUEUE_WAIT", Default: "1s", parse: into(&c.Overload.MaxQueueWait, duration),
+		Var{Name: "SPACE_MAX_QUEUE_WAIT", Default: DefaultMaxQueueWait.String(), parse: into(&c.Overload.MaxQueueWait, duration),
 			Help: "The longest a public request waits for its turn before its 503; one whose caller leaves meanwhile is dropped unserved."},
 		Var{Name: "SPACE_MAX_CONNECTIONS", Default: "10000", parse: into(&c.Overload.MaxConnections, atLeast(0)),
 			Help: "Open connections of the public listener; one over it is closed as it is accepted. 0: no bound."},
@@ -186,7 +207,7 @@ func declare(c *Config) []Var {
 			Help: "The largest memory a shape may ask for; over it, a 422."},
 		Var{Name: "SPACE_MAX_DISK_GIB", Default: "100", parse: into(&s.MaxShape.DiskGiB, atLeast(1)),
 			Help: "The largest disk a shape may ask for; over it, a 422."},
-		Var{Name: "SPACE_MAX_BODY_BYTES", Default: "65536", parse: into(&s.MaxBodyBytes, atLeast[int64](1)),
+		Var{Name: "SPACE_MAX_BODY_BYTES", Default: strconv.Itoa(DefaultMaxBodyBytes), parse: into(&s.MaxBodyBytes, atLeast[int64](1)),
 			Help: "The largest request body accepted."},
 		Var{Name: "SPACE_SIMULATED_COLD_START", Unset: "instant (`make run`: 300ms)", parse: into(&s.SimulatedColdStart, duration),
 			Help: "How long the simulated substrate takes per cold start, warm-up, snapshot or restore; adopting a warm slot takes a tenth."},

@@ -264,17 +264,17 @@ chartEnv, what the values render, then extraEnv.
 - name: SPACE_LIFECYCLE_INTERVAL
   value: {{ .Values.lifecycle.interval | quote }}
 - name: SPACE_METRICS_BUDGET_KEYS
-  value: {{ .Values.metrics.budgetKeys | quote }}
+  value: {{ int64 .Values.metrics.budgetKeys | toString | quote }}
 - name: SPACE_MAX_IN_FLIGHT
-  value: {{ .Values.overload.maxInFlight | quote }}
+  value: {{ int64 .Values.overload.maxInFlight | toString | quote }}
 - name: SPACE_MAX_QUEUED
-  value: {{ .Values.overload.maxQueued | quote }}
+  value: {{ int64 .Values.overload.maxQueued | toString | quote }}
 - name: SPACE_MAX_QUEUED_PER_CLIENT
-  value: {{ .Values.overload.maxQueuedPerClient | quote }}
+  value: {{ int64 .Values.overload.maxQueuedPerClient | toString | quote }}
 - name: SPACE_MAX_QUEUE_WAIT
   value: {{ .Values.overload.maxQueueWait | quote }}
 - name: SPACE_MAX_CONNECTIONS
-  value: {{ .Values.overload.maxConnections | quote }}
+  value: {{ int64 .Values.overload.maxConnections | toString | quote }}
 - name: SPACE_RETENTION_SANDBOXES
   value: {{ .Values.retention.sandboxes | quote }}
 - name: SPACE_RETENTION_OPERATIONS
