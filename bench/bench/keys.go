@@ -80,7 +80,7 @@ func runKeys(ctx context.Context, env *Env, runs int, sz sizes) (*KeysResult, er
 	if err != nil {
 		return nil, err
 	}
-	if _, err := adm.Admit(ctx, "warmup", &keysClientRate); err != nil { // loads the script, makes the cluster key
+	if _, err := charge1(ctx, adm, "warmup", &keysClientRate); err != nil { // loads the script, makes the cluster key
 		return nil, err
 	}
 	before, err := infoInt(ctx, memDB, "memory", "used_memory")
@@ -136,8 +136,7 @@ func runKeys(ctx context.Context, env *Env, runs int, sz sizes) (*KeysResult, er
 		for i, n := range sz.keyCounts {
 			a := admitters[i]
 			decide := func(ctx context.Context) (bool, error) {
-				d, err := a.Admit(ctx, space.ClientKey("c"+strconv.Itoa(rand.IntN(n))), &keysClientRate)
-				return d.Admitted && !d.FailedOpen, err
+				return charge1(ctx, a, space.ClientKey("c"+strconv.Itoa(rand.IntN(n))), &keysClientRate)
 			}
 			count, elapsed, err := decideFor(ctx, decide, res.Goroutines, sz.keysDur)
 			if err != nil {
@@ -181,7 +180,7 @@ func admitEach(ctx context.Context, a *admission.Admitter, prefix string, rate *
 				if i >= int64(n) {
 					return
 				}
-				if _, err := a.Admit(ctx, space.ClientKey(prefix+strconv.FormatInt(i, 10)), rate); err != nil {
+				if _, err := charge1(ctx, a, space.ClientKey(prefix+strconv.FormatInt(i, 10)), rate); err != nil {
 					errs <- err
 					return
 				}
@@ -252,7 +251,7 @@ func measureExpiry(ctx context.Context, rdb *redis.Client, res *KeysResult, n in
 	if err != nil {
 		return err
 	}
-	if _, err := a.Admit(ctx, "", nil); err != nil {
+	if _, err := charge1(ctx, a, "", nil); err != nil {
 		return err
 	}
 	base, err := rdb.DBSize(ctx).Result()

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -83,6 +84,18 @@ func admitterOptions(rdb redis.UniversalClient, prefix string, cluster space.Rat
 		Cluster: cluster, Timeout: time.Second, Breaker: admission.NewBreaker(admission.BreakerOptions{})}
 }
 
+// charge1 charges one activation of cost 1 to client (rate nil: the cluster bucket
+// alone) as the product does, through Charge: admitted, refused (a *space.LimitError,
+// not an error here), or an error. The bench's Admitters fail closed, so a Redis
+// failure is an error, never counted as an admission.
+func charge1(ctx context.Context, a *admission.Admitter, client space.ClientKey, rate *space.Rate) (bool, error) {
+	_, err := a.Charge(ctx, space.Charge{Key: client, Rate: rate, Cost: 1})
+	if _, refused := errors.AsType[*space.LimitError](err); refused {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // spaceDecider decides on its own fresh keys; allow false empties them first, so
 // that every later call takes the reject path.
 func spaceDecider(ctx context.Context, rdb redis.UniversalClient, withClient, allow bool) (decider, error) {
@@ -99,8 +112,7 @@ func spaceDecider(ctx context.Context, rdb redis.UniversalClient, withClient, al
 		clientRate = &r
 	}
 	decide := func(ctx context.Context) (bool, error) {
-		d, err := a.Admit(ctx, "bench-client", clientRate)
-		return d.Admitted && !d.FailedOpen, err
+		return charge1(ctx, a, "bench-client", clientRate)
 	}
 	if !allow {
 		if _, err := decide(ctx); err != nil {

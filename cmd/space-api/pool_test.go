@@ -266,7 +266,7 @@ func TestActivationCost(t *testing.T) {
 		wg.Wait()
 		// What the cluster bucket holds now says how long it refilled: the tokens taken
 		// are the burst plus that refill, minus what is left.
-		d, err := replicas[0].Admitter.Peek(testenv.Context(t), "", nil)
+		d, _, err := replicas[0].Admitter.Report(testenv.Context(t), space.Charge{Cost: 1})
 		if err != nil {
 			t.Fatal(err)
 		}

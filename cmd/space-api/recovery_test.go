@@ -429,7 +429,7 @@ func TestRedisOutage(t *testing.T) {
 			}
 			_, normal := flood(o.s, 20)
 			acme := &space.Rate{RefillRPS: 0.000001, Burst: 60}
-			before, err := o.s.m.Admitter.Peek(testenv.Context(t), "acme", acme)
+			before, _, err := o.s.m.Admitter.Report(testenv.Context(t), space.Charge{Key: "acme", Rate: acme, Cost: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -473,7 +473,7 @@ func TestRedisOutage(t *testing.T) {
 				return o.s.requestNoFail(o.s.m.PublicURL(), "GET", "/v1/limits", "acme", "") == 200 && o.s.m.Breaker.State() == "closed"
 			})
 			// Exact again: what Redis holds is what is admitted, to the token.
-			d, err := o.s.m.Admitter.Peek(testenv.Context(t), "acme", &space.Rate{RefillRPS: 0.000001, Burst: 60})
+			d, _, err := o.s.m.Admitter.Report(testenv.Context(t), space.Charge{Key: "acme", Rate: &space.Rate{RefillRPS: 0.000001, Burst: 60}, Cost: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -138,10 +138,10 @@ func (s *server) create(client, body string, header ...string) *space.Sandbox {
 	return &sb
 }
 
-// tokens reads a bucket's remaining tokens with a Peek (which takes none).
+// tokens reads a bucket's remaining tokens with a Report (which takes none).
 func (s *server) tokens(client space.ClientKey, rate *space.Rate) (cluster, own float64) {
 	s.t.Helper()
-	d, err := s.m.Admitter.Peek(testenv.Context(s.t), client, rate)
+	d, _, err := s.m.Admitter.Report(testenv.Context(s.t), space.Charge{Key: client, Rate: rate, Cost: 1})
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -18,10 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,7 +29,6 @@ import (
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission/model"
 	"github.com/space-sandbox/space/internal/keyed"
-	"github.com/space-sandbox/space/internal/logs"
 	"github.com/space-sandbox/space/internal/metric"
 )
 
@@ -138,38 +135,11 @@ type Admitter struct {
 	metrics *admissionMetrics
 	errLog  *throttledLog
 
-	// known holds, per bucket, its state as this replica last learnt it from Redis, so
-	// that CachedRefusal can refuse without asking. Keys are the cluster key, the tier
-	// reserves' and the budget keys', at most Options.MaxKeys of them: a bucket
-	// forgotten for room is one this replica asks Redis about again, so forgetting
-	// never admits (a refusal it would have made from memory, Redis makes).
-	known  *keyed.Map[atomic.Pointer[knownBucket]]
-	now    func() time.Time
-	maxAge time.Duration
-	// share is this replica's copy of the cluster side as spent while Redis cannot
-	// decide (spendShare); replicas is Options.Replicas; learnt counts the decisions
-	// Redis made, so that a copy of the untiered cluster bucket starts again from
-	// what Redis said last once it has spoken since.
-	share    outageShare
-	replicas func() int
-	learnt   atomic.Uint64
-}
-
-// knownBucket is one bucket as a decision found it: at most Tokens at time At (the
-// replica's clock before the decision was sent, so no later than Redis's), under Rate.
-// Tokens only come back at Rate, and other replicas only take them, so Tokens plus the
-// refill since At bounds the bucket from above for as long as the rate holds.
-type knownBucket struct {
-	Rate   space.Rate
-	Tokens float64
-	At     time.Time
-	// claimed is the tokens held by the charges CachedRefusal let through to Redis
-	// since this state was learnt and not yet released (see CachedRefusal); the next
-	// state learnt starts again from none.
-	claimed atomic.Int64
-	// asked is when CachedRefusal last let a charge through to relearn this state once
-	// it was older than RefusalMaxAge (Unix nanoseconds; 0 never).
-	asked atomic.Int64
+	// memory is what this replica learnt of the buckets from Redis, for refusals
+	// without asking (memory.go); outage is its copy of the cluster side while Redis
+	// cannot decide (outage.go).
+	memory
+	outage
 }
 
 // BucketState is one bucket's side of a decision.
@@ -272,9 +242,12 @@ func New(opts Options) (*Admitter, error) {
 		now = time.Now
 	}
 	return &Admitter{
-		known:        keyed.New(keyed.Options[atomic.Pointer[knownBucket]]{Max: opts.MaxKeys, Now: func() int64 { return now().Unix() }}),
-		now:          now,
-		maxAge:       opts.RefusalMaxAge,
+		memory: memory{
+			known:  keyed.New(keyed.Options[atomic.Pointer[knownBucket]]{Max: opts.MaxKeys, Now: func() int64 { return now().Unix() }}),
+			now:    now,
+			maxAge: opts.RefusalMaxAge,
+		},
+		outage:       outage{replicas: opts.Replicas},
 		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove),
 		enabled:      opts.Enabled,
 		failClosed:   opts.FailClosed,
@@ -285,7 +258,6 @@ func New(opts Options) (*Admitter, error) {
 		clientPrefix: "{" + clusterKey + "}:client:",
 		tierPrefix:   "{" + clusterKey + "}:tier:",
 		reservations: opts.Reservations,
-		replicas:     opts.Replicas,
 		metrics:      metrics,
 		errLog:       newThrottledLog(opts.Logger, "admission: redis failed"),
 	}, nil
@@ -320,18 +292,6 @@ func (a *Admitter) Enabled() bool { return a.enabled }
 
 // ClusterRate is the shared bucket's rate.
 func (a *Admitter) ClusterRate() space.Rate { return a.cluster }
-
-// Admit decides one activation of cost 1 and returns the whole Decision: it takes one
-// token from the cluster bucket and, when clientRate is not nil, one from client's
-// bucket, both or neither. With clientRate nil (an exempt client) only the cluster
-// bucket is charged. The activation flow and the warm pool charge through Charge;
-// Admit is the form the benchmarks and tests read decisions with.
-//
-// It returns an error only for a bad argument or, in fail-closed mode, when Redis
-// fails or does not answer within the timeout (an error wrapping ErrUnavailable).
-func (a *Admitter) Admit(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, error) {
-	return a.decide(ctx, space.Charge{Key: client, Rate: clientRate, Cost: 1}, take)
-}
 
 // Charge is the activation flow's seam (space.Charger): c.Cost tokens from the cluster
 // bucket (from the tier's reserve first, when tiers reserve shares of it) and, when
@@ -462,224 +422,6 @@ func (d *Decision) refused() {
 	}
 }
 
-// CachedRefusal returns the refusal that a Charge of c now would meet, when this
-// replica knows it without asking Redis: a bucket that its last decision found too
-// empty to hold c's cost by now, even with every token refilled since and none
-// taken. It answers from memory, in nanoseconds, so a client flooding over its rate
-// costs no Redis call (envoyproxy/ratelimit's local cache of keys over the limit, with
-// the time a key stays over it counted from the bucket's own refill).
-//
-// It only ever refuses; no refusal means "ask Redis" (Charge does). A bucket is known
-// under the rate it was decided with: a flag that changes the client's rate, exempts
-// it or moves it on or off the allowlist makes the entry not apply, so the next create
-// is Redis's. The known tokens are an upper bound as long as other replicas only take
-// tokens, so a refusal here is never wrong beyond the instant of the refill itself,
-// and its Retry-After is counted from that refill. What gives tokens back (a key reset
-// by hand) is seen once the entry is older than Options.RefusalMaxAge, when the next
-// charge asks Redis and learns the bucket afresh. Nothing is refused in shadow mode or
-// with admission disabled. A refusal is counted as Charge counts one.
-//
-// With tiers reserving shares of the cluster bucket, the cluster side is known per
-// tier: an upper bound of everything the tier's charge could draw on (its reserve, the
-// shared remainder, what other reserves could ever lend), so that a shared remainder
-// known empty never refuses a tier whose reserve holds tokens.
-//
-// A charge it lets through holds its cost against that upper bound (the Hold) until
-// the flow releases it, once the charge is decided or the create ends without one;
-// a charge the holds leave short is refused here too, until a decision teaches the
-// replica the bucket afresh. Without it, a flood that finds its bucket holding N
-// tokens would send every create in flight down the whole create path (a lease,
-// Postgres, the script) until the first refusal came back: thousands a second for N
-// tokens, and the slower the replica gets the more of them go, until it is
-// overloaded by refusals and its Redis calls time out.
-//
-// A bucket this replica knows nothing of yet (its first charge, or a new rate) lets
-// every charge through until the first decision comes back. Making the others wait
-// for that one was built and measured: a cold replica under an open-loop flood of
-// 2,500/s then answered late, the load generator opened connections for the answers
-// it waited for, and the replica's Redis calls timed out (1,400 to 1,800 decisions
-// failed open in the flood's first second, against none without the wait).
-func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError) {
-	if !a.enabled || a.shadow || a.maxAge <= 0 {
-		return nil, nil
-	}
-	key, rate, cost := c.Key, c.Rate, c.Cost
-	now := a.now()
-	var le *space.LimitError
-	var client, cluster known
-	if rate != nil && key != "" {
-		client = a.knownState(a.clientPrefix+string(key), *rate, cost, now)
-		le = client.refusal(space.BucketClientActivation, key)
-	}
-	clusterKey, clusterRate := a.knownCluster(c.Tier)
-	cluster = a.knownState(clusterKey, clusterRate, cost+int(c.Floor), now)
-	if refused := cluster.refusal(space.BucketClusterActivation, key); refused != nil {
-		if le == nil {
-			le = refused
-		} else {
-			// Both short: the client bucket is named, the retry waits for both.
-			le.RetryAfter = max(le.RetryAfter, refused.RetryAfter)
-		}
-	}
-	if le == nil {
-		// Neither is short by what refilled: the charge holds its tokens in each
-		// bucket, which refuses it if earlier holds took them.
-		var fromClient, fromCluster *knownBucket
-		if fromClient, le = client.claim(cost, space.BucketClientActivation, key); le == nil {
-			if fromCluster, le = cluster.claim(cost, space.BucketClusterActivation, key); le == nil {
-				return holding(cost, fromClient, fromCluster), nil
-			}
-			if fromClient != nil {
-				fromClient.claimed.Add(-int64(cost))
-			}
-		}
-	}
-	a.metrics.count(decisionRejected, le.Bucket, c.Tier)
-	a.metrics.refusedLocally(le.Bucket)
-	return nil, le
-}
-
-// knownCluster is the entry under which a replica knows the cluster side of a charge
-// of tier: the cluster bucket, or with tiers reserving shares of it, the tier's upper
-// bound of all it could draw on.
-func (a *Admitter) knownCluster(tier string) (string, space.Rate) {
-	if a.reservations != nil {
-		if res := a.reservations(); res != nil {
-			t := a.plan(res).of(tier)
-			return t.knownKey, t.drawable
-		}
-	}
-	return a.clusterKey, a.cluster
-}
-
-// hold is a let-through charge's Hold: its cost claimed from the client's and the
-// cluster's known states (either nil when not known).
-type hold struct {
-	cost            int64
-	client, cluster *knownBucket
-	released        atomic.Bool
-}
-
-// holding is the Hold of a charge of cost claimed from client and cluster: nil (no
-// allocation) when neither was known, so nothing is held.
-func holding(cost int, client, cluster *knownBucket) space.Hold {
-	if client == nil && cluster == nil {
-		return nil
-	}
-	return &hold{cost: int64(cost), client: client, cluster: cluster}
-}
-
-// Release implements space.Hold: the claims are given back, to states a decision may
-// since have replaced, which is harmless.
-func (h *hold) Release() {
-	if h.released.Swap(true) {
-		return
-	}
-	for _, k := range [2]*knownBucket{h.client, h.cluster} {
-		if k != nil {
-			k.claimed.Add(-h.cost)
-		}
-	}
-}
-
-// known is what a replica knows of one bucket for one charge: nothing (k nil), or its
-// state and the most it can hold now.
-//
-// A state older than RefusalMaxAge is relearnt by the next charge, which is let
-// through to Redis whatever the state says; the charges that come while that one is
-// on its way are judged by the old state meanwhile (it is still an upper bound, unless
-// someone gave tokens back by hand, which the charge let through learns): otherwise a
-// client that floods again after a pause would send its whole flood to Redis and
-// Postgres at once. Another charge is let through if no decision came within another
-// RefusalMaxAge.
-type known struct {
-	k      *knownBucket
-	tokens float64 // the most the bucket holds now: the known tokens and all refill since
-	need   float64 // what the charge needs left in it: its cost, and a warm-up's floor
-}
-
-// knownState is what this replica knows of bucket key for a charge needing need
-// tokens at now: nothing when it has no state of the bucket under rate, or for the
-// charge that relearns one too old.
-func (a *Admitter) knownState(key string, rate space.Rate, need int, now time.Time) known {
-	cell := a.known.Load(key)
-	if cell == nil {
-		return known{}
-	}
-	k := cell.Load()
-	if k == nil || k.Rate != rate {
-		return known{}
-	}
-	age := now.Sub(k.At)
-	if age > a.maxAge {
-		asked, at := k.asked.Load(), now.UnixNano()
-		if at-asked > int64(a.maxAge) && k.asked.CompareAndSwap(asked, at) {
-			return known{}
-		}
-	}
-	// A bucket may reach its burst up to model.MemorySlack early after a rate change
-	// (model rule 3): what it may hold is read that much later.
-	return known{k: k, tokens: k.upTo(now.Add(memorySlack)), need: float64(need)}
-}
-
-// refusal is the bucket's refusal if it cannot hold what the charge needs yet.
-func (b known) refusal(bucket space.Bucket, client space.ClientKey) *space.LimitError {
-	if b.k == nil || b.tokens >= b.need {
-		return nil
-	}
-	return b.limitError(bucket, client, b.tokens)
-}
-
-// claim takes cost from what a known bucket can serve now, for a charge let through
-// to Redis, and returns the state it claimed from, or the refusal of a charge that
-// earlier claims leave short. A bucket not known claims nothing.
-func (b known) claim(cost int, bucket space.Bucket, client space.ClientKey) (*knownBucket, *space.LimitError) {
-	if b.k == nil {
-		return nil, nil
-	}
-	claimed := b.k.claimed.Add(int64(cost))
-	if left := b.tokens - float64(claimed-int64(cost)); left < b.need {
-		b.k.claimed.Add(-int64(cost))
-		return nil, b.limitError(bucket, client, left)
-	}
-	return b.k, nil
-}
-
-// limitError is the refusal of a charge that finds left of what it needs.
-func (b known) limitError(bucket space.Bucket, client space.ClientKey, left float64) *space.LimitError {
-	limit := b.k.Rate
-	left = max(left, 0)
-	return &space.LimitError{Bucket: bucket, Client: client, RetryAfter: micros((b.need - left) / limit.RefillRPS * 1e6), Limit: &limit, Remaining: left, FromMemory: true}
-}
-
-// remember records what a decision found of the bucket under key, for CachedRefusal.
-func (a *Admitter) remember(key string, st BucketState, at time.Time) {
-	a.cell(key).Store(&knownBucket{Rate: st.Rate, Tokens: st.Remaining, At: at})
-}
-
-// cell is where this replica keeps what it knows of the bucket under key.
-func (a *Admitter) cell(key string) *atomic.Pointer[knownBucket] {
-	return a.known.LoadOrNew(key, nil)
-}
-
-// upTo is the most the bucket can hold at now: the known tokens and every refill
-// since, up to its burst.
-func (k *knownBucket) upTo(now time.Time) float64 {
-	tokens := k.Tokens
-	if age := now.Sub(k.At); age > 0 {
-		tokens += age.Seconds() * k.Rate.RefillRPS
-	}
-	return math.Min(tokens, float64(k.Rate.Burst))
-}
-
-// Peek reports the buckets as a charge of one token would find them now, without
-// taking a token or writing anything: Admitted says whether it would succeed. With admission
-// disabled it reports full buckets without asking Redis. A Redis failure is returned
-// as an error wrapping ErrUnavailable, whatever the failure mode; nothing is counted.
-func (a *Admitter) Peek(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, error) {
-	return a.peek(ctx, space.Charge{Key: client, Rate: clientRate, Cost: 1})
-}
-
 func (a *Admitter) peek(ctx context.Context, c space.Charge) (Decision, error) {
 	d, err := a.decide(ctx, c, peek)
 	if err != nil {
@@ -738,188 +480,4 @@ func (a *Admitter) disabled(clientRate *space.Rate) Decision {
 		d.Client = &BucketState{Rate: *clientRate, Remaining: float64(clientRate.Burst)}
 	}
 	return d
-}
-
-// failed applies the failure mode to a Redis error. Failing open, the charge is
-// decided by this replica alone (spendLocally): admitted and counted as an error, or
-// refused and counted as a refusal from memory.
-func (a *Admitter) failed(c space.Charge, err error) (Decision, error) {
-	a.errLog.log(err, "client", string(c.Key), "fail_closed", a.failClosed && !a.shadow)
-	if a.failClosed && !a.shadow {
-		a.metrics.errored(c)
-		return Decision{}, fmt.Errorf("admit: %w", unavailable(err))
-	}
-	if !a.shadow {
-		if d, refused := a.spendLocally(c); refused {
-			a.metrics.count(decisionRejected, d.Bucket, c.Tier)
-			a.metrics.refusedLocally(d.Bucket)
-			return d, nil
-		}
-	}
-	a.metrics.errored(c)
-	d := Decision{Admitted: true, FailedOpen: true, Cluster: BucketState{Rate: a.cluster}}
-	if c.Rate != nil {
-		d.Client = &BucketState{Rate: *c.Rate}
-	}
-	return d, nil
-}
-
-// spendLocally decides a charge that Redis could not decide, failing open: the client
-// bucket as this replica knows it (its last decision's state and the refill since, as
-// CachedRefusal reads it; a bucket it never learnt, or learnt under another rate, as
-// full) must hold the cost, and the cluster side must give it from this replica's
-// share (spendShare); the cost is then spent from both here, or from neither. It
-// returns the refusal, with refused true, when one is short.
-//
-// Failing open is for an outage of the budget store: it must not stop activations.
-// It must not stop budgets either. Before this, every charge was admitted while Redis
-// failed, and a flood over its rate made that happen by itself: a replica loaded
-// past its Redis timeout by the flood's first second (the load generator opening
-// hundreds of connections, every create in flight queued behind them) timed out
-// three calls in a row, the breaker opened, and for the breaker's second the flooder
-// was admitted about 1,300 times instead of 50 (make bench, flood scenario). Now a
-// replica that cannot ask Redis admits what its own view allows: a client keeps its
-// rate, a flooder gets its rate, and the n replicas that Options.Replicas counts
-// admit about the cluster bucket's burst and rate between them, tiers and reserves
-// included (model rule 12). A client's bucket is not shared out: a client's creates
-// do not spread evenly over the replicas (a keep-alive connection stays on one), and
-// a client sent to one replica would get a nth of its rate there; it may get up to n
-// times its rate across the replicas, within the cluster's. What is spent here is
-// this replica's alone: the first decision Redis makes again replaces the client's
-// state with the bucket's real one.
-//
-// The charges CachedRefusal let through hold their cost against the same state; it
-// is not counted here, since each of them comes here too and spends for itself.
-func (a *Admitter) spendLocally(c space.Charge) (Decision, bool) {
-	now := a.now()
-	cost := float64(c.Cost)
-	d := Decision{Cluster: BucketState{Rate: a.cluster}}
-	var clientKey string
-	if c.Rate != nil && c.Key != "" {
-		clientKey = a.clientPrefix + string(c.Key)
-		left, ok := a.spend(clientKey, *c.Rate, cost, cost, now)
-		d.Client = &BucketState{Rate: *c.Rate, Remaining: left}
-		if !ok {
-			d.Bucket, d.RetryAfter = space.BucketClientActivation, micros((cost-left)/c.Rate.RefillRPS*1e6)
-			d.Client.Refill = d.RetryAfter
-			return d, true
-		}
-	}
-	share := a.spendShare(c, now)
-	d.Cluster.Remaining = share.Cluster.Remaining
-	d.Drawn = share.Drawn
-	if !share.Admitted {
-		if clientKey != "" {
-			// Both or neither: the client's tokens back.
-			d.Client.Remaining, _ = a.spend(clientKey, *c.Rate, 0, -cost, now)
-		}
-		d.Bucket, d.RetryAfter = space.BucketClusterActivation, micros(share.RetryAfter)
-		d.Cluster.Refill = d.RetryAfter
-		return d, true
-	}
-	return d, false
-}
-
-// outageShare is this replica's copy of the cluster side while Redis cannot decide:
-// the model's state of the cluster bucket (or the shared remainder and the reserves)
-// as spent here, and how many decisions Redis had made when it was last spent.
-type outageShare struct {
-	mu     sync.Mutex
-	state  *model.State
-	learnt uint64
-}
-
-// spendShare is the cluster side of a charge decided here (spendLocally), by the
-// model's rule 12: the tier table in force decides it on this replica's copy of the
-// cluster side, its cost taken n times, n the replicas that Options.Replicas counts,
-// so that n replicas, each spending its own copy, take the cluster budget about once
-// between them. A cost n times over larger than a copy can give is admitted from a
-// full copy, into debt, so that more replicas than tokens still admit a nth of the
-// rate each.
-//
-// The copy starts full. Without reserves, a copy of the cluster bucket starts again
-// from what this replica last learnt of it whenever Redis has decided since the copy
-// was last spent (an outage after a recovery starts from Redis's word, not from the
-// last outage's copy); with reserves, the replica knows no bucket apart, and the copy
-// goes on from what it spent, refilling as the rules say. The copy is kept apart from
-// the state CachedRefusal reads, which stays an upper bound of the buckets (what this
-// replica spent n times over is a guess at what the others spent, not a bound), so
-// that a refusal from memory stays one Redis would make once it decides again.
-func (a *Admitter) spendShare(c space.Charge, now time.Time) model.Decision {
-	var res *space.Reservations
-	if a.reservations != nil {
-		res = a.reservations()
-	}
-	n := 1
-	if a.replicas != nil {
-		n = max(a.replicas(), 1)
-	}
-	at := micro(now)
-	s := &a.share
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.state == nil {
-		s.state = model.NewState()
-	}
-	if learnt := a.learnt.Load(); learnt != s.learnt && res == nil {
-		s.state = model.NewState()
-		if k := a.cell(a.clusterKey).Load(); k != nil && k.Rate == a.cluster {
-			r := model.RateOf(a.cluster)
-			kat := micro(k.At)
-			s.state.Cluster = model.Bucket{Written: true, Tokens: k.Tokens, At: kat, Full: model.FullAt(k.Tokens, r, kat)}
-		}
-	}
-	s.learnt = a.learnt.Load()
-	out := model.Outage{State: s.state, Replicas: n}
-	return out.Decide(model.Limits{Cluster: a.cluster, Reservations: res}, c, at)
-}
-
-// micro is t in microseconds, as the model reads time.
-func micro(t time.Time) float64 { return float64(t.UnixMicro()) }
-
-// memorySlack is model.MemorySlack as a Duration.
-const memorySlack = time.Duration(model.MemorySlack) * time.Microsecond
-
-// spend takes cost from the bucket under key as this replica knows it at now, if it
-// holds need, and records what is left as the replica's state of the bucket. It
-// returns the tokens left (or held, when short) and whether it took them. A negative
-// cost gives tokens back.
-func (a *Admitter) spend(key string, rate space.Rate, need, cost float64, now time.Time) (float64, bool) {
-	p := a.cell(key)
-	for {
-		k := p.Load()
-		tokens := float64(rate.Burst)
-		if k != nil && k.Rate == rate {
-			tokens = k.upTo(now)
-		}
-		if tokens < need {
-			return tokens, false
-		}
-		left := math.Min(tokens-cost, float64(rate.Burst))
-		if p.CompareAndSwap(k, &knownBucket{Rate: rate, Tokens: left, At: now}) {
-			return left, true
-		}
-	}
-}
-
-// throttledLog logs a repeated failure at most once every 10 seconds, with the
-// number of failures it did not log, so that an outage under load does not flood the
-// logs.
-type throttledLog struct {
-	logger   *slog.Logger
-	msg      string
-	throttle *logs.Throttle
-}
-
-func newThrottledLog(logger *slog.Logger, msg string) *throttledLog {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	return &throttledLog{logger: logger, msg: msg, throttle: logs.NewThrottle(10*time.Second, nil)}
-}
-
-func (l *throttledLog) log(err error, attrs ...any) {
-	if ok, held := l.throttle.Allow(""); ok {
-		l.logger.Warn(l.msg, append(attrs, "err", err.Error(), "suppressed", held)...)
-	}
 }

@@ -242,7 +242,7 @@ func TestDecision(t *testing.T) {
 		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: neverRefills, Burst: 3}))
 		acme := rate(neverRefills, 1)
 
-		d, err := b.adm.Peek(b.ctx, "acme", acme)
+		d, err := b.adm.peekOne(b.ctx, "acme", acme)
 		if err != nil || !d.Admitted || d.Cluster.Remaining != 3 || d.Client.Remaining != 1 {
 			t.Fatalf("Peek on new buckets = %+v, %v; want admissible, full", d, err)
 		}
@@ -251,7 +251,7 @@ func TestDecision(t *testing.T) {
 		}
 		b.admit("acme", acme)
 		before := b.stored(b.clientKey("acme"))
-		d, err = b.adm.Peek(b.ctx, "acme", acme)
+		d, err = b.adm.peekOne(b.ctx, "acme", acme)
 		if err != nil || d.Admitted || d.Bucket != space.BucketClientActivation || !near(d.Cluster.Remaining, 2, 1e-6) {
 			t.Fatalf("Peek on an empty client = %+v, %v; want not admissible, client_activation, 2 cluster tokens", d, err)
 		}
@@ -266,10 +266,10 @@ func TestDecision(t *testing.T) {
 	t.Run("a client rate without a client key is refused", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: 1, Burst: 1}))
-		if _, err := b.adm.Admit(b.ctx, "", rate(1, 1)); err == nil {
+		if _, err := b.adm.admit(b.ctx, "", rate(1, 1)); err == nil {
 			t.Fatal("Admit with a rate for client \"\" succeeded")
 		}
-		if _, err := b.adm.Admit(b.ctx, "acme", rate(-1, 1)); err == nil {
+		if _, err := b.adm.admit(b.ctx, "acme", rate(-1, 1)); err == nil {
 			t.Fatal("Admit with a negative client rate succeeded")
 		}
 	})
@@ -329,11 +329,11 @@ func TestModes(t *testing.T) {
 		t.Cleanup(func() { rdb.Close() })
 		b := setup(t, rdb, Options{Enabled: false, Cluster: space.Rate{RefillRPS: 1, Burst: 7}, Timeout: time.Second})
 		start := time.Now()
-		d, err := b.adm.Admit(b.ctx, "acme", rate(1, 2))
+		d, err := b.adm.admit(b.ctx, "acme", rate(1, 2))
 		if err != nil || !d.Admitted || d.FailedOpen || d.Cluster.Remaining != 7 || d.Client.Remaining != 2 {
 			t.Fatalf("disabled Admit = %+v, %v; want admitted with full buckets", d, err)
 		}
-		if _, err := b.adm.Peek(b.ctx, "acme", rate(1, 2)); err != nil {
+		if _, err := b.adm.peekOne(b.ctx, "acme", rate(1, 2)); err != nil {
 			t.Fatalf("disabled Peek: %v", err)
 		}
 		if took := time.Since(start); took > 500*time.Millisecond {
@@ -403,7 +403,7 @@ func TestConcurrentConsumers(t *testing.T) {
 			wg.Go(func() {
 				<-start
 				for range attempts {
-					d, err := b.adm.Admit(b.ctx, client, r)
+					d, err := b.adm.admit(b.ctx, client, r)
 					if err == nil && d.FailedOpen {
 						err = errors.New("failed open")
 					}
@@ -577,7 +577,7 @@ func TestRefill(t *testing.T) {
 		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: 1e6, Burst: 3}))
 		b.admit("", nil)
 		time.Sleep(10 * time.Millisecond) // 10^4 tokens' worth of refill
-		d, err := b.adm.Peek(b.ctx, "", nil)
+		d, err := b.adm.peekOne(b.ctx, "", nil)
 		if err != nil || d.Cluster.Remaining != 3 {
 			t.Fatalf("Peek = %+v, %v; want 3 tokens", d, err)
 		}
@@ -713,7 +713,7 @@ func TestExpiryFollowsTheRateInForce(t *testing.T) {
 				if d := b.admit("acme", r); d.Admitted {
 					t.Fatal("admitted an empty bucket")
 				}
-				if d, err := b.adm.Peek(b.ctx, "acme", r); err != nil || d.Admitted {
+				if d, err := b.adm.peekOne(b.ctx, "acme", r); err != nil || d.Admitted {
 					t.Fatalf("peek = %+v, %v", d, err)
 				}
 			}
@@ -776,7 +776,7 @@ func TestFailure(t *testing.T) {
 			t.Parallel()
 			b := setup(t, o.dial(t), Options{Enabled: true, Cluster: space.Rate{RefillRPS: 1, Burst: 1}, Timeout: timeout})
 			start := time.Now()
-			d, err := b.adm.Admit(b.ctx, "acme", rate(1, 1))
+			d, err := b.adm.admit(b.ctx, "acme", rate(1, 1))
 			took := time.Since(start)
 			if err != nil || !d.Admitted || !d.FailedOpen {
 				t.Fatalf("Admit = %+v, %v; want admitted, failed open", d, err)
@@ -798,7 +798,7 @@ func TestFailure(t *testing.T) {
 			t.Parallel()
 			b := setup(t, o.dial(t), Options{Enabled: true, FailClosed: true, Cluster: space.Rate{RefillRPS: 1, Burst: 1}, Timeout: timeout})
 			start := time.Now()
-			d, err := b.adm.Admit(b.ctx, "", nil)
+			d, err := b.adm.admit(b.ctx, "", nil)
 			took := time.Since(start)
 			if !errors.Is(err, ErrUnavailable) || space.ErrorCode(err) != space.EUNAVAILABLE || d.Admitted {
 				t.Fatalf("Admit = %+v, %v; want an ErrUnavailable with code %s", d, err, space.EUNAVAILABLE)
@@ -809,7 +809,7 @@ func TestFailure(t *testing.T) {
 			if n := b.decisions(decisionError, space.BucketClusterActivation); n != 1 {
 				t.Fatalf("error{cluster_activation} = %v, want 1", n)
 			}
-			if _, err := b.adm.Peek(b.ctx, "", nil); !errors.Is(err, ErrUnavailable) {
+			if _, err := b.adm.peekOne(b.ctx, "", nil); !errors.Is(err, ErrUnavailable) {
 				t.Fatalf("Peek = %v, want ErrUnavailable", err)
 			}
 		})
@@ -818,7 +818,7 @@ func TestFailure(t *testing.T) {
 	t.Run("shadow mode admits on a redis error even when failing closed", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, outages[0].dial(t), Options{Enabled: true, FailClosed: true, Shadow: true, Cluster: space.Rate{RefillRPS: 1, Burst: 1}, Timeout: timeout})
-		d, err := b.adm.Admit(b.ctx, "acme", nil)
+		d, err := b.adm.admit(b.ctx, "acme", nil)
 		if err != nil || !d.Admitted || !d.FailedOpen {
 			t.Fatalf("Admit = %+v, %v; want admitted, failed open", d, err)
 		}
@@ -829,7 +829,7 @@ func TestFailure(t *testing.T) {
 		b := setup(t, testenv.Redis(t), Options{Enabled: true, FailClosed: true, Cluster: space.Rate{RefillRPS: 1, Burst: 1}})
 		ctx, cancel := context.WithCancel(b.ctx)
 		cancel()
-		if _, err := b.adm.Admit(ctx, "", nil); !errors.Is(err, ErrUnavailable) {
+		if _, err := b.adm.admit(ctx, "", nil); !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("Admit with a cancelled context = %v, want ErrUnavailable", err)
 		}
 	})
@@ -919,7 +919,7 @@ func TestMetrics(t *testing.T) {
 			t.Fatalf("a second Admitter on the same registry: %v", err)
 		}
 		one.admit("", nil)
-		if _, err := two.Admit(one.ctx, "", nil); err != nil {
+		if _, err := two.admit(one.ctx, "", nil); err != nil {
 			t.Fatal(err)
 		}
 		if n := one.decisions(decisionAdmitted, space.BucketClusterActivation); n != 2 {

@@ -37,7 +37,7 @@ func BenchmarkAdmit(b *testing.B) {
 				b.Fatal(err)
 			}
 			rate := c.rate
-			if _, err := a.Admit(ctx, "acme", &rate); err != nil { // loads the script; empties a bucket of one
+			if _, err := a.admit(ctx, "acme", &rate); err != nil { // loads the script; empties a bucket of one
 				b.Fatal(err)
 			}
 			allow := c.rate.Burst > 1
@@ -49,7 +49,7 @@ func BenchmarkAdmit(b *testing.B) {
 					}
 					continue
 				}
-				d, err := a.Admit(ctx, "acme", &rate)
+				d, err := a.admit(ctx, "acme", &rate)
 				if err != nil || d.Admitted != allow {
 					b.Fatalf("Admit = %+v, %v; want admitted %v", d, err, allow)
 				}

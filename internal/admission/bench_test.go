@@ -61,12 +61,12 @@ func BenchmarkAdmission(b *testing.B) {
 			clientRate = &r
 		}
 		if !allow { // empty both buckets
-			if _, err := a.Admit(ctx, "acme", clientRate); err != nil {
+			if _, err := a.admit(ctx, "acme", clientRate); err != nil {
 				b.Fatal(err)
 			}
 		}
 		return func() (bool, error) {
-			d, err := a.Admit(ctx, "acme", clientRate)
+			d, err := a.admit(ctx, "acme", clientRate)
 			return d.Admitted && !d.FailedOpen, err
 		}
 	}

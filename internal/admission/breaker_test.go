@@ -40,7 +40,7 @@ func TestBreaker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := warm.Admit(testenv.Context(t), "warm-up", rate(1, 5)); err != nil {
+		if _, err := warm.admit(testenv.Context(t), "warm-up", rate(1, 5)); err != nil {
 			t.Fatalf("loading the scripts: %v", err)
 		}
 		warmConc, err := NewConcurrencyLimiter(ConcurrencyOptions{Redis: rdb, Prefix: testenv.Prefix(t), Timeout: testTimeout})
@@ -75,12 +75,12 @@ func TestBreaker(t *testing.T) {
 		t.Parallel()
 		p := setupPaused(t, true)
 		ctx := testenv.Context(t)
-		if d, err := p.adm.Admit(ctx, "acme", nil); err != nil || !d.Admitted {
+		if d, err := p.adm.admit(ctx, "acme", nil); err != nil || !d.Admitted {
 			t.Fatalf("before the outage: %+v, %v", d, err)
 		}
 		p.srv.Pause()
 		for i := range 3 {
-			if _, err := p.adm.Admit(ctx, "acme", nil); !errors.Is(err, ErrUnavailable) || errors.Is(err, gobreaker.ErrOpenState) {
+			if _, err := p.adm.admit(ctx, "acme", nil); !errors.Is(err, ErrUnavailable) || errors.Is(err, gobreaker.ErrOpenState) {
 				t.Fatalf("call %d: %v, want a timeout from redis itself", i+1, err)
 			}
 		}
@@ -88,7 +88,7 @@ func TestBreaker(t *testing.T) {
 			t.Fatalf("breaker %s after three timeouts, want open", p.breaker.State())
 		}
 		// The failure mode applies at once, for every component on the breaker.
-		if _, err := p.adm.Admit(ctx, "acme", nil); !errors.Is(err, gobreaker.ErrOpenState) || !errors.Is(err, ErrUnavailable) || space.ErrorCode(err) != space.EUNAVAILABLE {
+		if _, err := p.adm.admit(ctx, "acme", nil); !errors.Is(err, gobreaker.ErrOpenState) || !errors.Is(err, ErrUnavailable) || space.ErrorCode(err) != space.EUNAVAILABLE {
 			t.Fatalf("admit with the breaker open: %v, want an immediate ErrUnavailable", err)
 		}
 		if _, err := p.conc.Acquire(ctx, "acme", 3); !errors.Is(err, gobreaker.ErrOpenState) {
@@ -111,24 +111,24 @@ func TestBreaker(t *testing.T) {
 		ctx := testenv.Context(t)
 		p.srv.Pause()
 		for range 3 {
-			if d, err := p.adm.Admit(ctx, "acme", nil); err != nil || !d.FailedOpen {
+			if d, err := p.adm.admit(ctx, "acme", nil); err != nil || !d.FailedOpen {
 				t.Fatalf("fail-open admit during the outage: %+v, %v", d, err)
 			}
 		}
-		if d, _ := p.adm.Admit(ctx, "acme", nil); !d.FailedOpen || p.breaker.State() != "open" {
+		if d, _ := p.adm.admit(ctx, "acme", nil); !d.FailedOpen || p.breaker.State() != "open" {
 			t.Fatalf("with the breaker open: %+v, state %s; want admitted unbudgeted", d, p.breaker.State())
 		}
 		p.srv.Resume()
 		testenv.Eventually(t, 5*time.Second, "the breaker to close", func() bool {
-			d, err := p.adm.Admit(ctx, "globex", nil)
+			d, err := p.adm.admit(ctx, "globex", nil)
 			return err == nil && !d.FailedOpen && p.breaker.State() == "closed"
 		})
-		d, err := p.adm.Peek(ctx, "acme", nil)
+		d, err := p.adm.peekOne(ctx, "acme", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		before := d.Cluster.Remaining
-		if d, err := p.adm.Admit(ctx, "acme", nil); err != nil || d.FailedOpen || !near(before-d.Cluster.Remaining, 1, 0.01) {
+		if d, err := p.adm.admit(ctx, "acme", nil); err != nil || d.FailedOpen || !near(before-d.Cluster.Remaining, 1, 0.01) {
 			t.Fatalf("after the outage: %+v, %v; want exactly one token taken", d, err)
 		}
 		for _, to := range []string{"open", "half_open", "closed"} {

@@ -34,7 +34,7 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 	// failOpen charges and expects the charge admitted without Redis.
 	failOpen := func(o *outage, client space.ClientKey, r *space.Rate) {
 		o.t.Helper()
-		d, err := o.adm.Admit(o.ctx, client, r)
+		d, err := o.adm.admit(o.ctx, client, r)
 		if err != nil || !d.Admitted || !d.FailedOpen {
 			o.t.Fatalf("Admit(%q) = %+v, %v; want admitted, failed open", client, d, err)
 		}
@@ -42,7 +42,7 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 	// refused charges and expects a refusal by bucket.
 	refused := func(o *outage, client space.ClientKey, r *space.Rate, bucket space.Bucket) Decision {
 		o.t.Helper()
-		d, err := o.adm.Admit(o.ctx, client, r)
+		d, err := o.adm.admit(o.ctx, client, r)
 		if err != nil || d.Admitted || d.Bucket != bucket || d.LimitError(client) == nil {
 			o.t.Fatalf("Admit(%q) = %+v, %v; want refused by %s", client, d, err, bucket)
 		}
@@ -112,7 +112,7 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 		var wg sync.WaitGroup
 		for range 64 {
 			wg.Go(func() {
-				d, err := o.adm.Admit(o.ctx, "acme", r)
+				d, err := o.adm.admit(o.ctx, "acme", r)
 				switch {
 				case err != nil:
 					t.Error(err)
@@ -140,7 +140,7 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 		o.redis.Restore()
 		o.clock.Advance(2 * time.Hour) // what the replica knows is old: the next charge asks Redis
 		testenv.Eventually(t, 5*time.Second, "redis to decide again", func() bool {
-			d, err := o.adm.Admit(o.ctx, "acme", r)
+			d, err := o.adm.admit(o.ctx, "acme", r)
 			return err == nil && !d.FailedOpen && d.Admitted
 		})
 		// Redis had taken one token of 3: the probe took the second, the third is there.
@@ -155,7 +155,7 @@ func TestFailOpenSpendsLocally(t *testing.T) {
 		b := setup(t, cut.Client, Options{Enabled: true, Shadow: true, Cluster: space.Rate{RefillRPS: neverRefills, Burst: 1}, Timeout: time.Second})
 		cut.Cut()
 		for range 3 {
-			if d, err := b.adm.Admit(b.ctx, "acme", rate(neverRefills, 1)); err != nil || !d.Admitted || !d.FailedOpen {
+			if d, err := b.adm.admit(b.ctx, "acme", rate(neverRefills, 1)); err != nil || !d.Admitted || !d.FailedOpen {
 				t.Fatalf("Admit = %+v, %v; want admitted, failed open", d, err)
 			}
 		}

@@ -77,7 +77,7 @@ func rate(rps float64, burst int64) *space.Rate { return &space.Rate{RefillRPS: 
 // admit admits and fails the test on an error or a fail-open decision.
 func (b *bundle) admit(client space.ClientKey, r *space.Rate) Decision {
 	b.t.Helper()
-	d, err := b.adm.Admit(b.ctx, client, r)
+	d, err := b.adm.admit(b.ctx, client, r)
 	if err != nil {
 		b.t.Fatalf("Admit(%q): %v", client, err)
 	}
@@ -274,4 +274,17 @@ func clocked(opts Options) (Options, *testenv.Clock) {
 	c := testenv.NewClock(time.Unix(1_000_000, 0))
 	opts.Now = c.Now
 	return opts, c
+}
+
+// admit decides one activation of cost 1 and returns the whole Decision: one token
+// from the cluster bucket and, when clientRate is not nil, one from client's bucket,
+// both or neither. The product charges through Charge; the tests read decisions.
+func (a *Admitter) admit(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, error) {
+	return a.decide(ctx, space.Charge{Key: client, Rate: clientRate, Cost: 1}, take)
+}
+
+// peekOne reports the buckets as a charge of one token would find them now, taking
+// nothing (Report without the enforcement).
+func (a *Admitter) peekOne(ctx context.Context, client space.ClientKey, clientRate *space.Rate) (Decision, error) {
+	return a.peek(ctx, space.Charge{Key: client, Rate: clientRate, Cost: 1})
 }

@@ -42,7 +42,7 @@ func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 	// there; a decision Redis made fails the test.
 	local := func(t *testing.T, b *bundle, r *space.Rate) (Decision, bool) {
 		t.Helper()
-		d, err := b.adm.Admit(b.ctx, "acme", r)
+		d, err := b.adm.admit(b.ctx, "acme", r)
 		if err != nil {
 			t.Fatalf("Admit: %v", err)
 		}
@@ -72,7 +72,7 @@ func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 		for _, b := range f.replicas {
 			for range 32 {
 				wg.Go(func() {
-					d, err := b.adm.Admit(b.ctx, "acme", nil)
+					d, err := b.adm.admit(b.ctx, "acme", nil)
 					switch {
 					case err != nil:
 						t.Error(err)
@@ -219,7 +219,7 @@ func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 		f.redis.Restore()
 		// Redis was never charged: the bucket holds 20, and this decision takes one.
 		testenv.Eventually(t, 5*time.Second, "redis to decide again", func() bool {
-			d, err := b.adm.Admit(b.ctx, "acme", nil)
+			d, err := b.adm.admit(b.ctx, "acme", nil)
 			return err == nil && !d.FailedOpen && d.Admitted
 		})
 		f.redis.Cut()
@@ -250,7 +250,7 @@ func TestFailOpenSharesTheClusterBucket(t *testing.T) {
 		r := rate(neverRefills, 6)
 		admitted := 0
 		for range 8 {
-			d, err := b.adm.Admit(b.ctx, "acme", r)
+			d, err := b.adm.admit(b.ctx, "acme", r)
 			if err != nil {
 				t.Fatal(err)
 			}

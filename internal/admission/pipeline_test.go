@@ -267,7 +267,7 @@ func TestCoalescer(t *testing.T) {
 		<-b.gate.held
 		ctx, cancel := context.WithTimeout(b.ctx, 20*time.Millisecond)
 		defer cancel()
-		_, err := b.adm.Admit(ctx, "acme", r)
+		_, err := b.adm.admit(ctx, "acme", r)
 		if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Admit past its deadline = %v, want ErrUnavailable for the deadline (fail closed)", err)
 		}
@@ -327,7 +327,7 @@ func TestCoalescer(t *testing.T) {
 			wg.Go(func() {
 				for range 40 {
 					ctx, cancel := context.WithTimeout(b.ctx, time.Duration(rand.IntN(3000))*time.Microsecond)
-					_, _ = b.adm.Admit(ctx, "acme", r)
+					_, _ = b.adm.admit(ctx, "acme", r)
 					cancel()
 				}
 			})

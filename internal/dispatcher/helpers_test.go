@@ -179,17 +179,16 @@ func (b *bundle) setFail(f func(substrate.Call) error) {
 func (b *bundle) drain(client space.ClientKey, rate space.Rate) {
 	b.t.Helper()
 	for i := int64(0); i < rate.Burst; i++ {
-		d, err := b.admitter.Admit(b.ctx, client, &rate)
-		if err != nil || !d.Admitted {
-			b.t.Fatalf("draining %s: %+v %v", client, d, err)
+		if _, err := b.admitter.Charge(b.ctx, space.Charge{Key: client, Rate: &rate, Cost: 1}); err != nil {
+			b.t.Fatalf("draining %s: %v", client, err)
 		}
 	}
 }
 
-// tokens is what client's bucket of rate holds now (a Peek takes none).
+// tokens is what client's bucket of rate holds now (a Report takes none).
 func (b *bundle) tokens(client space.ClientKey, rate space.Rate) float64 {
 	b.t.Helper()
-	d, err := b.admitter.Peek(b.ctx, client, &rate)
+	d, _, err := b.admitter.Report(b.ctx, space.Charge{Key: client, Rate: &rate, Cost: 1})
 	if err != nil || d.Client == nil {
 		b.t.Fatalf("peek %s: %+v %v", client, d, err)
 	}
