@@ -34,9 +34,9 @@ func (r *DecisionsResult) Cell(impl, topology string, goroutines int) *Decisions
 	return &DecisionsCell{Impl: impl, Topology: topology, Goroutines: goroutines}
 }
 
-// benchRedisClient is a client built as space-api builds its own (cmd/space-api
-// Main.Run), with a generous timeout: a decision that times out on a busy machine
-// would be an error here, not a measurement.
+// benchRedisClient is a client built as space-api builds its own (redisconn.Open in
+// internal/redisconn), with a generous timeout: a decision that times out on a busy
+// machine would be an error here, not a measurement.
 func benchRedisClient(addrs []string) redis.UniversalClient {
 	return redis.NewUniversalClient(&redis.UniversalOptions{
 		Addrs:                 addrs,

@@ -23,6 +23,7 @@ import (
 	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/flags"
 	"github.com/space-sandbox/space/internal/pool"
+	"github.com/space-sandbox/space/internal/redisconn"
 	"github.com/space-sandbox/space/internal/reload"
 	"github.com/space-sandbox/space/internal/replicas"
 	"github.com/space-sandbox/space/internal/sandbox"
@@ -52,7 +53,7 @@ type Main struct {
 	OnTemplatesReload func(reload.Result)
 
 	DB          *pgxpool.Pool
-	Redis       redis.UniversalClient // *redis.Client or *redis.ClusterClient (redis.go)
+	Redis       redis.UniversalClient // *redis.Client or *redis.ClusterClient (internal/redisconn)
 	API         *api.Server
 	Resolver    *flags.Resolver
 	Admitter    *admission.Admitter
@@ -119,10 +120,13 @@ func (m *Main) Run(ctx context.Context) error {
 
 	// Redis is asked what it is, but an outage at start is a Redis outage like any
 	// other (admission fails open, /readyz says so), not a reason to crash-loop: only
-	// settings that cannot work stop the start (redis.go).
-	if err := m.openRedis(ctx); err != nil {
+	// settings that cannot work stop the start (internal/redisconn).
+	rdb, err := redisconn.Open(ctx, cfg.Redis, m.Logger)
+	if err != nil {
 		return err
 	}
+	m.Redis = rdb
+	m.onClose(func(context.Context) error { return rdb.Close() })
 
 	opts, err := m.domain(ctx)
 	if err != nil {

@@ -95,6 +95,11 @@ func (s *server) admitsInto(rdb redis.UniversalClient) {
 	}
 }
 
+// The Redis tests of a whole replica: admission runs on the client internal/redisconn
+// builds, a setup error stops the start, and one found later shows on /readyz. What
+// each setup error names, the hints and the checks of a Redis that answers late are
+// tested there, on Open alone.
+
 func TestRedisCredentialsAndTLS(t *testing.T) {
 	t.Parallel()
 	auth := testenv.StartAuthRedis(t)
@@ -141,71 +146,11 @@ func TestRedisCredentialsAndTLS(t *testing.T) {
 		}
 	})
 
-	t.Run("an unknown user is a start-up error naming SPACE_REDIS_USERNAME", func(t *testing.T) {
-		t.Parallel()
-		err := startFails(t, map[string]string{"SPACE_REDIS_ADDRS": auth.Addr, "SPACE_REDIS_USERNAME": "mallory", "SPACE_REDIS_PASSWORD": auth.UserPassword})
-		mustName(t, err, "SPACE_REDIS_USERNAME/SPACE_REDIS_PASSWORD", "refused the credentials")
-	})
-
-	t.Run("no password for a server that wants one is a start-up error naming the password variables", func(t *testing.T) {
-		t.Parallel()
-		err := startFails(t, map[string]string{"SPACE_REDIS_ADDRS": auth.Addr})
-		mustName(t, err, "SPACE_REDIS_PASSWORD_FILE", "none is set")
-	})
-
-	t.Run("wrong credentials in SPACE_REDIS_URL are a start-up error naming it", func(t *testing.T) {
-		t.Parallel()
-		err := startFails(t, map[string]string{"SPACE_REDIS_URL": "redis://" + auth.User + ":nope@" + auth.Addr})
-		mustName(t, err, "SPACE_REDIS_URL: Redis at")
-	})
-
-	t.Run("a user that may not run INFO is a start-up error in auto mode naming SPACE_REDIS_USERNAME", func(t *testing.T) {
-		t.Parallel()
-		err := startFails(t, map[string]string{"SPACE_REDIS_ADDRS": auth.Addr, "SPACE_REDIS_USERNAME": auth.NoInfoUser, "SPACE_REDIS_PASSWORD": auth.UserPassword})
-		mustName(t, err, "SPACE_REDIS_USERNAME", "SPACE_REDIS_MODE", "INFO")
-	})
-
 	t.Run("a user that may not run INFO is believed in standalone mode", func(t *testing.T) {
 		t.Parallel()
 		s := startWithRedis(t, map[string]string{"SPACE_REDIS_ADDRS": auth.Addr, "SPACE_REDIS_MODE": "standalone",
 			"SPACE_REDIS_USERNAME": auth.NoInfoUser, "SPACE_REDIS_PASSWORD": auth.UserPassword})
 		s.admitsInto(auth.Client(t))
-	})
-
-	t.Run("a CA that did not sign the server's certificate is a start-up error naming SPACE_REDIS_TLS_CA_FILE", func(t *testing.T) {
-		t.Parallel()
-		err := startFails(t, map[string]string{"SPACE_REDIS_ADDRS": tlsSrv.Addr, "SPACE_REDIS_TLS": "true", "SPACE_REDIS_TLS_CA_FILE": testenv.NewCA(t).CertFile})
-		mustName(t, err, "SPACE_REDIS_TLS_CA_FILE", "not signed")
-	})
-
-	t.Run("a server name the certificate is not for is a start-up error naming SPACE_REDIS_TLS_SERVER_NAME", func(t *testing.T) {
-		t.Parallel()
-		err := startFails(t, map[string]string{"SPACE_REDIS_ADDRS": tlsSrv.Addr, "SPACE_REDIS_TLS": "true", "SPACE_REDIS_TLS_CA_FILE": tlsSrv.CA.CertFile,
-			"SPACE_REDIS_TLS_SERVER_NAME": "other.space.test"})
-		mustName(t, err, "SPACE_REDIS_TLS_SERVER_NAME", "other.space.test")
-	})
-
-	t.Run("a plain client of a TLS port is told at start that the server may speak TLS", func(t *testing.T) {
-		t.Parallel()
-		out, err := startLogs(t, map[string]string{"SPACE_REDIS_ADDRS": tlsSrv.Addr, "SPACE_REDIS_MODE": "standalone"})
-		if err != nil || !strings.Contains(out, "if it serves TLS, set SPACE_REDIS_TLS=true") {
-			t.Fatalf("start = %v; want it to go on and warn to set SPACE_REDIS_TLS=true:\n%s", err, out)
-		}
-	})
-
-	t.Run("a TLS client of a plain port is told to drop SPACE_REDIS_TLS, whichever way the server answers the hello", func(t *testing.T) {
-		t.Parallel()
-		// Redis reads a TLS hello as an inline command: if the hello's random bytes hold
-		// a newline it answers an error, which the handshake reads as a record that is not
-		// TLS (a start-up error); otherwise it waits for the line, and the check times out
-		// (an outage, with the hint). Both must name the variable.
-		out, err := startLogs(t, map[string]string{"SPACE_REDIS_ADDRS": testenv.RedisAddr(t), "SPACE_REDIS_TLS": "true", "SPACE_REDIS_MODE": "standalone"})
-		switch {
-		case err != nil:
-			mustName(t, err, "SPACE_REDIS_TLS")
-		case !strings.Contains(out, "if the server does not speak TLS, SPACE_REDIS_TLS must not ask for it"):
-			t.Fatalf("the start went on without telling to drop SPACE_REDIS_TLS:\n%s", out)
-		}
 	})
 
 	t.Run("the logged Redis settings and start-up errors never show the password", func(t *testing.T) {
@@ -251,19 +196,6 @@ func TestRedisMode(t *testing.T) {
 		t.Parallel()
 		err := startFails(t, map[string]string{"SPACE_REDIS_ADDRS": cluster[0], "SPACE_REDIS_MODE": "standalone"})
 		mustName(t, err, "SPACE_REDIS_MODE=standalone", "cluster_enabled:1")
-	})
-
-	t.Run("cluster mode against a standalone server is a start-up error naming SPACE_REDIS_MODE", func(t *testing.T) {
-		t.Parallel()
-		err := startFails(t, map[string]string{"SPACE_REDIS_ADDRS": testenv.RedisAddr(t), "SPACE_REDIS_MODE": "cluster"})
-		mustName(t, err, "SPACE_REDIS_MODE=cluster", "cluster_enabled:0")
-	})
-
-	t.Run("several addresses of standalone servers in auto mode are a start-up error naming SPACE_REDIS_MODE", func(t *testing.T) {
-		t.Parallel()
-		addr := testenv.RedisAddr(t)
-		err := startFails(t, map[string]string{"SPACE_REDIS_ADDRS": addr + "," + addr})
-		mustName(t, err, "SPACE_REDIS_MODE=auto", "SPACE_REDIS_ADDRS")
 	})
 
 	t.Run("a replica that could not reach its one address at start uses the cluster it finds there", func(t *testing.T) {

@@ -1,4 +1,22 @@
-package main
+// Package redisconn builds the Redis client of a replica from config.Redis:
+// credentials and TLS for every connection, and a mode (standalone or cluster) that
+// the server itself confirms. A single address taken for a standalone server when it
+// is one node of a cluster answers every decision with MOVED, which fail-open
+// admission turns into unbudgeted activations for as long as the replica lives; so
+// the mode is never guessed from the number of addresses alone.
+//
+// At start the replica asks the first address that answers (INFO cluster):
+//
+//   - it answers: the mode follows from what it says (SPACE_REDIS_MODE=auto) or must
+//     match it (standalone, cluster); a mismatch, refused credentials or a failed TLS
+//     handshake stops the start with an error naming the variables to fix.
+//   - nothing answers (Redis down, a network partition): that is a Redis outage like
+//     any other, not a reason to crash-loop, so the replica starts (admission fails
+//     open or closed as configured; /readyz says so). Its client then asks again each
+//     time it needs to know where keys live, and starts sending commands only once a
+//     server has answered and passed the same checks; a problem found then is logged
+//     and fails every Redis call with the same message, never silently.
+package redisconn
 
 import (
 	"context"
@@ -20,91 +38,73 @@ import (
 	"github.com/space-sandbox/space/internal/config"
 )
 
-// The Redis client of a replica, built from config.Redis: credentials and TLS for
-// every connection, and a mode (standalone or cluster) that the server itself
-// confirms. A single address taken for a standalone server when it is one node of a
-// cluster answers every decision with MOVED, which fail-open admission turns into
-// unbudgeted activations for as long as the replica lives; so the mode is never
-// guessed from the number of addresses alone.
-//
-// At start the replica asks the first address that answers (INFO cluster):
-//
-//   - it answers: the mode follows from what it says (SPACE_REDIS_MODE=auto) or must
-//     match it (standalone, cluster); a mismatch, refused credentials or a failed TLS
-//     handshake stops the start with an error naming the variables to fix.
-//   - nothing answers (Redis down, a network partition): that is a Redis outage like
-//     any other, not a reason to crash-loop, so the replica starts (admission fails
-//     open or closed as configured; /readyz says so). Its client then asks again each
-//     time it needs to know where keys live, and starts sending commands only once a
-//     server has answered and passed the same checks; a problem found then is logged
-//     and fails every Redis call with the same message, never silently.
-
 const (
-	// redisDialTimeout bounds one connection's dial and TLS handshake.
-	redisDialTimeout = time.Second
-	// redisCheckTimeout bounds the start-up check: a Redis that has not answered within
+	// dialTimeout bounds one connection's dial and TLS handshake.
+	dialTimeout = time.Second
+	// checkTimeout bounds the start-up check: a Redis that has not answered within
 	// it is down for now, and the start goes on without it.
-	redisCheckTimeout = 2 * time.Second
+	checkTimeout = 2 * time.Second
 )
 
-// redisSetupError is a Redis setting that cannot work: refused credentials, a failed
+// setupError is a Redis setting that cannot work: refused credentials, a failed
 // TLS handshake, a server of the other mode. Its message names the variables to fix
 // and never holds the password.
-type redisSetupError struct {
+type setupError struct {
 	msg string
 	err error
 }
 
-func (e *redisSetupError) Error() string {
+func (e *setupError) Error() string {
 	if e.err == nil {
 		return e.msg
 	}
 	return e.msg + ": " + e.err.Error()
 }
 
-func (e *redisSetupError) Unwrap() error { return e.err }
+func (e *setupError) Unwrap() error { return e.err }
 
-// openRedis builds m.Redis after checking what the configured Redis is. Only a setup
-// error stops the start; an unreachable Redis does not (see above).
-func (m *Main) openRedis(ctx context.Context) error {
-	cfg := m.Config.Redis
-	check := &redisCheck{cfg: cfg}
-	checkCtx, cancel := context.WithTimeout(ctx, redisCheckTimeout)
+// Open returns the client of the Redis of cfg, a *redis.Client or a
+// *redis.ClusterClient, after checking what that Redis is; logger is told what was
+// found, and later, when nothing answered at start, what is found once something
+// does. Only a setup error (refused credentials, a failed TLS handshake, a server of
+// the other mode; its message names the variables to fix) stops the start: an
+// unreachable Redis does not (see the package comment). The caller closes the client.
+func Open(ctx context.Context, cfg config.Redis, logger *slog.Logger) (redis.UniversalClient, error) {
+	check := &checker{cfg: cfg}
+	checkCtx, cancel := context.WithTimeout(ctx, checkTimeout)
 	found, err := check.detect(checkCtx, false)
 	cancel()
-	var setup *redisSetupError
+	var setup *setupError
 	switch {
 	case errors.As(err, &setup):
-		return err
+		return nil, err
 	case err != nil:
-		m.Logger.Warn("redis does not answer at start: its mode is checked when it does, and until then every Redis call fails",
+		logger.Warn("redis does not answer at start: its mode is checked when it does, and until then every Redis call fails",
 			"redis", cfg, "err", err)
-		check.logger = m.Logger
-		m.Redis = check.deferredClient()
+		check.logger = logger
+		return check.deferredClient(), nil
 	case found.cluster:
-		m.Logger.Info("redis is a cluster", "redis", cfg, "answered", found.addr)
-		m.Redis = redis.NewClusterClient(clusterOptions(cfg))
+		logger.Info("redis is a cluster", "redis", cfg, "answered", found.addr)
+		return redis.NewClusterClient(clusterOptions(cfg)), nil
 	default:
-		m.Logger.Info("redis is a standalone server", "redis", cfg, "answered", found.addr)
-		m.Redis = redis.NewClient(redisOptions(cfg, found.addr))
+		logger.Info("redis is a standalone server", "redis", cfg, "answered", found.addr)
+		return redis.NewClient(options(cfg, found.addr)), nil
 	}
-	m.onClose(func(context.Context) error { return m.Redis.Close() })
-	return nil
 }
 
-// redisOptions are the options of a standalone client of addr. ContextTimeoutEnabled
+// options are the options of a standalone client of addr. ContextTimeoutEnabled
 // makes each call's socket deadlines those of its context, so that the admission
 // components run their calls directly instead of racing each in a goroutine of its own
 // against the timeout (see admission.Options.Redis): one goroutine, channel and select
 // fewer per Redis call, three calls per create.
-func redisOptions(cfg config.Redis, addr string) *redis.Options {
+func options(cfg config.Redis, addr string) *redis.Options {
 	return &redis.Options{
 		Addr:                  addr,
 		Username:              cfg.Username,
 		Password:              cfg.Password.Reveal(),
 		DB:                    cfg.DB,
-		TLSConfig:             redisTLS(cfg),
-		DialTimeout:           redisDialTimeout,
+		TLSConfig:             tlsConfig(cfg),
+		DialTimeout:           dialTimeout,
 		ReadTimeout:           cfg.Timeout,
 		WriteTimeout:          cfg.Timeout,
 		ContextTimeoutEnabled: true,
@@ -118,18 +118,18 @@ func clusterOptions(cfg config.Redis) *redis.ClusterOptions {
 		Addrs:                 cfg.Addrs,
 		Username:              cfg.Username,
 		Password:              cfg.Password.Reveal(),
-		TLSConfig:             redisTLS(cfg),
-		DialTimeout:           redisDialTimeout,
+		TLSConfig:             tlsConfig(cfg),
+		DialTimeout:           dialTimeout,
 		ReadTimeout:           cfg.Timeout,
 		WriteTimeout:          cfg.Timeout,
 		ContextTimeoutEnabled: true,
 	}
 }
 
-// redisTLS is the TLS configuration of every connection, nil without TLS. An empty
+// tlsConfig is the TLS configuration of every connection, nil without TLS. An empty
 // ServerName verifies the host of the address dialled (crypto/tls fills it in per
 // connection), so cluster nodes found by IP are verified by IP.
-func redisTLS(cfg config.Redis) *tls.Config {
+func tlsConfig(cfg config.Redis) *tls.Config {
 	if !cfg.TLS {
 		return nil
 	}
@@ -140,9 +140,9 @@ func redisTLS(cfg config.Redis) *tls.Config {
 	}
 }
 
-// redisCheck asks the configured Redis what it is, and judges the answer against the
+// checker asks the configured Redis what it is, and judges the answer against the
 // configuration.
-type redisCheck struct {
+type checker struct {
 	cfg config.Redis
 	// logger, set for a deferred client, is told when the answer changes.
 	logger *slog.Logger
@@ -156,8 +156,8 @@ type redisCheck struct {
 	last string
 }
 
-// redisFound is what a Redis said it is.
-type redisFound struct {
+// answer is what a Redis said it is.
+type answer struct {
 	addr    string
 	cluster bool
 	// slots are the cluster's, when asked for.
@@ -165,9 +165,9 @@ type redisFound struct {
 }
 
 // detect asks the configured addresses in turn until one answers. The error is a
-// *redisSetupError when the answer (or the refusal) shows the settings cannot work,
+// *setupError when the answer (or the refusal) shows the settings cannot work,
 // and any other error when no address answered.
-func (c *redisCheck) detect(ctx context.Context, withSlots bool) (redisFound, error) {
+func (c *checker) detect(ctx context.Context, withSlots bool) (answer, error) {
 	var firstErr error
 	for _, addr := range c.candidates() {
 		found, err := c.probe(ctx, addr, withSlots)
@@ -175,7 +175,7 @@ func (c *redisCheck) detect(ctx context.Context, withSlots bool) (redisFound, er
 			return found, c.judge(found)
 		}
 		if setup := c.classify(addr, err); setup != nil {
-			return redisFound{}, setup
+			return answer{}, setup
 		}
 		if firstErr == nil {
 			firstErr = fmt.Errorf("redis at %s: %w%s", addr, err, c.hint(err))
@@ -184,10 +184,10 @@ func (c *redisCheck) detect(ctx context.Context, withSlots bool) (redisFound, er
 			break
 		}
 	}
-	return redisFound{}, fmt.Errorf("detect redis mode: %w", firstErr)
+	return answer{}, fmt.Errorf("detect redis mode: %w", firstErr)
 }
 
-func (c *redisCheck) candidates() []string {
+func (c *checker) candidates() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := slices.Clone(c.cfg.Addrs)
@@ -201,14 +201,14 @@ func (c *redisCheck) candidates() []string {
 
 // probe asks addr for INFO cluster (and CLUSTER SLOTS of a cluster, withSlots) on a
 // connection of its own.
-func (c *redisCheck) probe(ctx context.Context, addr string, withSlots bool) (redisFound, error) {
-	opts := redisOptions(c.cfg, addr)
+func (c *checker) probe(ctx context.Context, addr string, withSlots bool) (answer, error) {
+	opts := options(c.cfg, addr)
 	opts.DB = 0 // every server has database 0; a cluster has no other
 	opts.PoolSize, opts.MaxRetries = 1, -1
 	client := redis.NewClient(opts)
 	defer client.Close()
 
-	found := redisFound{addr: addr}
+	found := answer{addr: addr}
 	info, err := client.Info(ctx, "cluster").Result()
 	switch {
 	case err == nil:
@@ -239,7 +239,7 @@ func clusterEnabled(info string) bool {
 }
 
 // judge checks what a server said it is against the configured mode.
-func (c *redisCheck) judge(f redisFound) error {
+func (c *checker) judge(f answer) error {
 	cfg := c.cfg
 	what := "not in cluster mode (cluster_enabled:0)"
 	if f.cluster {
@@ -247,32 +247,32 @@ func (c *redisCheck) judge(f redisFound) error {
 	}
 	switch {
 	case cfg.Mode == config.RedisStandalone && f.cluster:
-		return &redisSetupError{msg: fmt.Sprintf("%[1]s=standalone, but Redis at %[2]s is %[3]s: set %[1]s=cluster (or auto)", config.EnvRedisMode, f.addr, what)}
+		return &setupError{msg: fmt.Sprintf("%[1]s=standalone, but Redis at %[2]s is %[3]s: set %[1]s=cluster (or auto)", config.EnvRedisMode, f.addr, what)}
 	case cfg.Mode == config.RedisCluster && !f.cluster:
-		return &redisSetupError{msg: fmt.Sprintf("%[1]s=cluster, but Redis at %[2]s is %[3]s: set %[1]s=standalone (or auto)", config.EnvRedisMode, f.addr, what)}
+		return &setupError{msg: fmt.Sprintf("%[1]s=cluster, but Redis at %[2]s is %[3]s: set %[1]s=standalone (or auto)", config.EnvRedisMode, f.addr, what)}
 	case cfg.Mode == config.RedisAuto && len(cfg.Addrs) > 1 && !f.cluster:
-		return &redisSetupError{msg: fmt.Sprintf("%s=auto takes the %d addresses of %s for a Redis Cluster, but Redis at %s is %s: name one address for a standalone server", config.EnvRedisMode, len(cfg.Addrs), config.EnvRedisAddrs, f.addr, what)}
+		return &setupError{msg: fmt.Sprintf("%s=auto takes the %d addresses of %s for a Redis Cluster, but Redis at %s is %s: name one address for a standalone server", config.EnvRedisMode, len(cfg.Addrs), config.EnvRedisAddrs, f.addr, what)}
 	case f.cluster && cfg.DB != 0:
-		return &redisSetupError{msg: fmt.Sprintf("%s names database %d, but Redis at %s is %s, which has database 0 only", config.EnvRedisURL, cfg.DB, f.addr, what)}
+		return &setupError{msg: fmt.Sprintf("%s names database %d, but Redis at %s is %s, which has database 0 only", config.EnvRedisURL, cfg.DB, f.addr, what)}
 	}
 	return nil
 }
 
 // classify returns the setup error that err shows, or nil when err may pass (an
 // outage).
-func (c *redisCheck) classify(addr string, err error) *redisSetupError {
+func (c *checker) classify(addr string, err error) *setupError {
 	cfg := c.cfg
 	switch {
 	case redis.IsAuthError(err) || redis.HasErrorPrefix(err, "AUTH"):
 		if cfg.Password == "" {
-			return &redisSetupError{msg: fmt.Sprintf("%s/%s: Redis at %s wants a password and none is set", config.EnvRedisPasswordFile, config.EnvRedisPassword, addr), err: err}
+			return &setupError{msg: fmt.Sprintf("%s/%s: Redis at %s wants a password and none is set", config.EnvRedisPasswordFile, config.EnvRedisPassword, addr), err: err}
 		}
-		return &redisSetupError{msg: fmt.Sprintf("%s: Redis at %s refused the credentials", c.credentialVars(), addr), err: err}
+		return &setupError{msg: fmt.Sprintf("%s: Redis at %s refused the credentials", c.credentialVars(), addr), err: err}
 	case redis.IsPermissionError(err) && cfg.Mode == config.RedisAuto:
-		return &redisSetupError{msg: fmt.Sprintf("%[1]s/%[2]s: the Redis user %[3]s at %[4]s may not run INFO, which %[2]s=auto needs to tell a standalone server from a cluster: allow it (+info) or set %[2]s",
+		return &setupError{msg: fmt.Sprintf("%[1]s/%[2]s: the Redis user %[3]s at %[4]s may not run INFO, which %[2]s=auto needs to tell a standalone server from a cluster: allow it (+info) or set %[2]s",
 			config.EnvRedisUsername, config.EnvRedisMode, orDefault(cfg.Username, "default"), addr), err: err}
 	case redis.IsPermissionError(err):
-		return &redisSetupError{msg: fmt.Sprintf("%s: the Redis user %s at %s may not run a command the replica needs", config.EnvRedisUsername, orDefault(cfg.Username, "default"), addr), err: err}
+		return &setupError{msg: fmt.Sprintf("%s: the Redis user %s at %s may not run a command the replica needs", config.EnvRedisUsername, orDefault(cfg.Username, "default"), addr), err: err}
 	}
 	if !cfg.TLS {
 		return nil
@@ -291,26 +291,26 @@ func (c *redisCheck) classify(addr string, err error) *redisSetupError {
 		if cfg.TLSCAFile != "" {
 			roots = cfg.TLSCAFile
 		}
-		return &redisSetupError{msg: fmt.Sprintf("%s: the TLS handshake with Redis at %s failed: its certificate is not signed by a CA of %s", config.EnvRedisTLSCAFile, addr, roots), err: err}
+		return &setupError{msg: fmt.Sprintf("%s: the TLS handshake with Redis at %s failed: its certificate is not signed by a CA of %s", config.EnvRedisTLSCAFile, addr, roots), err: err}
 	case errors.As(err, &hostname):
 		name := cfg.TLSServerName
 		if name == "" {
 			name, _, _ = net.SplitHostPort(addr)
 		}
-		return &redisSetupError{msg: fmt.Sprintf("%s: the TLS handshake with Redis at %s failed: its certificate is not for %s", config.EnvRedisTLSServerName, addr, name), err: err}
+		return &setupError{msg: fmt.Sprintf("%s: the TLS handshake with Redis at %s failed: its certificate is not for %s", config.EnvRedisTLSServerName, addr, name), err: err}
 	case errors.As(err, &invalid):
-		return &redisSetupError{msg: fmt.Sprintf("%s: the TLS handshake with Redis at %s failed: its certificate is not valid", config.EnvRedisTLSCAFile, addr), err: err}
+		return &setupError{msg: fmt.Sprintf("%s: the TLS handshake with Redis at %s failed: its certificate is not valid", config.EnvRedisTLSCAFile, addr), err: err}
 	case errors.As(err, &record):
-		return &redisSetupError{msg: fmt.Sprintf("%s: Redis at %s does not speak TLS", tlsVar, addr), err: err}
+		return &setupError{msg: fmt.Sprintf("%s: Redis at %s does not speak TLS", tlsVar, addr), err: err}
 	case errors.As(err, &opErr) && opErr.Op == "remote error":
-		return &redisSetupError{msg: fmt.Sprintf("%s/%s/%s: Redis at %s refused the TLS handshake", tlsVar, config.EnvRedisTLSCAFile, config.EnvRedisTLSServerName, addr), err: err}
+		return &setupError{msg: fmt.Sprintf("%s/%s/%s: Redis at %s refused the TLS handshake", tlsVar, config.EnvRedisTLSCAFile, config.EnvRedisTLSServerName, addr), err: err}
 	}
 	return nil
 }
 
 // credentialVars names the variables the credentials came from (config.Redis.From),
 // e.g. "SPACE_REDIS_USERNAME/SPACE_REDIS_PASSWORD_FILE".
-func (c *redisCheck) credentialVars() string {
+func (c *checker) credentialVars() string {
 	var vars []string
 	for _, v := range []string{c.cfg.From.Username, c.cfg.From.Password} {
 		if v != "" && !slices.Contains(vars, v) {
@@ -325,7 +325,7 @@ func (c *redisCheck) credentialVars() string {
 // for a line that the TLS hello never ends) gets no answer at all. Neither is certain
 // enough to stop a start: a proxy without backends closes connections too, and a
 // stalled server does not answer either.
-func (c *redisCheck) hint(err error) string {
+func (c *checker) hint(err error) string {
 	var ne net.Error
 	switch {
 	case !c.cfg.TLS && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
@@ -351,7 +351,7 @@ func orDefault(v, fallback string) string {
 // load, so that it serves a standalone server (every slot on it) or a cluster (its
 // CLUSTER SLOTS) as found once one answers, and fails every call until then, or
 // after a setup error.
-func (c *redisCheck) deferredClient() *redis.ClusterClient {
+func (c *checker) deferredClient() *redis.ClusterClient {
 	opts := clusterOptions(c.cfg)
 	opts.ClusterSlots = c.slots
 	db := c.cfg.DB
@@ -363,10 +363,10 @@ func (c *redisCheck) deferredClient() *redis.ClusterClient {
 }
 
 // slots is deferredClient's ClusterSlots.
-func (c *redisCheck) slots(ctx context.Context) ([]redis.ClusterSlot, error) {
+func (c *checker) slots(ctx context.Context) ([]redis.ClusterSlot, error) {
 	if _, ok := ctx.Deadline(); !ok { // a background reload
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, redisCheckTimeout)
+		ctx, cancel = context.WithTimeout(ctx, checkTimeout)
 		defer cancel()
 	}
 	found, err := c.detect(ctx, true)
@@ -391,9 +391,9 @@ func (c *redisCheck) slots(ctx context.Context) ([]redis.ClusterSlot, error) {
 
 // report logs the deferred client's outcome when it changes: once when the mode is
 // known, once per distinct problem.
-func (c *redisCheck) report(found redisFound, err error) {
+func (c *checker) report(found answer, err error) {
 	var outcome string
-	var setup *redisSetupError
+	var setup *setupError
 	switch {
 	case errors.As(err, &setup):
 		outcome = "setup: " + err.Error()
