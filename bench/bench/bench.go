@@ -40,10 +40,10 @@
 //   - soak: steady creates and deletes against one space-api whose retention is
 //     short: the tables' rows and sizes and the creates' p99 over minutes (soak.go);
 //   - scale: a hundred thousand tenants, each an API key and a budget key of its own:
-//     a replica's heap and /metrics from the start to 150,000 tenants, refused
-//     creates/s spread over 100,000 tenants against one, a 10,000-client quota flag
-//     reloaded every 500 ms under load, and Redis bytes per idle client key at
-//     100,000 keys and their expiry (scale.go);
+//     a replica's heap and /metrics from the start to 200,000 tenants, decisions/s
+//     and refused creates/s spread over 100,000 keys or tenants against one, a
+//     10,000-client quota flag reloaded every 500 ms under load, and Redis bytes per
+//     idle client key at 100,000 keys and their expiry (scale.go);
 //   - gobench: the hot-path `go test -bench` benchmarks, allocations included.
 //
 // Private redis-servers, free ports and the bench's databases come from the product's

@@ -3,10 +3,13 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/config"
 	"github.com/space-sandbox/space/internal/keyed"
 )
@@ -43,8 +47,10 @@ import (
 // refused by an empty cluster bucket is refused from memory before any per-key state
 // once the replica knows the cluster bucket empty.
 //
+//  0. Decisions/s of the product's Admitter from Go over sizes.scale.tenants full
+//     client buckets against one, on a redis-server of their own.
 //  1. Memory: one replica; tenants create once each, closed loop; its heap, RSS and
-//     /metrics sample count at the start and after 25%, 50%, 100% and 150% of
+//     /metrics sample count at the start and after 25%, 50%, 100%, 150% and 200% of
 //     sizes.scale.tenants distinct tenants, each point after a collection the bench
 //     forces, with the heap profile of that collection by allocation site.
 //  2. Flat in tenants: refused creates/s under wrk, closed loop, spread over the
@@ -58,18 +64,23 @@ import (
 //     refused by the clients' own buckets, open loop, spread over the clients, in
 //     segments with the flags file rewritten every reloadEvery (two generations in
 //     turn, write and rename) and segments without, alternating; p50 and p99 of each
-//     side, the reloads the replica counted, and its CPU per reload.
-//  4. Redis: bytes per idle client key at sizes.scale.expiryKeys keys made by real
-//     decisions, on a redis-server of their own, and DBSIZE back to its baseline
-//     after their refill time.
+//     side, the reloads the replica counted, its CPU per reload, and the time from
+//     each rename to the new flag in service.
+//  4. Redis: bytes per idle client key (used_memory growth and MEMORY USAGE) at
+//     sizes.scale.expiryKeys keys made by real decisions, on a redis-server of their
+//     own, and DBSIZE back to its baseline after their refill time.
 
 // scaleSizes are the scale scenario's counts and durations.
 type scaleSizes struct {
-	tenants int // distinct tenants at the scenario's size; the memory phase goes to 1.5×
+	tenants int // distinct tenants at the scenario's size; the memory phase goes to 2×
 	warmUp  int // tenants of the unmeasured warm-up before the start point
 	conns   int // connections of the memory phase's creates and of wrk
 
 	flatDur, flatWarmUp time.Duration
+	decisionsDur        time.Duration
+	// settle is how long the bench waits for the API keys' last-use writes, which
+	// run off the request path, before a memory point (half of it after a flat arm).
+	settle time.Duration
 
 	reloadClients, reloadTiers int
 	reloadRate                 int // creates/s, open loop
@@ -83,19 +94,19 @@ type scaleSizes struct {
 
 func scaleSizesFor(quick bool) scaleSizes {
 	if quick {
-		return scaleSizes{tenants: 400, warmUp: 20, conns: 4, flatDur: time.Second,
+		return scaleSizes{tenants: 400, warmUp: 20, conns: 4, flatDur: time.Second, decisionsDur: 300 * time.Millisecond, settle: 100 * time.Millisecond,
 			reloadClients: 100, reloadTiers: 20, reloadRate: 50, reloadSegment: 600 * time.Millisecond, reloadRounds: 1,
 			reloadEvery: 200 * time.Millisecond, reloadPoll: 50 * time.Millisecond,
 			expiryKeys: 300, expiryRefill: time.Second}
 	}
-	return scaleSizes{tenants: 100_000, warmUp: 1000, conns: 16, flatDur: 3 * time.Second, flatWarmUp: time.Second,
+	return scaleSizes{tenants: 100_000, warmUp: 1000, conns: 16, flatDur: 3 * time.Second, flatWarmUp: time.Second, decisionsDur: 3 * time.Second, settle: time.Second,
 		reloadClients: 10_000, reloadTiers: 20, reloadRate: 150, reloadSegment: 3 * time.Second, reloadRounds: 3,
-		reloadEvery: 500 * time.Millisecond, reloadPoll: 250 * time.Millisecond,
+		reloadEvery: 500 * time.Millisecond, reloadPoll: 50 * time.Millisecond,
 		expiryKeys: 100_000, expiryRefill: time.Minute}
 }
 
 // scaleMarks are the memory phase's points, as fractions of sizes.scale.tenants.
-var scaleMarks = []float64{0.25, 0.5, 1, 1.5}
+var scaleMarks = []float64{0.25, 0.5, 1, 1.5, 2}
 
 // ScaleResult is the scale scenario.
 type ScaleResult struct {
@@ -112,9 +123,18 @@ type ScaleResult struct {
 	Outcomes map[string]int
 	PerSec   float64
 
-	Flat   ScaleFlat
-	Reload ScaleReload
-	Redis  ScaleRedis
+	Decisions ScaleDecisions
+	Flat      ScaleFlat
+	Reload    ScaleReload
+	Redis     ScaleRedis
+}
+
+// ScaleDecisions is decisions/s of the product's Admitter from Go, each decision for
+// a random one of Keys client keys against all for one key, per run.
+type ScaleDecisions struct {
+	Keys, Goroutines int
+	Duration         time.Duration
+	Spread, One      []float64
 }
 
 // ScaleFlat is the flat-in-tenants comparison.
@@ -144,6 +164,12 @@ type ScaleReload struct {
 	// Reloads the replica counted (space_flags_reloads_total{result="success"}) in
 	// the reloading segments and in the quiet ones, per run.
 	Reloads, QuietReloads []float64
+	// InService50 and InServiceMax are the median and the longest time, in ms, from a
+	// rename of the flags file to the new flag in service (the replica's
+	// space_flags_last_reload_success_timestamp_seconds), per run: the reload's own
+	// time and the wait for the next poll. Observed counts the renames timed.
+	InService50, InServiceMax []float64
+	Observed                  int
 	// CPUPerReload is the replica's CPU time in the reloading segments less that in
 	// the quiet ones, divided by the reloads, in ms, per run.
 	CPUPerReload []float64
@@ -155,6 +181,11 @@ type ScaleReload struct {
 type ScaleRedis struct {
 	Keys        int
 	BytesPerKey float64
+	// MemoryUsage is the mean MEMORY USAGE of the last keys made (up to 100, those
+	// still there), Sampled of them: the key's own allocation, without its share of
+	// the keyspace's dictionaries and expiry table that BytesPerKey includes.
+	MemoryUsage float64
+	Sampled     int
 	// Refill is the keys' bucket's refill time from empty (burst 1 at 1/Refill a
 	// second); MakeTime how long making them took.
 	Refill, MakeTime time.Duration
@@ -207,6 +238,10 @@ func runScale(ctx context.Context, env *Env, runs int, sz sizes) (*ScaleResult, 
 	defer expired.stop()
 	env.logf("scale: %d idle client keys, %.0f bytes each; waiting for them to expire", res.Redis.Keys, res.Redis.BytesPerKey)
 
+	if err := res.decisions(ctx, env, runs, s); err != nil {
+		return nil, err
+	}
+
 	db, err := env.newDatabase(ctx)
 	if err != nil {
 		return nil, err
@@ -239,20 +274,14 @@ func runScale(ctx context.Context, env *Env, runs int, sz sizes) (*ScaleResult, 
 	apiEnv := scaleEnv(map[string]string{"SPACE_AUTH_MODE": "api_key", "SPACE_FALLBACK_TIER": "standard"})
 	sizedEnv := maps.Clone(apiEnv)
 	sizedEnv["SPACE_REFUSAL_CACHE_MAX_AGE"] = "0"
-	if v := os.Getenv("TMPINVEST_GODEBUG"); v != "" { // TMPINVEST
-		sizedEnv["GODEBUG"] = v
-	}
 	sized, err := env.startServer(ctx, serverConfig{Name: "scale-tenants", DB: db, RedisAddr: rs.Addr, Flags: flags, Env: sizedEnv})
 	if err != nil {
 		return nil, err
 	}
 	defer sized.stop()
 	bearer := func(i int) string { return "Authorization: Bearer " + keys.secrets[i] }
-	if err := res.memory(ctx, env, sized, bearer); err != nil {
+	if err := res.memory(ctx, env, sized, bearer, s.settle); err != nil {
 		return nil, err
-	}
-	if os.Getenv("TMPINVEST_MEMONLY") != "" { // TMPINVEST
-		return res, nil
 	}
 
 	fresh, err := env.startServer(ctx, serverConfig{Name: "scale-fresh", DB: db, RedisAddr: rs.Addr, Flags: flags, Env: apiEnv})
@@ -277,9 +306,60 @@ func runScale(ctx context.Context, env *Env, runs int, sz sizes) (*ScaleResult, 
 	return res, nil
 }
 
+// decisions is decisions/s of the product's Admitter over r.Tenants client keys
+// against one, on a redis-server of their own holding r.Tenants full buckets
+// (populate: the allow path, every decision writes), 8 goroutines, the two arms in a
+// rotating order each run.
+func (r *ScaleResult) decisions(ctx context.Context, env *Env, runs int, s scaleSizes) error {
+	d := &r.Decisions
+	d.Keys, d.Goroutines, d.Duration = r.Tenants, 8, s.decisionsDur
+	srv, err := startRedis(ctx, env.Dir)
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, ReadTimeout: 5 * time.Second})
+	defer rdb.Close()
+	if err := populate(ctx, rdb, d.Keys); err != nil {
+		return err
+	}
+	a, err := newAdmitter(rdb, keysPrefix, keysClientRate)
+	if err != nil {
+		return err
+	}
+	decideOn := func(key func() string) decider {
+		return func(ctx context.Context) (bool, error) {
+			dec, err := a.Admit(ctx, space.ClientKey(key()), &keysClientRate)
+			return dec.Admitted && !dec.FailedOpen, err
+		}
+	}
+	n := d.Keys
+	arms := []struct {
+		out    *[]float64
+		decide decider
+	}{
+		{&d.Spread, decideOn(func() string { return "c" + strconv.Itoa(rand.IntN(n)) })},
+		{&d.One, decideOn(func() string { return "c0" })},
+	}
+	if _, err := arms[1].decide(ctx); err != nil { // loads the script
+		return err
+	}
+	for run := range runs {
+		for _, arm := range rotate(arms, run) {
+			made, elapsed, err := decideFor(ctx, arm.decide, d.Goroutines, d.Duration)
+			if err != nil {
+				return fmt.Errorf("scale decisions: %w", err)
+			}
+			*arm.out = append(*arm.out, float64(made)/elapsed.Seconds())
+		}
+		env.logf("scale: decisions/s run %d: %s keys %.0f/s, one key %.0f/s", run+1, count(n), d.Spread[run], d.One[run])
+	}
+	return nil
+}
+
 // memory is phase 1: the warm-up tenants, the start point, then each mark's tenants
 // and its point.
-func (r *ScaleResult) memory(ctx context.Context, env *Env, srv *apiServer, header func(i int) string) error {
+func (r *ScaleResult) memory(ctx context.Context, env *Env, srv *apiServer, header func(i int) string, settle time.Duration) error {
 	create := func(host string, i int) []byte { return createRequest(host, header(i), coldBody) }
 	// The warm-up tenants' keys follow the tenants' in the key table.
 	if _, _, err := createEach(ctx, srv.PublicURL, create, r.Beyond, r.Beyond+r.WarmUp, r.Conns); err != nil {
@@ -287,7 +367,7 @@ func (r *ScaleResult) memory(ctx context.Context, env *Env, srv *apiServer, head
 	}
 	point := func(n int) error {
 		// The keys' last-use writes run off the request path: let them end.
-		time.Sleep(time.Second)
+		time.Sleep(settle)
 		p, err := sampleHeap(ctx, srv, n, filepath.Join(env.Dir, fmt.Sprintf("scale-heap-%d.txt", n)))
 		if err != nil {
 			return err
@@ -398,7 +478,7 @@ func (r *ScaleResult) flat(ctx context.Context, env *Env, db *database, sized, f
 			}
 			a.row.addWrk(res)
 			// The last-use writes of the arm's keys run off the request path.
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(s.settle / 2)
 			touched, err := db.queryInt(ctx, "SELECT count(*) FROM api_keys WHERE last_used_at >= $1", since)
 			if err != nil {
 				return err
@@ -471,6 +551,12 @@ func (r *ScaleResult) reload(ctx context.Context, env *Env, db *database, redisA
 		return os.Rename(tmp, path)
 	}
 	next := 0
+	// inService reads when the replica last put a new flag in service.
+	inService := func() (time.Time, error) {
+		v, err := srv.metric(ctx, "space_flags_last_reload_success_timestamp_seconds")
+		return time.Unix(0, int64(v*1e9)), err
+	}
+	var waits []time.Duration // rename to in service, of the segments since the last reset
 	segment := func(reloading bool, d time.Duration) (*loadResult, float64, uint64, error) {
 		rotated := append(append([]string{}, clients[next:]...), clients[:next]...)
 		before, err := srv.metric(ctx, "space_flags_reloads_total", "result", "success")
@@ -482,23 +568,47 @@ func (r *ScaleResult) reload(ctx context.Context, env *Env, db *database, redisA
 		var wg sync.WaitGroup
 		var werr error
 		rewrites := 0
-		if reloading {
-			wg.Go(func() {
-				tick := time.NewTicker(l.Every)
-				defer tick.Stop()
-				for {
+		// The last rename; the replica's swap time read just before the next is its
+		// wait (Every is longer than the poll interval). The quiet segments read the
+		// metric as often, so that both sides serve the same scrapes.
+		var renamed time.Time
+		observe := func() error {
+			at, err := inService()
+			if err == nil && !renamed.IsZero() && at.After(renamed) {
+				waits = append(waits, at.Sub(renamed))
+			}
+			renamed = time.Time{}
+			return err
+		}
+		wg.Go(func() {
+			tick := time.NewTicker(l.Every)
+			defer tick.Stop()
+			for {
+				if werr = observe(); werr != nil {
+					return
+				}
+				// Each rename a random part of a poll interval after the tick: Every
+				// is a multiple of the poll interval, and renames in step with the
+				// polls would all wait the same.
+				select {
+				case <-stop:
+					return
+				case <-time.After(rand.N(l.Poll)):
+				}
+				if reloading {
 					if werr = rewrite(); werr != nil {
 						return
 					}
+					renamed = time.Now()
 					rewrites++
-					select {
-					case <-stop:
-						return
-					case <-tick.C:
-					}
 				}
-			})
-		}
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+			}
+		})
 		res := load{Name: "reload", URL: srv.PublicURL, Clients: rotated, Body: coldBody, Rate: l.Rate, Duration: d}.run(ctx)
 		close(stop)
 		wg.Wait()
@@ -519,6 +629,20 @@ func (r *ScaleResult) reload(ctx context.Context, env *Env, db *database, redisA
 			}
 			time.Sleep(l.Poll / 2)
 		}
+		// The counter is incremented just before the timestamp is set.
+		for deadline := time.Now().Add(2 * time.Second); !renamed.IsZero(); {
+			at, err := inService()
+			if err != nil {
+				return nil, 0, 0, err
+			}
+			if at.After(renamed) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(l.Poll / 10)
+		}
+		if err := observe(); err != nil {
+			return nil, 0, 0, err
+		}
 		next = (next + res.Requests) % len(clients)
 		return res, after - before, t1 - t0, nil
 	}
@@ -527,6 +651,7 @@ func (r *ScaleResult) reload(ctx context.Context, env *Env, db *database, redisA
 		return err
 	}
 	for i := range runs {
+		waits = waits[:0]
 		var quiet, busy []*loadResult
 		var reloads, quietReloads float64
 		var quietTicks, busyTicks uint64
@@ -555,13 +680,20 @@ func (r *ScaleResult) reload(ctx context.Context, env *Env, db *database, redisA
 		l.ReloadP99 = append(l.ReloadP99, ms(b.latency("", 99)))
 		l.Reloads = append(l.Reloads, reloads)
 		l.QuietReloads = append(l.QuietReloads, quietReloads)
+		wait50 := 0.0
+		if len(waits) > 0 {
+			wait50 = ms(percentile(waits, 50))
+			l.InService50 = append(l.InService50, wait50)
+			l.InServiceMax = append(l.InServiceMax, ms(slices.Max(waits)))
+			l.Observed += len(waits)
+		}
 		if reloads > 0 {
 			l.CPUPerReload = append(l.CPUPerReload, (float64(busyTicks)-float64(quietTicks))*1000/clockTicks/reloads)
 		}
 		if err := srv.alive(); err != nil {
 			return err
 		}
-		env.logf("scale: reload run %d: p99 %.2f ms quiet, %.2f ms reloading (%.0f reloads)", i+1, l.QuietP99[i], l.ReloadP99[i], reloads)
+		env.logf("scale: reload run %d: p99 %.2f ms quiet, %.2f ms reloading (%.0f reloads; %d timed, rename to in service %.0f ms at the median)", i+1, l.QuietP99[i], l.ReloadP99[i], reloads, len(waits), wait50)
 	}
 	return nil
 }
@@ -649,6 +781,22 @@ func startExpiry(ctx context.Context, env *Env, res *ScaleRedis, s scaleSizes) (
 		return fail(fmt.Errorf("DBSIZE %d after making %d keys, baseline %d: they expired before the last was made (%s, refill %s)", res.Peak, s.expiryKeys, res.Baseline, res.MakeTime, s.expiryRefill))
 	}
 	res.BytesPerKey = float64(after-before) / float64(res.Peak-res.Baseline)
+	var usage int64
+	for i := max(0, s.expiryKeys-100); i < s.expiryKeys; i++ {
+		key := admission.ClientKey(keysPrefix, space.ClientKey("idle-"+strconv.Itoa(i)))
+		n, err := rdb.MemoryUsage(ctx, key, 0).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return fail(fmt.Errorf("MEMORY USAGE: %w", err))
+		}
+		usage += n
+		res.Sampled++
+	}
+	if res.Sampled > 0 {
+		res.MemoryUsage = float64(usage) / float64(res.Sampled)
+	}
 
 	pollCtx, cancel := context.WithCancel(ctx)
 	e := &expiry{done: make(chan error, 1), stop: func() { cancel(); cleanup() }}

@@ -20,8 +20,13 @@ func (r *ScaleResult) point(n int) *HeapPoint {
 }
 
 // heapBound is the memory target: the heap in use at Tenants at most this much above
-// the start.
+// the start, about 670 bytes a tenant over all the replica's per-key state (each
+// per-key map bounded at keyed.DefaultMax keys).
 const heapBound = 64 << 20
+
+// scaleExpirySlack is how long past their refill time idle keys may stay: Redis
+// deletes an expired key when a read meets it or its expiry cycle samples it.
+const scaleExpirySlack = 10 * time.Second
 
 // scaleGrowth is the heap in use from the start to Tenants, and from Tenants to
 // Beyond, in bytes, and whether both points exist.
@@ -56,14 +61,19 @@ func (r *Report) scaleTargets() []Target {
 	if toSize, beyond, ok := s.scaleGrowth(); ok {
 		start, at, last := s.point(0), s.point(s.Tenants), s.point(s.Beyond)
 		ts = append(ts, Target{fmt.Sprintf("a replica's heap in use after %s tenants ≤ %d MiB above its start", count(s.Tenants), heapBound>>20),
-			fmt.Sprintf("%.1f → %.1f MiB (%+.1f MiB, %.0f bytes a tenant)", mib(start.HeapInuse), mib(at.HeapInuse), mib(toSize), toSize/float64(s.Tenants)),
+			fmt.Sprintf("%.1f → %.1f MiB (%+.1f MiB, %.0f bytes a tenant; live heap %+.1f MiB)", mib(start.HeapInuse), mib(at.HeapInuse), mib(toSize), toSize/float64(s.Tenants), mib(at.HeapAlloc-start.HeapAlloc)),
 			toSize <= heapBound})
 		ts = append(ts, Target{fmt.Sprintf("the heap stops growing from %s to %s tenants (per tenant ≤ a tenth of the first %s's)", count(s.Tenants), count(s.Beyond), count(s.Tenants)),
-			fmt.Sprintf("%.1f → %.1f MiB (%+.1f MiB, %.0f bytes a tenant)", mib(at.HeapInuse), mib(last.HeapInuse), mib(beyond), beyond/float64(s.Beyond-s.Tenants)),
+			fmt.Sprintf("%.1f → %.1f MiB (%+.1f MiB, %.0f bytes a tenant; live heap %+.1f MiB)", mib(at.HeapInuse), mib(last.HeapInuse), mib(beyond), beyond/float64(s.Beyond-s.Tenants), mib(last.HeapAlloc-at.HeapAlloc)),
 			s.stopped()})
 		ts = append(ts, Target{fmt.Sprintf("/metrics samples do not grow from %s to %s tenants", count(s.Tenants), count(s.Beyond)),
 			fmt.Sprintf("%d at the start, %d at %s, %d at %s", start.Series, at.Series, count(s.Tenants), last.Series, count(s.Beyond)),
 			last.Series <= at.Series})
+	}
+	if d := s.Decisions; len(d.Spread) > 0 {
+		st := ratioStats(d.Spread, d.One)
+		ts = append(ts, Target{fmt.Sprintf("decisions/s over %s client keys ≥ 0.9× over one key (Admitter from Go, %d goroutines)", count(d.Keys), d.Goroutines),
+			st.format("%.2f×"), st.Median >= 0.9})
 	}
 	if f := s.Flat; f.Spread != nil {
 		st := ratioStats(f.Spread.RPS, f.One.RPS)
@@ -74,6 +84,11 @@ func (r *Report) scaleTargets() []Target {
 		st := ratioStats(l.ReloadP99, l.QuietP99)
 		ts = append(ts, Target{fmt.Sprintf("p99 of refused creates while a %s-client flag reloads every %s ≤ 1.25× without reloads", count(l.Clients), l.Every),
 			st.format("%.2f×") + " (p50 " + ratioStats(l.ReloadP50, l.QuietP50).format("%.2f×") + ")", st.Median <= 1.25})
+	}
+	if d := s.Redis; d.Keys > 0 {
+		ts = append(ts, Target{fmt.Sprintf("%s idle client keys gone within %s of their refill time (%s)", count(d.Keys), scaleExpirySlack, d.Refill),
+			fmt.Sprintf("gone %s after the last write; %.0f bytes a key (MEMORY USAGE %.0f)", d.GoneAfter.Round(100*time.Millisecond), d.BytesPerKey, d.MemoryUsage),
+			d.GoneAfter > 0 && d.GoneAfter <= d.Refill+scaleExpirySlack})
 	}
 	return ts
 }
@@ -89,6 +104,10 @@ func (r *Report) scaleSummary(b *strings.Builder) {
 			p.Tenants, mib(p.HeapInuse), mib(p.HeapAlloc), mib(p.RSS), p.Series)
 	}
 	fmt.Fprintf(b, "  scale: the tenants' creates: %.0f/s; %s\n", s.PerSec, outcomes(s.Outcomes))
+	if d := s.Decisions; len(d.Spread) > 0 {
+		fmt.Fprintf(b, "  scale: decisions/s from Go (%d goroutines): %s keys %s, one key %s\n", d.Goroutines, count(d.Keys),
+			summarize(d.Spread).format("%.0f"), summarize(d.One).format("%.0f"))
+	}
 	if f := s.Flat; f.Spread != nil {
 		for _, row := range f.rows() {
 			fmt.Fprintf(b, "  scale: refused creates/s, %-28s %s, p50 %s ms, p99 %s ms, %s last-use writes a create\n", row.Name+":",
@@ -100,10 +119,12 @@ func (r *Report) scaleSummary(b *strings.Builder) {
 			count(l.Clients), l.Every, summarize(l.ReloadP50).format("%.2f"), summarize(l.QuietP50).format("%.2f"),
 			summarize(l.ReloadP99).format("%.2f"), summarize(l.QuietP99).format("%.2f"),
 			summarize(l.Reloads).format("%.0f"), summarize(l.QuietReloads).format("%.0f"), summarize(l.CPUPerReload).format("%.0f"))
+		fmt.Fprintf(b, "  scale: rename of the flags file to the new flag in service (polled every %s): median %s ms, longest %s ms (%d renames timed)\n",
+			l.Poll, summarize(l.InService50).format("%.0f"), summarize(l.InServiceMax).format("%.0f"), l.Observed)
 	}
 	d := s.Redis
-	fmt.Fprintf(b, "  scale: %s idle client keys: %.0f bytes each; DBSIZE %d → %d, back %s after the last write (refill time %s)\n",
-		count(d.Keys), d.BytesPerKey, d.Peak, d.Baseline, d.GoneAfter.Round(time.Millisecond), d.Refill)
+	fmt.Fprintf(b, "  scale: %s idle client keys: %.0f bytes each (MEMORY USAGE %.0f); DBSIZE %d → %d, back %s after the last write (refill time %s)\n",
+		count(d.Keys), d.BytesPerKey, d.MemoryUsage, d.Peak, d.Baseline, d.GoneAfter.Round(time.Millisecond), d.Refill)
 }
 
 // scaleMarkdown writes the scenario's section of docs/benchmarks.md.
@@ -143,6 +164,14 @@ func (r *Report) scaleMarkdown(b *strings.Builder) {
 		w("\nEach per-key map of a replica (`internal/keyed`: admission's remembered buckets, the concurrency places, the refusal pace's counts, API keys' last use) holds at most %s keys, and forgets the least recently used down to nine tenths past it; `/metrics` names at most `SPACE_METRICS_BUDGET_KEYS` (%d) budget keys.\n\n", count(s.Bound), s.BudgetKeys)
 	}
 
+	if d := s.Decisions; len(d.Spread) > 0 {
+		w("**Decisions/s over %s keys.** The product's `Admitter` from Go, %d goroutines, %s a run, on a `redis-server` of its own holding %s full client buckets (written in the script's state format under the production key names, as in section 5): each decision for a random one of them, or all for one; the allow path, so every decision writes. The two arms in a rotating order each run.\n\n",
+			count(d.Keys), d.Goroutines, d.Duration, count(d.Keys))
+		w("| keys | decisions/s | vs one key |\n|---|---:|---:|\n")
+		w("| %s | %s | %s |\n", count(d.Keys), summarize(d.Spread).format("%.0f"), ratioStats(d.Spread, d.One).format("%.2f×"))
+		w("| one | %s | |\n\n", summarize(d.One).format("%.0f"))
+	}
+
 	if f := s.Flat; f.Spread != nil {
 		w("**Flat in tenants.** Refused creates/s under `wrk` (1 thread, %d connections, %s a run, closed loop, every arm %s unmeasured first), each request with the `Authorization` of the next tenant of a list, rendered once before the run so that one tenant or %s cost `wrk` alike. ",
 			f.Connections, f.Duration, f.WarmUp, count(f.Keys))
@@ -168,13 +197,15 @@ func (r *Report) scaleMarkdown(b *strings.Builder) {
 		w("| p50 ms | %s | %s | %s |\n", summarize(l.QuietP50).format("%.2f"), summarize(l.ReloadP50).format("%.2f"), ratioStats(l.ReloadP50, l.QuietP50).format("%.2f×"))
 		w("| p99 ms | %s | %s | %s |\n", summarize(l.QuietP99).format("%.2f"), summarize(l.ReloadP99).format("%.2f"), ratioStats(l.ReloadP99, l.QuietP99).format("%.2f×"))
 		w("| reloads the replica counted (`space_flags_reloads_total{result=\"success\"}`) | %s | %s | |\n\n", summarize(l.QuietReloads).format("%.0f"), summarize(l.Reloads).format("%.0f"))
-		w("The reload's own time: space-api logs each reload and counts it, but times neither. The replica's CPU time (`/proc/<pid>/stat`) in the reloading segments less that in the quiet ones, under the same load, is **%s ms per reload**, on a core shared with everything else; `go test ./internal/flags -bench ReloadAtSize` measures read, parse and swap in process (about 45 ms on this machine). Answers: %s.\n\n",
+		w("The reload's own time: space-api counts each reload and sets `space_flags_last_reload_success_timestamp_seconds` when the new flag is in service. Read just before each next rename (the quiet segments read it as often), it puts the new flag in service **%s ms after the rename at the median, %s ms at the longest** (%d renames timed), which is the reload (read, hash, decode, validate, swap) plus the wait for the next poll, up to %s. ",
+			summarize(l.InService50).format("%.0f"), summarize(l.InServiceMax).format("%.0f"), l.Observed, l.Poll)
+		w("The replica's CPU time (`/proc/<pid>/stat`) in the reloading segments less that in the quiet ones, under the same load, is **%s ms per reload** (the reload, the resolver's parse of the new value, collecting the old one), on cores shared with everything else; `go test ./internal/flags -bench ReloadAtSize` measures the reload in process. Answers: %s.\n\n",
 			summarize(l.CPUPerReload).format("%.0f"), outcomes(l.Outcomes))
 	}
 
 	d := s.Redis
-	w("**Redis.** %s idle client keys made by real decisions (the product's `Admitter`, 8 goroutines, %s) on a `redis-server` of their own: **%.0f bytes per key** (`used_memory` growth over the keys there). Their bucket (burst 1, refilled in %s) is full again %s after its decision, and Redis forgets it: `DBSIZE` %d right after the last write, back to %d (the cluster key) **%s** after it, polled while the scenario's other phases ran.\n\n",
-		count(d.Keys), d.MakeTime.Round(100*time.Millisecond), d.BytesPerKey, d.Refill, d.Refill, d.Peak, d.Baseline, d.GoneAfter.Round(time.Millisecond))
+	w("**Redis.** %s idle client keys made by real decisions (the product's `Admitter`, 8 goroutines, %s) on a `redis-server` of their own: **%.0f bytes per key** (`used_memory` growth over the keys there; `MEMORY USAGE` of the last %d made, the key's own allocation without its share of the keyspace's tables, %.0f bytes). Their bucket (burst 1, refilled in %s) is full again %s after its decision, and Redis forgets it: `DBSIZE` %d right after the last write, back to %d (the cluster key) **%s** after it, polled while the scenario's other phases ran.\n\n",
+		count(d.Keys), d.MakeTime.Round(100*time.Millisecond), d.BytesPerKey, d.Sampled, d.MemoryUsage, d.Refill, d.Refill, d.Peak, d.Baseline, d.GoneAfter.Round(time.Millisecond))
 }
 
 func countOrStart(n int) string {

@@ -37,7 +37,16 @@ func checkScaleSmoke(t *testing.T, s *ScaleResult) {
 	if l.Requests == 0 || l.Outcomes["429 client_activation"] != l.Requests || len(l.QuietP99) != 1 || len(l.ReloadP99) != 1 {
 		t.Errorf("reload phase: %d creates answered %v; p99 %v quiet, %v reloading", l.Requests, l.Outcomes, l.QuietP99, l.ReloadP99)
 	}
+	if l.Observed == 0 || len(l.InService50) != 1 || !(l.InService50[0] > 0) {
+		t.Errorf("reload phase: %d renames timed to in service, medians %v", l.Observed, l.InService50)
+	}
+	if dec := s.Decisions; len(dec.Spread) != 1 || len(dec.One) != 1 || !(dec.Spread[0] > 0) || !(dec.One[0] > 0) {
+		t.Errorf("decisions/s: %v over %d keys, %v over one", dec.Spread, dec.Keys, dec.One)
+	}
 	d := s.Redis
+	if d.Sampled == 0 || !(d.MemoryUsage > 16) {
+		t.Errorf("idle keys: MEMORY USAGE %.0f over %d keys", d.MemoryUsage, d.Sampled)
+	}
 	if d.Peak <= d.Baseline || d.GoneAfter <= 0 || !(d.BytesPerKey > 16) {
 		t.Errorf("idle keys: DBSIZE %d over a baseline of %d, gone after %s, %.0f bytes a key", d.Peak, d.Baseline, d.GoneAfter, d.BytesPerKey)
 	}
