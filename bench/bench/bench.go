@@ -39,6 +39,11 @@
 //     transaction (migrations.go);
 //   - soak: steady creates and deletes against one space-api whose retention is
 //     short: the tables' rows and sizes and the creates' p99 over minutes (soak.go);
+//   - scale: a hundred thousand tenants, each an API key and a budget key of its own:
+//     a replica's heap and /metrics from the start to 200,000 tenants, decisions/s
+//     and refused creates/s spread over 100,000 keys or tenants against one, a
+//     10,000-client quota flag reloaded every 500 ms under load, and Redis bytes per
+//     idle client key at 100,000 keys and their expiry (scale.go);
 //   - gobench: the hot-path `go test -bench` benchmarks, allocations included.
 //
 // Private redis-servers, free ports and the bench's databases come from the product's
@@ -89,7 +94,7 @@ func (e *Env) logf(format string, args ...any) {
 }
 
 // Scenarios are the scenario names, in the order they run.
-var Scenarios = []string{"script", "decisions", "http", "flood", "overload", "keys", "replicas", "pool", "lifecycle", "migrations", "soak", "gobench"}
+var Scenarios = []string{"script", "decisions", "http", "flood", "overload", "keys", "replicas", "pool", "lifecycle", "migrations", "soak", "scale", "gobench"}
 
 // Config is what to run and how much of it.
 type Config struct {
@@ -163,6 +168,7 @@ type sizes struct {
 	overSlowConns                      int
 	overMultiples                      []int
 	overMaxConns                       int
+	scale                              scaleSizes
 }
 
 func sizesFor(quick bool) sizes {
@@ -182,6 +188,7 @@ func sizesFor(quick bool) sizes {
 			migrationCreateRate: 20, migrationOpRate: 10, migrationBaseline: time.Second, migrationHold: 3 * time.Second,
 			soakDur: 20 * time.Second, soakEvery: 5 * time.Second, soakRetention: 5 * time.Second, soakHold: time.Second,
 			soakRate: 20, soakAsyncRate: 5,
+			scale: scaleSizesFor(true),
 		}
 	}
 	return sizes{
@@ -199,6 +206,7 @@ func sizesFor(quick bool) sizes {
 		migrationCreateRate: 50, migrationOpRate: 20, migrationBaseline: 10 * time.Second, migrationHold: 12 * time.Second,
 		soakDur: 5 * time.Minute, soakEvery: 15 * time.Second, soakRetention: 30 * time.Second, soakHold: 2 * time.Second,
 		soakRate: 50, soakAsyncRate: 10,
+		scale: scaleSizesFor(false),
 	}
 }
 
@@ -223,6 +231,7 @@ type Report struct {
 	// Migrations and Soak are the scenarios of the schema and the history over time.
 	Migrations *MigrationsResult
 	Soak       *SoakResult
+	Scale      *ScaleResult
 	GoBench    *GoBenchResult
 }
 
@@ -266,6 +275,7 @@ func Run(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		{"lifecycle", func() (err error) { rep.Lifecycle, err = runLifecycle(ctx, env, cfg.Runs, sz); return }},
 		{"migrations", func() (err error) { rep.Migrations, err = runMigrations(ctx, env, cfg.Runs, sz); return }},
 		{"soak", func() (err error) { rep.Soak, err = runSoak(ctx, env, sz); return }},
+		{"scale", func() (err error) { rep.Scale, err = runScale(ctx, env, cfg.Runs, sz); return }},
 		{"gobench", func() (err error) { rep.GoBench, err = runGoBench(ctx, env, sz); return }},
 	}
 	for _, s := range steps {

@@ -18,7 +18,10 @@ type load struct {
 	Name   string
 	URL    string // the server's public base URL
 	Client string // X-Client-ID (trusted_header mode)
-	Body   string // the create body
+	// Clients, when not empty, replaces Client: request i is sent as Clients[i mod
+	// len(Clients)], a stream spread over many budget keys.
+	Clients []string
+	Body    string // the create body
 	// Rate > 0 sends that many requests per second whatever the answers take (open
 	// loop); 0 runs Workers connections back to back (closed loop), which measures
 	// what the server sustains.
@@ -189,10 +192,14 @@ func (l load) run(ctx context.Context) *loadResult {
 	body := []byte(l.Body)
 	var sent atomic.Int64
 	targeter := func(t *vegeta.Target) error {
-		if l.MaxRequests > 0 && sent.Add(1) > int64(l.MaxRequests) {
+		n := sent.Add(1)
+		if l.MaxRequests > 0 && n > int64(l.MaxRequests) {
 			return vegeta.ErrNoTargets
 		}
 		t.Method, t.URL, t.Body, t.Header = http.MethodPost, l.URL+"/v1/sandboxes", body, header
+		if len(l.Clients) > 0 {
+			t.Header = http.Header{"Content-Type": header["Content-Type"], "X-Client-ID": {l.Clients[(n-1)%int64(len(l.Clients))]}}
+		}
 		return nil
 	}
 	type raw struct {

@@ -97,6 +97,7 @@ func (r *Report) Targets() []Target {
 	ts = append(ts, r.lifecycleTargets()...)
 	ts = append(ts, r.migrationsTargets()...)
 	ts = append(ts, r.soakTargets()...)
+	ts = append(ts, r.scaleTargets()...)
 	return ts
 }
 
@@ -196,6 +197,7 @@ func (r *Report) Summary() string {
 	r.lifecycleSummary(&b)
 	r.migrationsSummary(&b)
 	r.soakSummary(&b)
+	r.scaleSummary(&b)
 	fmt.Fprintf(&b, "\ntook %s\n", r.Took.Round(time.Second))
 	return b.String()
 }
@@ -503,6 +505,7 @@ func (r *Report) Markdown(command string) string {
 	}
 	r.migrationsMarkdown(&b)
 	r.soakMarkdown(&b)
+	r.scaleMarkdown(&b)
 	if g := r.GoBench; g != nil {
 		w("### Go benchmarks of the hot paths\n\n")
 		w("`%s`, median [min–max] over the runs. Each package says what its benchmark measures; those with Postgres or Redis in them use the services.\n\n", g.Command)

@@ -64,7 +64,7 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	redisOnly.Pool = pooled.Pool
-	servers, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"http", "flood", "overload", "replicas", "soak"}})
+	servers, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"http", "flood", "overload", "replicas", "soak", "scale"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,6 +330,9 @@ func TestSmoke(t *testing.T) {
 			}
 		}
 	})
+	t.Run("a hundred thousand tenants, in small: each its own budget key, every point sampled, reloads counted, idle keys gone", func(t *testing.T) {
+		checkScaleSmoke(t, servers.Scale)
+	})
 	t.Run("the warm pool trace reaches every arm, and failing warm-ups stay within one batch of the target", func(t *testing.T) {
 		p := redisOnly.Pool
 		for _, a := range p.arms() {
@@ -429,7 +432,7 @@ func TestSmoke(t *testing.T) {
 		merged.Script, merged.Decision, merged.Keys, merged.Pool, merged.Lifecycle = redisOnly.Script, redisOnly.Decision, redisOnly.Keys, redisOnly.Pool, redisOnly.Lifecycle
 		merged.Migrations = redisOnly.Migrations
 		md := merged.Markdown("make bench")
-		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas", "### 7. Warm pool", "### 8. Lifecycle", "### 9. Overload", "### 10. Migrations", "### 11. Soak"} {
+		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas", "### 7. Warm pool", "### 8. Lifecycle", "### 9. Overload", "### 10. Migrations", "### 11. Soak", "### 12. A hundred thousand tenants"} {
 			if !strings.Contains(md, want) {
 				t.Errorf("markdown lacks %q", want)
 			}
