@@ -17,30 +17,36 @@ const (
 	// pipelining at 8 callers or fewer lost more to waking the waiting callers than it
 	// saved in round trips, and at 32 it took about half the CPU a decision costs.
 	DefaultPipelineAbove = 8
-	// maxBatch bounds one pipeline, so that a burst of calls is never written as one
-	// unbounded message: a batch's last call waits for every reply before it.
+	// maxBatch bounds one round trip, so that a burst of calls is never written as one
+	// unbounded message: a batch's last call waits for every decision before it.
 	maxBatch = 128
 )
 
 // coalescer runs the scripts of one admission component (the Admitter, the
 // ConcurrencyLimiter, a Limiter) and joins the ones callers start while many are
-// already on their way into one pipeline.
+// already on their way into one round trip: the token-bucket decisions among them as
+// one call of the batch script (batch.lua), any other script beside it in one
+// pipeline.
 //
 // Why: on the request path each decision is one EVALSHA, and a round trip costs far
 // more than the script: every message is a write and a read system call and a wake-up
 // on both sides, on a small VM most of a decision's CPU, the Redis thread's included,
 // and the Redis thread is what every replica shares. A pipeline of n scripts pays
-// those once. Nothing about a decision changes: each script is still atomic on its
-// own, they run in the order the callers sent them, and each caller gets its own reply
-// or error.
+// those once; a batch of n decisions in one script call also pays once what Redis
+// spends on each call (its dispatch, its arguments, its reply, TIME, reading and
+// writing the keys), which is most of what a decision costs it (docs/benchmarks.md).
+// Nothing about a decision changes: a script runs to its end before Redis runs
+// anything else, so each decision is as atomic inside a batch as on its own; they run
+// in the order the callers queued, each reading what the one before wrote; and each
+// caller gets its own reply or error.
 //
 // How: while fewer than inFlight scripts are out, a call goes out at once on its own,
 // as it would without the coalescer, so a replica under light load waits for nothing.
 // Calls made while inFlight are out wait in a queue; when a round trip comes back, the
 // call that has waited longest is woken to lead the next one: it sends everything
-// queued (up to maxBatch), itself included, as one pipeline, and hands the round trip
-// on in turn. No goroutine of its own, no timer and no linger: a batch is whatever
-// arrived during the last round trip, so its depth follows the load.
+// queued (up to maxBatch), itself included, as one round trip, and hands the round
+// trip on in turn. No goroutine of its own, no timer and no linger: a batch is
+// whatever arrived during the last round trip, so its depth follows the load.
 //
 // Every caller keeps its own deadline: one waiting for a batch returns at its context's
 // end whatever the batch does, as a call whose reply never came (which fail-open and
@@ -163,8 +169,10 @@ func (p *coalescer) handOn() {
 	next.done <- struct{}{}
 }
 
-// send writes batch as one pipeline under the context of its first live call, and
-// answers every call but the leader's (the first, when it leads).
+// send sends batch's live calls as one round trip, under the context of the first
+// live call, and answers every call but the leader's (the first, when it leads): the
+// decisions sharing a hash tag as one batch script, any other call on its own, all of
+// it one pipeline when it is more than one call (planCalls).
 func (p *coalescer) send(batch []*queuedScript) {
 	var ctx context.Context
 	live := batch[:0:0]
@@ -179,30 +187,11 @@ func (p *coalescer) send(batch []*queuedScript) {
 		}
 		live = append(live, q)
 	}
-	switch len(live) {
-	case 0:
-	case 1:
-		q := live[0]
-		q.cmd = q.script.Run(q.ctx, p.rdb, q.keys, q.args...)
-	default:
-		pipe := p.rdb.Pipeline()
-		for _, q := range live {
-			q.cmd = q.script.EvalSha(ctx, pipe, q.keys, q.args...)
-		}
-		_, _ = pipe.Exec(ctx)
-		// A server that lost its scripts (a restart, a failover, SCRIPT FLUSH) refused
-		// them without running any: they are sent again with their source.
-		var again redis.Pipeliner
-		for _, q := range live {
-			if redis.HasErrorPrefix(q.cmd.Err(), "NOSCRIPT") {
-				if again == nil {
-					again = p.rdb.Pipeline()
-				}
-				q.cmd = q.script.Eval(ctx, again, q.keys, q.args...)
-			}
-		}
-		if again != nil {
-			_, _ = again.Exec(ctx)
+	if len(live) > 0 {
+		calls := planCalls(live)
+		sendCalls(ctx, p.rdb, calls)
+		for _, c := range calls {
+			c.answer()
 		}
 	}
 	for _, q := range batch {
