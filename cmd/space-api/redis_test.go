@@ -257,6 +257,29 @@ func (s *server) readyWithRedis(up bool) {
 	})
 }
 
+func TestBatchAboveReachesTheAdmitter(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, value string
+		want        int
+	}{
+		{"the default batches above 2 decisions in flight", "", 2},
+		{"a number is taken as it is", "8", 8},
+		{"0 never batches", "0", -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{"SPACE_REDIS_ADDRS": "127.0.0.1:1"}
+			if c.value != "" {
+				env["SPACE_REDIS_BATCH_ABOVE"] = c.value
+			}
+			if got := batchAbove(redisSettings(t, env)); got != c.want {
+				t.Fatalf("PipelineAbove = %d, want %d", got, c.want)
+			}
+		})
+	}
+}
+
 func TestPipelineAboveReachesTheAdmissionComponents(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {

@@ -79,7 +79,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		FailClosed:    cfg.Admission.FailureMode == config.FailClosed,
 		Shadow:        cfg.Admission.Shadow,
 		Timeout:       cfg.Redis.Timeout,
-		PipelineAbove: pipelineAbove(cfg.Redis),
+		PipelineAbove: batchAbove(cfg.Redis),
 		RefusalMaxAge: cfg.Admission.RefusalCacheMaxAge,
 		Reservations:  m.Resolver.Reservations,
 		Replicas:      m.Roster.Count,
@@ -323,11 +323,22 @@ func (m *Main) purgeIdempotencyKeys(ctx context.Context) (int, error) {
 	return idempotency.Purge(ctx, m.DB)
 }
 
-// pipelineAbove is SPACE_REDIS_PIPELINE_ABOVE as the admission components take it:
-// their zero is the default, the variable's zero never pipelines.
+// pipelineAbove is SPACE_REDIS_PIPELINE_ABOVE as the concurrency limiter and the
+// failed-auth limiter take it: their zero is the default, the variable's zero never
+// pipelines.
 func pipelineAbove(cfg config.Redis) int {
-	if cfg.PipelineAbove == 0 {
+	return threshold(cfg.PipelineAbove)
+}
+
+// batchAbove is SPACE_REDIS_BATCH_ABOVE as the Admitter takes it: its zero is the
+// default, the variable's zero never batches.
+func batchAbove(cfg config.Redis) int {
+	return threshold(cfg.BatchAbove)
+}
+
+func threshold(n int) int {
+	if n == 0 {
 		return -1
 	}
-	return cfg.PipelineAbove
+	return n
 }

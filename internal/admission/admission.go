@@ -66,11 +66,11 @@ type Options struct {
 	// Breaker, shared by a replica's Redis components, fails calls at once while Redis
 	// is known to be down (see Breaker); nil calls Redis every time.
 	Breaker *Breaker
-	// PipelineAbove is how many of this component's scripts may be on their way to
+	// PipelineAbove is how many of the Admitter's decisions may be on their way to
 	// Redis at once, each on its own, before the ones callers start wait and go
-	// together as one pipeline when a round trip comes back
-	// (SPACE_REDIS_PIPELINE_ABOVE): see coalescer. 0 is DefaultPipelineAbove (8);
-	// negative sends every script on its own.
+	// together as one batch script call when a round trip comes back
+	// (SPACE_REDIS_BATCH_ABOVE): see coalescer. 0 is DefaultBatchAbove (2); negative
+	// sends every decision on its own.
 	PipelineAbove int
 	// MaxKeys bounds the buckets this replica remembers for CachedRefusal
 	// (keyed.DefaultMax, 100,000, when 0): past it the least recently used are
@@ -248,7 +248,7 @@ func New(opts Options) (*Admitter, error) {
 			maxAge: opts.RefusalMaxAge,
 		},
 		outage:       outage{replicas: opts.Replicas},
-		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove),
+		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove, DefaultBatchAbove),
 		enabled:      opts.Enabled,
 		failClosed:   opts.FailClosed,
 		shadow:       opts.Shadow,

@@ -682,7 +682,7 @@ func TestBatches(t *testing.T) {
 
 	t.Run("one decision at a time goes on its own, never in a batch", func(t *testing.T) {
 		t.Parallel()
-		b := coalescerSetup(t, false, DefaultPipelineAbove, false)
+		b := coalescerSetup(t, false, DefaultBatchAbove, false)
 		r := rate(neverRefills, 100)
 		for range 20 {
 			b.admit("acme", r)

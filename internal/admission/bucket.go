@@ -66,10 +66,11 @@ func checkTimeout(component string, timeout time.Duration) error {
 }
 
 // newRunner returns the runner of one component; pipelineAbove is its
-// Options.PipelineAbove (0: DefaultPipelineAbove; negative: every script on its own).
-func newRunner(rdb redis.UniversalClient, timeout time.Duration, breaker *Breaker, pipelineAbove int) runner {
+// Options.PipelineAbove (0: the component's default, byDefault; negative: every
+// script on its own).
+func newRunner(rdb redis.UniversalClient, timeout time.Duration, breaker *Breaker, pipelineAbove, byDefault int) runner {
 	if pipelineAbove == 0 {
-		pipelineAbove = DefaultPipelineAbove
+		pipelineAbove = byDefault
 	}
 	return runner{rdb: rdb, scripts: newCoalescer(rdb, pipelineAbove), deadlines: newDeadlines(timeout), breaker: breaker, direct: honoursContext(rdb)}
 }

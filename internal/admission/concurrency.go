@@ -157,7 +157,7 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &ConcurrencyLimiter{
-		run:        newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove),
+		run:        newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove, DefaultPipelineAbove),
 		prefix:     prefix + ":client_concurrency:",
 		ttl:        ttl,
 		ttlArg:     strconv.FormatInt(ttl.Milliseconds(), 10),

@@ -27,9 +27,10 @@ type LimiterOptions struct {
 	Breaker *Breaker
 	// PipelineAbove is how many of this component's scripts may be on their way to
 	// Redis at once, each on its own, before the ones callers start wait and go
-	// together as one pipeline when a round trip comes back
-	// (SPACE_REDIS_PIPELINE_ABOVE): see coalescer. 0 is DefaultPipelineAbove (8);
-	// negative sends every script on its own.
+	// together when a round trip comes back (SPACE_REDIS_PIPELINE_ABOVE): one key's
+	// as one batch script call, different keys' beside each other in one pipeline
+	// (see coalescer). 0 is DefaultPipelineAbove (8); negative sends every script on
+	// its own.
 	PipelineAbove int
 }
 
@@ -59,7 +60,7 @@ func NewLimiter(opts LimiterOptions) (*Limiter, error) {
 	if err := checkTimeout("limiter", opts.Timeout); err != nil {
 		return nil, err
 	}
-	return &Limiter{run: newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove), prefix: opts.Prefix + ":", rate: opts.Rate, args: argsOf(opts.Rate)}, nil
+	return &Limiter{run: newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove, DefaultPipelineAbove), prefix: opts.Prefix + ":", rate: opts.Rate, args: argsOf(opts.Rate)}, nil
 }
 
 // Allow takes one token from key's bucket if it holds one. state is the bucket after

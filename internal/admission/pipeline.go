@@ -9,14 +9,21 @@ import (
 )
 
 const (
-	// DefaultPipelineAbove is the default of Options.PipelineAbove,
-	// ConcurrencyOptions.PipelineAbove and LimiterOptions.PipelineAbove
-	// (SPACE_REDIS_PIPELINE_ABOVE): how many scripts of a component go to Redis each on
-	// its own at once before the next wait to go together. Below it a decision costs
-	// what it would without the coalescer; measured on 2 cores (docs/benchmarks.md),
-	// pipelining at 8 callers or fewer lost more to waking the waiting callers than it
-	// saved in round trips, and at 32 it took about half the CPU a decision costs.
+	// DefaultPipelineAbove is the default of ConcurrencyOptions.PipelineAbove and
+	// LimiterOptions.PipelineAbove (SPACE_REDIS_PIPELINE_ABOVE): how many scripts of a
+	// component go to Redis each on its own at once before the next wait to go
+	// together. Below it a script costs what it would without the coalescer; measured
+	// on 2 cores (docs/benchmarks.md), pipelining at 8 callers or fewer lost more to
+	// waking the waiting callers than it saved in round trips, and at 32 it took about
+	// half the CPU a decision costs.
 	DefaultPipelineAbove = 8
+	// DefaultBatchAbove is the default of Options.PipelineAbove, the Admitter's
+	// (SPACE_REDIS_BATCH_ABOVE): how many of its decisions go to Redis each on its own
+	// at once before the next wait and go together as one batch script call. A batch
+	// costs Redis and the replica so much less a decision than a pipeline did that it
+	// wins from 8 callers up, where pipelines lost (docs/benchmarks.md); below the
+	// threshold nothing waits, so one caller alone costs what it did.
+	DefaultBatchAbove = 2
 	// maxBatch bounds one round trip, so that a burst of calls is never written as one
 	// unbounded message: a batch's last call waits for every decision before it.
 	maxBatch = 128

@@ -79,6 +79,7 @@ func TestLoad(t *testing.T) {
 			"SPACE_REDIS_ADDRS":                                    "a:7001,b:7002,c:7003",
 			"SPACE_REDIS_TIMEOUT":                                  "250ms",
 			"SPACE_REDIS_PIPELINE_ABOVE":                           "0",
+			"SPACE_REDIS_BATCH_ABOVE":                              "5",
 			"SPACE_CLUSTER_ACTIVATION_ADMISSION_ENABLED":           "false",
 			"SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS":        "12.5",
 			"SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST":             "30",
@@ -108,7 +109,7 @@ func TestLoad(t *testing.T) {
 		if c.Auth.Mode != AuthTrustedHeader || len(c.Auth.TrustedProxyCIDRs) != 2 || c.Auth.TrustedProxyCIDRs[0] != wantCIDRs[0] || c.Auth.TrustedProxyCIDRs[1] != wantCIDRs[1] {
 			t.Errorf("auth = %+v", c.Auth)
 		}
-		if len(c.Redis.Addrs) != 3 || c.Redis.Timeout != 250*time.Millisecond || c.Redis.PipelineAbove != 0 {
+		if len(c.Redis.Addrs) != 3 || c.Redis.Timeout != 250*time.Millisecond || c.Redis.PipelineAbove != 0 || c.Redis.BatchAbove != 5 {
 			t.Errorf("redis = %+v", c.Redis)
 		}
 		a := c.Admission
@@ -157,6 +158,7 @@ func TestLoad(t *testing.T) {
 		{"a zero shape cap", "SPACE_MAX_DISK_GIB", "0", ">= 1", nil},
 		{"a negative worker count", "SPACE_DISPATCHER_WORKERS", "-2", ">= 0", nil},
 		{"a negative pipeline threshold", "SPACE_REDIS_PIPELINE_ABOVE", "-1", ">= 0", nil},
+		{"a negative batch threshold", "SPACE_REDIS_BATCH_ABOVE", "-1", ">= 0", nil},
 		{"zero attempts", "SPACE_DISPATCHER_MAX_ATTEMPTS", "0", ">= 1", nil},
 		{"an unknown log level", "SPACE_LOG_LEVEL", "loud", "debug, info", nil},
 		{"a refill reserve of the whole bucket", "SPACE_POOL_REFILL_RESERVE", "1", "fraction from 0 to under 1", nil},

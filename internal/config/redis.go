@@ -49,10 +49,14 @@ type Redis struct {
 	// Timeout bounds every Redis call on the request path: a slow Redis must not make
 	// every create slow.
 	Timeout time.Duration
-	// PipelineAbove is how many scripts of an admission component go to Redis each on
-	// its own at once before the next wait to go together as one pipeline; 0 never
-	// pipelines.
+	// PipelineAbove is how many scripts of the concurrency limiter and of the
+	// failed-authentication limiter go to Redis each on its own at once before the
+	// next wait to go together in one round trip; 0 never pipelines.
 	PipelineAbove int
+	// BatchAbove is how many admission decisions (the activation charge) go to Redis
+	// each on its own at once before the next wait to go together as one batch script
+	// call; 0 never batches.
+	BatchAbove int
 	// KeyPrefix namespaces every Redis key ("space" gives exactly the keys of the
 	// design): deployments sharing one Redis each set their own. No braces: the
 	// cluster key is the client keys' Redis Cluster hash tag.

@@ -172,6 +172,8 @@ chartEnv, what the values render, then extraEnv.
   value: {{ .Values.redis.timeout | quote }}
 - name: SPACE_REDIS_PIPELINE_ABOVE
   value: {{ .Values.redis.pipelineAbove | quote }}
+- name: SPACE_REDIS_BATCH_ABOVE
+  value: {{ .Values.redis.batchAbove | quote }}
 - name: SPACE_REDIS_KEY_PREFIX
   value: {{ .Values.redis.keyPrefix | quote }}
 - name: SPACE_REDIS_MODE
