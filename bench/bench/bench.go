@@ -10,9 +10,11 @@
 //
 //   - script: Redis CPU per decision (INFO commandstats) for bucket.lua's two-bucket
 //     and one-key decisions beside redis_rate v10's Allow, allow and reject paths, on
-//     a private redis-server;
+//     a private redis-server, and the instructions a decision costs Redis when 32
+//     goroutines decide at once and the ones that wait go as one batch script call;
 //   - decisions: decisions/s from Go with 1, 8 and 32 goroutines, on the services'
-//     standalone Redis and Redis Cluster, ours beside redis_rate;
+//     standalone Redis and Redis Cluster, ours beside redis_rate, with the
+//     decisions a script call carried and a decision's p50 at 1 goroutine;
 //   - http: the create path of one space-api process under a load generator: warm
 //     hits, cold admits, what admission adds to a create (a server with admission on
 //     and one with it off, interleaved), and the refusal ceiling: refused

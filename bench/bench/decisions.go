@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,6 +17,53 @@ type DecisionsCell struct {
 	Impl, Topology string
 	Goroutines     int
 	PerSec         []float64
+	// P50 is a decision's median latency in ms, per run; measured at 1 goroutine only,
+	// where it is the latency a caller sees with nothing to wait for.
+	P50 []float64
+	// PerCall is the decisions a script call carried, per run: more than one when the
+	// Admitter sent the ones that waited as one batch.
+	PerCall []float64
+	// ClientCPU is the driver process's CPU time per decision in µs, per run
+	// (getrusage, user and system): what a decision costs the replica's side, the
+	// go-redis client's system calls included. Redis's side is the script scenario's.
+	ClientCPU []float64
+}
+
+// ownCPU is this process's CPU time so far, user and system.
+func ownCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// scriptCalls is a go-redis hook counting the script calls a client sends, alone or
+// in pipelines.
+type scriptCalls struct{ n atomic.Int64 }
+
+func (h *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *scriptCalls) count(cmd redis.Cmder) {
+	if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		h.n.Add(1)
+	}
 }
 
 // DecisionsResult is the decisions/s scenario.
@@ -62,6 +110,8 @@ func runDecisions(ctx context.Context, env *Env, runs int, sz sizes) (*Decisions
 			return nil, fmt.Errorf("no %s Redis address (run `eval \"$(scripts/services.sh env)\"`)", topo.name)
 		}
 		rdb := benchRedisClient(topo.addrs)
+		calls := &scriptCalls{}
+		rdb.AddHook(calls)
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			rdb.Close()
 			return nil, fmt.Errorf("%s redis %v: %w", topo.name, topo.addrs, err)
@@ -83,12 +133,24 @@ func runDecisions(ctx context.Context, env *Env, runs int, sz sizes) (*Decisions
 						rdb.Close()
 						return nil, err
 					}
-					n, elapsed, err := decideFor(ctx, decide, g, sz.decisionsDur)
+					calls.n.Store(0)
+					cpu := ownCPU()
+					n, elapsed, p50, err := decideFor(ctx, decide, g, sz.decisionsDur)
+					cpu = ownCPU() - cpu
 					if err != nil {
 						rdb.Close()
 						return nil, fmt.Errorf("%s %s g=%d: %w", c.Impl, topo.name, g, err)
 					}
 					c.PerSec = append(c.PerSec, float64(n)/elapsed.Seconds())
+					if sent := calls.n.Load(); sent > 0 {
+						c.PerCall = append(c.PerCall, float64(n)/float64(sent))
+					}
+					if n > 0 {
+						c.ClientCPU = append(c.ClientCPU, float64(cpu.Microseconds())/float64(n))
+					}
+					if g == 1 {
+						c.P50 = append(c.P50, ms(p50))
+					}
 				}
 			}
 		}
@@ -99,20 +161,27 @@ func runDecisions(ctx context.Context, env *Env, runs int, sz sizes) (*Decisions
 }
 
 // decideFor runs decide on g goroutines for d (allow path) and returns how many
-// decisions were made and in how long.
-func decideFor(ctx context.Context, decide decider, g int, d time.Duration) (int64, time.Duration, error) {
+// decisions were made and in how long; with one goroutine, also the median latency
+// of a decision (each call timed; the clock read once a call either way).
+func decideFor(ctx context.Context, decide decider, g int, d time.Duration) (int64, time.Duration, time.Duration, error) {
 	var n atomic.Int64
 	var wg sync.WaitGroup
 	var firstErr error
 	var once sync.Once
+	var latencies []time.Duration
 	start := time.Now()
 	deadline := start.Add(d)
 	for range g {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(deadline) {
+			for t := time.Now(); t.Before(deadline); {
 				ok, err := decide(ctx)
+				end := time.Now()
+				if g == 1 {
+					latencies = append(latencies, end.Sub(t))
+				}
+				t = end
 				if err == nil && !ok {
 					err = fmt.Errorf("a decision on the allow path rejected")
 				}
@@ -125,5 +194,5 @@ func decideFor(ctx context.Context, decide decider, g int, d time.Duration) (int
 		}()
 	}
 	wg.Wait()
-	return n.Load(), time.Since(start), firstErr
+	return n.Load(), time.Since(start), percentile(latencies, 50), firstErr
 }

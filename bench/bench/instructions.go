@@ -148,6 +148,47 @@ func countInstructions(ctx context.Context, env *Env, res *ScriptResult, calls i
 		c.Instructions = n
 	}
 	res.InstructionCalls = calls
+	decide, err := newDecider(ctx, cg.rdb, implSpace, true)
+	if err != nil {
+		return err
+	}
+	if res.Batched, err = cg.batched(ctx, decide, calls, 32); err != nil {
+		return fmt.Errorf("instructions of %s/allow from 32 goroutines: %w", implSpace, err)
+	}
 	env.logf("script: instructions counted under callgrind")
 	return nil
+}
+
+// batched makes calls decisions from g goroutines at once (the first, unmeasured, on
+// its own: it loads the script) and returns the instructions Redis ran for each and
+// the script calls that carried them. Redis under callgrind is about fifty times
+// slower than without, so more decisions wait for each round trip than they would:
+// the figure is what a decision costs Redis in a deep batch.
+func (c *callgrind) batched(ctx context.Context, decide decider, calls, g int) (*BatchedInstructions, error) {
+	if err := decideN(ctx, decide, 1, 1, true); err != nil {
+		return nil, err
+	}
+	if err := c.rdb.ConfigResetStat(ctx).Err(); err != nil {
+		return nil, fmt.Errorf("CONFIG RESETSTAT: %w", err)
+	}
+	if err := c.control(ctx, "-z"); err != nil {
+		return nil, err
+	}
+	if err := decideN(ctx, decide, calls, g, true); err != nil {
+		return nil, err
+	}
+	if err := c.control(ctx, "-d"); err != nil {
+		return nil, err
+	}
+	c.dumps++
+	total, err := dumpTotal(filepath.Join(c.dir, fmt.Sprintf("callgrind.out.%d.%d", c.srv.Pid(), c.dumps)))
+	if err != nil {
+		return nil, err
+	}
+	stats, err := commandStats(ctx, c.rdb)
+	if err != nil {
+		return nil, err
+	}
+	return &BatchedInstructions{Goroutines: g, Decisions: calls, Calls: stats["evalsha"].Calls + stats["eval"].Calls,
+		Instructions: float64(total) / float64(calls)}, nil
 }

@@ -138,7 +138,7 @@ func runKeys(ctx context.Context, env *Env, runs int, sz sizes) (*KeysResult, er
 			decide := func(ctx context.Context) (bool, error) {
 				return charge1(ctx, a, space.ClientKey("c"+strconv.Itoa(rand.IntN(n))), &keysClientRate)
 			}
-			count, elapsed, err := decideFor(ctx, decide, res.Goroutines, sz.keysDur)
+			count, elapsed, _, err := decideFor(ctx, decide, res.Goroutines, sz.keysDur)
 			if err != nil {
 				return nil, fmt.Errorf("%d keys: %w", n, err)
 			}
@@ -149,7 +149,7 @@ func runKeys(ctx context.Context, env *Env, runs int, sz sizes) (*KeysResult, er
 				r, err := lim.Allow(ctx, "c"+strconv.Itoa(rand.IntN(n)), peerKeysLimit)
 				return err == nil && r.Allowed == 1, err
 			}
-			count, elapsed, err = decideFor(ctx, peer, res.Goroutines, sz.keysDur)
+			count, elapsed, _, err = decideFor(ctx, peer, res.Goroutines, sz.keysDur)
 			if err != nil {
 				return nil, fmt.Errorf("redis_rate, %d keys: %w", n, err)
 			}

@@ -212,6 +212,18 @@ type ScriptResult struct {
 	// does not depend on the load).
 	InstructionCalls int
 	Cells            []*ScriptCell
+	// Batched is the two-bucket allow path from many goroutines under callgrind, where
+	// the decisions that wait go to Redis as one batch script call.
+	Batched *BatchedInstructions
+}
+
+// BatchedInstructions is what Redis ran per decision when Goroutines decide at once
+// (the Admitter's coalescer batching the ones that wait), and how many decisions a
+// script call carried.
+type BatchedInstructions struct {
+	Goroutines, Decisions int
+	Calls                 int64
+	Instructions          float64
 }
 
 // Cell returns the cell of impl on path.

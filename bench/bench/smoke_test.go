@@ -102,6 +102,19 @@ func TestSmoke(t *testing.T) {
 			if len(c.PerSec) != 1 || !(c.PerSec[0] > 0) {
 				t.Errorf("%s %s %d: decisions/s %v", c.Impl, c.Topology, c.Goroutines, c.PerSec)
 			}
+			if (c.Goroutines == 1) != (len(c.P50) == 1) || (len(c.P50) == 1 && !(c.P50[0] > 0)) {
+				t.Errorf("%s %s %d: p50 %v, want one at 1 goroutine only", c.Impl, c.Topology, c.Goroutines, c.P50)
+			}
+			// One goroutine never waits for another's round trip: a call a decision.
+			if len(c.PerCall) != 1 || (c.Goroutines == 1 && c.PerCall[0] != 1) || c.PerCall[0] < 1 {
+				t.Errorf("%s %s %d: decisions a script call %v", c.Impl, c.Topology, c.Goroutines, c.PerCall)
+			}
+		}
+	})
+	t.Run("decisions from many goroutines at once cost Redis less each than one at a time", func(t *testing.T) {
+		s := redisOnly.Script
+		if bi := s.Batched; bi == nil || bi.Calls == 0 || !(bi.Instructions > 0) || !(bi.Instructions < s.Cell(implSpace, "allow").Instructions) {
+			t.Errorf("from many goroutines %+v, one at a time %.0f instructions", bi, s.Cell(implSpace, "allow").Instructions)
 		}
 	})
 	t.Run("idle client keys take memory, are decided on and expire", func(t *testing.T) {
