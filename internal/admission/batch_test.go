@@ -2,8 +2,10 @@ package admission
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -63,7 +65,8 @@ func queueHook(p *coalescer) chan struct{} {
 // The batch differential test: the reference test's configurations and sequences of
 // asks (reference_test.go), the asks between two pauses sent as batches of 1 to 12
 // decisions, each batch one script call, and every decision compared with the model's
-// in the order of its batch, at the Redis time the batch read.
+// in the order of its batch, at the Redis time the batch read; after each batch,
+// every key's expiry is checked against the one its value records (expiriesAgree).
 func TestBatchesAgainstTheModel(t *testing.T) {
 	t.Parallel()
 	sizes := map[string]struct{ configs, steps int }{"standalone": {300, 70}, "cluster": {120, 60}}
@@ -135,6 +138,13 @@ func (sc *scenario) playBatched(t *testing.T, rdb redis.UniversalClient, seen *c
 	}
 	p := adm.run.scripts
 	queued := queueHook(p)
+	keys := []string{adm.clusterKey}
+	for _, c := range sc.clients {
+		keys = append(keys, adm.clientPrefix+string(c.key))
+	}
+	for _, tier := range sc.tiers {
+		keys = append(keys, adm.tierPrefix+tier)
+	}
 	// cur is the tier table the steps have switched to; each ask stores its own
 	// before it decides, since the asks of a batch decide after all are gathered.
 	cur := sc.tables[0]
@@ -221,9 +231,6 @@ func (sc *scenario) playBatched(t *testing.T, rdb redis.UniversalClient, seen *c
 				return &mismatch{a.step, fmt.Sprintf("decided at %v in a batch decided at %v", a.d.redisNow, asks[0].d.redisNow)}
 			}
 			md := model.Decide(state, a.lim, a.s.charge, a.s.take, a.d.redisNow)
-			if os.Getenv("DEBUGBATCH") != "" {
-				fmt.Printf("step %d (batch of %d at %.0f): %s\n   got adm=%v cl=%.4f bound=%.4f  model adm=%v cl=%.4f bound=%.4f table=%s\n", a.step, len(asks), a.d.redisNow, a.s, a.d.Admitted, a.d.Cluster.Remaining, a.d.bound, md.Admitted, md.Cluster.Remaining, md.Bound, describeTable(a.lim.Reservations))
-			}
 			if what := compare(a.d, md, a.s.charge); what != "" {
 				return &mismatch{a.step, fmt.Sprintf("decision %d of a batch of %d: %s", slices.Index(asks, a)+1, len(asks), what)}
 			}
@@ -231,8 +238,56 @@ func (sc *scenario) playBatched(t *testing.T, rdb redis.UniversalClient, seen *c
 				seen.observe(a.s, md)
 			}
 		}
+		if what := expiriesAgree(ctx, rdb, keys); what != "" {
+			return &mismatch{asks[len(asks)-1].step, fmt.Sprintf("after a batch of %d: %s", len(asks), what)}
+		}
 	}
 	return nil
+}
+
+// expiriesAgree checks that each of keys that exists expires when its value records,
+// "" when they all do. The scripts write both from one figure (a PX of x ms beside now
+// + x ms, or KEEPTTL beside the expiry stored before), so a decision on its own keeps
+// them together; a batch writes each key once, at its end, and must give it the last
+// PX its decisions set. The model sees only the values: a batch that kept an earlier
+// decision's PX would decide as the model does until Redis forgot the bucket before
+// its F, when it reads full.
+func expiriesAgree(ctx context.Context, rdb redis.UniversalClient, keys []string) string {
+	pipe := rdb.Pipeline()
+	values := make([]*redis.StringCmd, len(keys))
+	expiries := make([]*redis.DurationCmd, len(keys))
+	for i, k := range keys {
+		values[i], expiries[i] = pipe.Get(ctx, k), pipe.PExpireTime(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Sprintf("reading the keys: %v", err)
+	}
+	for i, k := range keys {
+		raw, err := values[i].Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil || len(raw) < 24 {
+			return fmt.Sprintf("%s: %q, %v", k, raw, err)
+		}
+		recorded := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[16:24])))
+		// Redis counts a PX from its clock at the SET, in whole ms: from up to a ms
+		// before the script's TIME (the truncation) to as long after as the script ran
+		// until its writes (a few ms; tens on a loaded machine). Earlier is the bound
+		// that matters, a key forgotten before its recorded expiry reading full; later
+		// is bounded loosely, at 5 s.
+		switch expiries[i].Val() {
+		case -2: // gone since the GET
+			continue
+		case -1:
+			return fmt.Sprintf("%s has no expiry, its value records %.0f µs", k, recorded)
+		}
+		at := float64(expiries[i].Val().Milliseconds()) * 1e3
+		if at < recorded-1e3-1e-15*recorded || at > recorded+5e6 {
+			return fmt.Sprintf("%s expires at %.0f µs, its value records %.0f", k, at, recorded)
+		}
+	}
+	return ""
 }
 
 func TestBatches(t *testing.T) {
@@ -420,6 +475,44 @@ func TestBatches(t *testing.T) {
 				t.Fatalf("the client key expires in %v, want about 3000 s", ttl)
 			}
 			b.settled([]int{3}, 0, "the three in one batch")
+		})
+	})
+
+	t.Run("a key two decisions of a batch set expiries on keeps the last one's", func(t *testing.T) {
+		t.Parallel()
+		bothTopologies(t, func(t *testing.T, cluster bool) {
+			// A take at 1 token/s, burst 3, sets the new key to expire in 3 s (a refill
+			// from empty); a report at 0.001/s then puts its F 1000 s away, past that
+			// expiry, and sets it again to the 3000 s a refill from empty now takes.
+			// One call each would leave the key expiring in 3000 s, the second's; a
+			// batch writing the first's would have Redis forget the bucket (reading
+			// full) 2997 s before its F.
+			b := coalescerSetup(t, cluster, 1, false)
+			var took Decision
+			var reported Decision
+			var errs [2]error
+			inOneRoundTrip(t, b.adm.run.scripts, b.queued,
+				func() {
+					took, errs[0] = b.adm.decide(b.ctx, space.Charge{Key: "acme", Rate: rate(1, 3), Cost: 1}, take)
+				},
+				func() {
+					reported, _, errs[1] = b.adm.Report(b.ctx, space.Charge{Key: "acme", Rate: rate(0.001, 3), Cost: 1})
+				},
+			)
+			if errs[0] != nil || errs[1] != nil || !took.Admitted || !near(reported.Client.Remaining, 2, 1e-6) {
+				t.Fatalf("take %+v, %v; report %+v, %v: want 1 taken of 3, 2 left", took, errs[0], reported, errs[1])
+			}
+			if took.redisNow != reported.redisNow {
+				t.Fatalf("decided at %v and %v: not one batch", took.redisNow, reported.redisNow)
+			}
+			s := b.stored(b.clientKey("acme"))
+			if want := s.micros + 1000e6; !near(s.full, want, 1) {
+				t.Fatalf("client key F %v, want %v (the report's rate)", s.full, want)
+			}
+			if ttl := b.pttl(b.clientKey("acme")); ttl < 2990*time.Second || ttl > 3001*time.Second {
+				t.Fatalf("the client key expires in %v, want about 3000 s, the later decision's", ttl)
+			}
+			b.settled([]int{2}, 2, "the two in one batch")
 		})
 	})
 
