@@ -458,7 +458,8 @@ func (a *poolArmRun) run(ctx context.Context, clock *fastClock, rdb *redis.Clien
 	tick := clock.real(time.Second)
 	// The cluster bucket refills in Redis time: its refill is per simulated second.
 	adm, err := admission.New(admission.Options{Redis: rdb, Prefix: a.prefix, Enabled: true, FailClosed: true,
-		Cluster: space.Rate{RefillRPS: spec.cluster.RefillRPS * clock.k, Burst: spec.cluster.Burst}, Timeout: 5 * time.Second})
+		Cluster: space.Rate{RefillRPS: spec.cluster.RefillRPS * clock.k, Burst: spec.cluster.Burst}, Timeout: 5 * time.Second,
+		BatchAbove: admission.DefaultBatchAbove})
 	if err != nil {
 		return out, err
 	}

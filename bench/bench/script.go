@@ -78,10 +78,12 @@ func newAdmitter(rdb redis.UniversalClient, prefix string, cluster space.Rate) (
 	return admission.New(admitterOptions(rdb, prefix, cluster))
 }
 
-// admitterOptions are newAdmitter's options, for a caller that adds to them.
+// admitterOptions are newAdmitter's options, for a caller that adds to them: as
+// space-api builds its Admitter, batching at SPACE_REDIS_BATCH_ABOVE's default.
 func admitterOptions(rdb redis.UniversalClient, prefix string, cluster space.Rate) admission.Options {
 	return admission.Options{Redis: rdb, Prefix: prefix, Enabled: true, FailClosed: true,
-		Cluster: cluster, Timeout: time.Second, Breaker: admission.NewBreaker(admission.BreakerOptions{})}
+		Cluster: cluster, Timeout: time.Second, Breaker: admission.NewBreaker(admission.BreakerOptions{}),
+		BatchAbove: admission.DefaultBatchAbove}
 }
 
 // charge1 charges one activation of cost 1 to client (rate nil: the cluster bucket

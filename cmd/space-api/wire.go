@@ -79,7 +79,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		FailClosed:    cfg.Admission.FailureMode == config.FailClosed,
 		Shadow:        cfg.Admission.Shadow,
 		Timeout:       cfg.Redis.Timeout,
-		PipelineAbove: batchAbove(cfg.Redis),
+		BatchAbove:    cfg.Redis.BatchAbove,
 		RefusalMaxAge: cfg.Admission.RefusalCacheMaxAge,
 		Reservations:  m.Resolver.Reservations,
 		Replicas:      m.Roster.Count,
@@ -95,7 +95,7 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Redis:         m.Redis,
 		Prefix:        m.RedisPrefix,
 		Timeout:       cfg.Redis.Timeout,
-		PipelineAbove: pipelineAbove(cfg.Redis),
+		PipelineAbove: cfg.Redis.PipelineAbove,
 		Breaker:       m.Breaker,
 		FailClosed:    cfg.Admission.FailureMode == config.FailClosed,
 		Registerer:    m.Registry,
@@ -194,7 +194,7 @@ func (m *Main) authenticator() (api.Authenticator, error) {
 		Prefix:        m.RedisPrefix + ":auth_failures",
 		Rate:          cfg.FailureRate,
 		Timeout:       m.Config.Redis.Timeout,
-		PipelineAbove: pipelineAbove(m.Config.Redis),
+		PipelineAbove: m.Config.Redis.PipelineAbove,
 		Breaker:       m.Breaker,
 	})
 	if err != nil {
@@ -321,24 +321,4 @@ func (m *Main) substrate() (substrate.Substrate, error) {
 // purgeIdempotencyKeys deletes expired idempotency keys, a batch a round.
 func (m *Main) purgeIdempotencyKeys(ctx context.Context) (int, error) {
 	return idempotency.Purge(ctx, m.DB)
-}
-
-// pipelineAbove is SPACE_REDIS_PIPELINE_ABOVE as the concurrency limiter and the
-// failed-auth limiter take it: their zero is the default, the variable's zero never
-// pipelines.
-func pipelineAbove(cfg config.Redis) int {
-	return threshold(cfg.PipelineAbove)
-}
-
-// batchAbove is SPACE_REDIS_BATCH_ABOVE as the Admitter takes it: its zero is the
-// default, the variable's zero never batches.
-func batchAbove(cfg config.Redis) int {
-	return threshold(cfg.BatchAbove)
-}
-
-func threshold(n int) int {
-	if n == 0 {
-		return -1
-	}
-	return n
 }

@@ -66,12 +66,13 @@ type Options struct {
 	// Breaker, shared by a replica's Redis components, fails calls at once while Redis
 	// is known to be down (see Breaker); nil calls Redis every time.
 	Breaker *Breaker
-	// PipelineAbove is how many of the Admitter's decisions may be on their way to
-	// Redis at once, each on its own, before the ones callers start wait and go
-	// together as one batch script call when a round trip comes back
-	// (SPACE_REDIS_BATCH_ABOVE): see coalescer. 0 is DefaultBatchAbove (2); negative
-	// sends every decision on its own.
-	PipelineAbove int
+	// BatchAbove is how many of the Admitter's decisions may be on their way to Redis
+	// at once, each on its own, before the ones callers start wait and go together as
+	// one batch script call when a round trip comes back (SPACE_REDIS_BATCH_ABOVE,
+	// whose default is DefaultBatchAbove, 2): see coalescer. 0, as that variable's 0,
+	// never batches: every decision is a call of its own and nothing waits, which is
+	// what a zero Options asks for (New refuses a negative number).
+	BatchAbove int
 	// MaxKeys bounds the buckets this replica remembers for CachedRefusal
 	// (keyed.DefaultMax, 100,000, when 0): past it the least recently used are
 	// forgotten, and asked about again.
@@ -224,6 +225,9 @@ func New(opts Options) (*Admitter, error) {
 	if err := checkTimeout("admission", opts.Timeout); err != nil {
 		return nil, err
 	}
+	if err := checkAbove("admission", "BatchAbove", opts.BatchAbove); err != nil {
+		return nil, err
+	}
 	if opts.Enabled {
 		if err := opts.Cluster.Validate(); err != nil {
 			return nil, fmt.Errorf("admission: cluster rate: %w", err)
@@ -248,7 +252,7 @@ func New(opts Options) (*Admitter, error) {
 			maxAge: opts.RefusalMaxAge,
 		},
 		outage:       outage{replicas: opts.Replicas},
-		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove, DefaultBatchAbove),
+		run:          newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.BatchAbove),
 		enabled:      opts.Enabled,
 		failClosed:   opts.FailClosed,
 		shadow:       opts.Shadow,

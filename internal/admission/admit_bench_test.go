@@ -32,7 +32,7 @@ func BenchmarkAdmit(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			a, err := New(Options{Redis: rdb, Prefix: testenv.Prefix(b), Enabled: true, FailClosed: true, Cluster: c.rate, Timeout: time.Second,
-				Breaker: NewBreaker(BreakerOptions{}), RefusalMaxAge: time.Minute})
+				Breaker: NewBreaker(BreakerOptions{}), RefusalMaxAge: time.Minute, BatchAbove: DefaultBatchAbove})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -61,7 +61,7 @@ func BenchmarkAdmit(b *testing.B) {
 // BenchmarkConcurrencyAcquire is the concurrency limiter of every API request: one
 // Acquire and its release, two round trips.
 func BenchmarkConcurrencyAcquire(b *testing.B) {
-	c, err := NewConcurrencyLimiter(ConcurrencyOptions{Redis: testenv.Redis(b), Prefix: testenv.Prefix(b), Timeout: time.Second})
+	c, err := NewConcurrencyLimiter(ConcurrencyOptions{Redis: testenv.Redis(b), Prefix: testenv.Prefix(b), Timeout: time.Second, PipelineAbove: DefaultPipelineAbove})
 	if err != nil {
 		b.Fatal(err)
 	}

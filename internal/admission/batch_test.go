@@ -24,13 +24,13 @@ import (
 )
 
 // inOneRoundTrip makes the calls go to Redis together, in the order given: a round
-// trip of p (which lets one at a time: PipelineAbove 1) is held out while each call
+// trip of p (which lets one at a time: BatchAbove 1) is held out while each call
 // joins the queue (queued receives once a call has), then comes back, and the first
 // call leads the rest. It returns once every call has returned.
 func inOneRoundTrip(t *testing.T, p *coalescer, queued <-chan struct{}, calls ...func()) {
 	t.Helper()
 	if p.inFlight != 1 {
-		t.Fatalf("inOneRoundTrip needs PipelineAbove 1, got %d", p.inFlight)
+		t.Fatalf("inOneRoundTrip needs a threshold of 1, got %d", p.inFlight)
 	}
 	p.mu.Lock()
 	p.running++
@@ -130,7 +130,7 @@ func (sc *scenario) playBatched(t *testing.T, rdb redis.UniversalClient, seen *c
 	var table atomic.Pointer[space.Reservations]
 	adm, err := New(Options{
 		Redis: rdb, Prefix: testenv.Prefix(t), Enabled: true, FailClosed: true, Cluster: sc.cluster,
-		Timeout: testTimeout, PipelineAbove: 1,
+		Timeout: testTimeout, BatchAbove: 1,
 		Reservations: func() *space.Reservations { return table.Load() },
 	})
 	if err != nil {
@@ -300,7 +300,7 @@ func TestBatches(t *testing.T) {
 				t.Parallel()
 				bothTopologies(t, func(t *testing.T, cluster bool) {
 					opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: clusterBurst})
-					opts.PipelineAbove = 1
+					opts.BatchAbove = 1
 					b := coalescerSetupWith(t, cluster, opts, false)
 					bursts := map[space.ClientKey]int64{"acme": 3, "globex": 5, "initech": 7, "umbrella": 1}
 					clients := []space.ClientKey{"acme", "globex", "initech", "umbrella"}
@@ -354,7 +354,7 @@ func TestBatches(t *testing.T) {
 		bothTopologies(t, func(t *testing.T, cluster bool) {
 			res := proReserve(0.5) // shared 6, pro's reserve 4 (2 of them lendable)
 			opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 10})
-			opts.PipelineAbove = 1
+			opts.BatchAbove = 1
 			opts.Reservations = func() *space.Reservations { return res }
 			b := coalescerSetupWith(t, cluster, opts, false)
 			var pro, free atomic.Int64

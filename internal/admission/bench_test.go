@@ -21,8 +21,11 @@ import (
 //
 // Names are <implementation>/<path>/goroutines=<n>:
 //
-//   - space: Admit with a client rate, the two-bucket atomic decision (two keys);
-//   - space_one_key: Admit without a client rate (the cluster key alone).
+//   - space: Admit with a client rate, the two-bucket atomic decision (two keys), at
+//     SPACE_REDIS_BATCH_ABOVE's default (DefaultBatchAbove): decisions that wait go
+//     together as one batch script call;
+//   - space_unbatched: the same with BatchAbove 0, every decision a call of its own;
+//   - space_one_key: Admit without a client rate (the cluster key alone), batched.
 //
 // The peer library redis_rate (single-key GCRA) is measured beside these, in the same
 // run and on the same private Redis, by the bench module's script and decisions
@@ -44,20 +47,20 @@ func BenchmarkAdmission(b *testing.B) {
 
 	big := space.Rate{RefillRPS: 1e6, Burst: 1e6}
 	empty := space.Rate{RefillRPS: neverRefills, Burst: 1}
-	newAdmitter := func(cluster space.Rate) *Admitter {
-		a, err := New(Options{Redis: rdb, Prefix: testenv.Prefix(b), Enabled: true, FailClosed: true, Cluster: cluster, Timeout: time.Second})
+	newAdmitter := func(cluster space.Rate, batchAbove int) *Admitter {
+		a, err := New(Options{Redis: rdb, Prefix: testenv.Prefix(b), Enabled: true, FailClosed: true, Cluster: cluster, Timeout: time.Second, BatchAbove: batchAbove})
 		if err != nil {
 			b.Fatal(err)
 		}
 		return a
 	}
 	// admitter returns a decide function whose every call takes the given path.
-	admitter := func(withClient, allow bool) func() (bool, error) {
+	admitter := func(withClient, allow bool, batchAbove int) func() (bool, error) {
 		r := big
 		if !allow {
 			r = empty
 		}
-		a := newAdmitter(r)
+		a := newAdmitter(r, batchAbove)
 		var clientRate *space.Rate
 		if withClient {
 			clientRate = &r
@@ -79,8 +82,9 @@ func BenchmarkAdmission(b *testing.B) {
 				name   string
 				decide func() (bool, error)
 			}{
-				{"space", admitter(true, allow)},
-				{"space_one_key", admitter(false, allow)},
+				{"space", admitter(true, allow, DefaultBatchAbove)},
+				{"space_unbatched", admitter(true, allow, 0)},
+				{"space_one_key", admitter(false, allow, DefaultBatchAbove)},
 			} {
 				b.Run(fmt.Sprintf("%s/%s/goroutines=%d", impl.name, path, goroutines), func(b *testing.B) {
 					benchDecisions(b, ctx, rdb, goroutines, allow, impl.decide)

@@ -65,14 +65,20 @@ func checkTimeout(component string, timeout time.Duration) error {
 	return nil
 }
 
-// newRunner returns the runner of one component; pipelineAbove is its
-// Options.PipelineAbove (0: the component's default, byDefault; negative: every
-// script on its own).
-func newRunner(rdb redis.UniversalClient, timeout time.Duration, breaker *Breaker, pipelineAbove, byDefault int) runner {
-	if pipelineAbove == 0 {
-		pipelineAbove = byDefault
+// checkAbove refuses a negative coalescing threshold (field) of component's options:
+// 0 already means that nothing waits.
+func checkAbove(component, field string, n int) error {
+	if n < 0 {
+		return fmt.Errorf("%s: %s must be 0 (every script on its own) or more, got %d", component, field, n)
 	}
-	return runner{rdb: rdb, scripts: newCoalescer(rdb, pipelineAbove), deadlines: newDeadlines(timeout), breaker: breaker, direct: honoursContext(rdb)}
+	return nil
+}
+
+// newRunner returns the runner of one component; above is its options' threshold
+// (Options.BatchAbove, or a limiter's PipelineAbove): how many scripts go on their own
+// at once before the next wait to go together, 0 for never.
+func newRunner(rdb redis.UniversalClient, timeout time.Duration, breaker *Breaker, above int) runner {
+	return runner{rdb: rdb, scripts: newCoalescer(rdb, above), deadlines: newDeadlines(timeout), breaker: breaker, direct: honoursContext(rdb)}
 }
 
 // script runs script through the runner's coalescer: see run for the deadline and the

@@ -61,8 +61,9 @@ type ConcurrencyOptions struct {
 	// PipelineAbove is how many of this component's scripts may be on their way to
 	// Redis at once, each on its own, before the ones callers start wait and go
 	// together as one pipeline when a round trip comes back
-	// (SPACE_REDIS_PIPELINE_ABOVE): see coalescer. 0 is DefaultPipelineAbove (8);
-	// negative sends every script on its own.
+	// (SPACE_REDIS_PIPELINE_ABOVE, whose default is DefaultPipelineAbove, 8): see
+	// coalescer. 0, as that variable's 0, never pipelines: every script is a call of
+	// its own and nothing waits (NewConcurrencyLimiter refuses a negative number).
 	PipelineAbove int
 	// MaxKeys bounds the clients whose places this replica remembers for Alongside
 	// (keyed.DefaultMax, 100,000, when 0).
@@ -136,6 +137,9 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 	if err := checkTimeout("concurrency limiter", opts.Timeout); err != nil {
 		return nil, err
 	}
+	if err := checkAbove("concurrency limiter", "PipelineAbove", opts.PipelineAbove); err != nil {
+		return nil, err
+	}
 	ttl := opts.LeaseTTL
 	if ttl == 0 {
 		ttl = leaseTTL
@@ -157,7 +161,7 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &ConcurrencyLimiter{
-		run:        newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove, DefaultPipelineAbove),
+		run:        newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove),
 		prefix:     prefix + ":client_concurrency:",
 		ttl:        ttl,
 		ttlArg:     strconv.FormatInt(ttl.Milliseconds(), 10),

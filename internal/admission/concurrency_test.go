@@ -38,6 +38,8 @@ func setupConcurrency(t *testing.T, rdb redis.UniversalClient, opts ConcurrencyO
 	if opts.Timeout == 0 {
 		opts.Timeout = testTimeout
 	}
+	// As space-api builds it, at SPACE_REDIS_PIPELINE_ABOVE's default.
+	opts.PipelineAbove = DefaultPipelineAbove
 	lim, err := NewConcurrencyLimiter(opts)
 	if err != nil {
 		t.Fatalf("NewConcurrencyLimiter: %v", err)
@@ -477,8 +479,9 @@ func TestConcurrencyLimiter(t *testing.T) {
 			t.Fatalf("a 1ms lease TTL: %v, want it refused", err)
 		}
 		for field, opts := range map[string]ConcurrencyOptions{
-			"Prefix":  {Redis: b.rdb, Timeout: testTimeout},
-			"Timeout": {Redis: b.rdb, Prefix: b.prefix},
+			"Prefix":        {Redis: b.rdb, Timeout: testTimeout},
+			"Timeout":       {Redis: b.rdb, Prefix: b.prefix},
+			"PipelineAbove": {Redis: b.rdb, Prefix: b.prefix, Timeout: testTimeout, PipelineAbove: -1},
 		} {
 			if _, err := NewConcurrencyLimiter(opts); err == nil || !strings.Contains(err.Error(), field) {
 				t.Errorf("a limiter without %s: %v, want an error naming it", field, err)

@@ -69,7 +69,7 @@ func privateRedis(t *testing.T) (*testenv.RedisServer, *redis.Client) {
 
 // enabled is the Options of most tests: admission on, failing closed.
 func enabled(cluster space.Rate) Options {
-	return Options{Enabled: true, FailClosed: true, Cluster: cluster, RefusalMaxAge: time.Hour}
+	return Options{Enabled: true, FailClosed: true, Cluster: cluster, RefusalMaxAge: time.Hour, BatchAbove: DefaultBatchAbove}
 }
 
 func rate(rps float64, burst int64) *space.Rate { return &space.Rate{RefillRPS: rps, Burst: burst} }

@@ -29,8 +29,9 @@ type LimiterOptions struct {
 	// Redis at once, each on its own, before the ones callers start wait and go
 	// together when a round trip comes back (SPACE_REDIS_PIPELINE_ABOVE): one key's
 	// as one batch script call, different keys' beside each other in one pipeline
-	// (see coalescer). 0 is DefaultPipelineAbove (8); negative sends every script on
-	// its own.
+	// (see coalescer; SPACE_REDIS_PIPELINE_ABOVE, whose default is
+	// DefaultPipelineAbove, 8). 0, as that variable's 0, never coalesces: every script
+	// is a call of its own and nothing waits (NewLimiter refuses a negative number).
 	PipelineAbove int
 }
 
@@ -60,7 +61,10 @@ func NewLimiter(opts LimiterOptions) (*Limiter, error) {
 	if err := checkTimeout("limiter", opts.Timeout); err != nil {
 		return nil, err
 	}
-	return &Limiter{run: newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove, DefaultPipelineAbove), prefix: opts.Prefix + ":", rate: opts.Rate, args: argsOf(opts.Rate)}, nil
+	if err := checkAbove("limiter", "PipelineAbove", opts.PipelineAbove); err != nil {
+		return nil, err
+	}
+	return &Limiter{run: newRunner(opts.Redis, opts.Timeout, opts.Breaker, opts.PipelineAbove), prefix: opts.Prefix + ":", rate: opts.Rate, args: argsOf(opts.Rate)}, nil
 }
 
 // Allow takes one token from key's bucket if it holds one. state is the bucket after

@@ -23,7 +23,7 @@ type limiterBundle struct {
 func setupLimiter(t *testing.T, rdb redis.UniversalClient, r space.Rate) *limiterBundle {
 	t.Helper()
 	b := &limiterBundle{ctx: testenv.Context(t), rdb: rdb, prefix: testenv.Prefix(t) + ":auth_failures"}
-	lim, err := NewLimiter(LimiterOptions{Redis: rdb, Prefix: b.prefix, Rate: r, Timeout: testTimeout})
+	lim, err := NewLimiter(LimiterOptions{Redis: rdb, Prefix: b.prefix, Rate: r, Timeout: testTimeout, PipelineAbove: DefaultPipelineAbove})
 	if err != nil {
 		t.Fatalf("NewLimiter: %v", err)
 	}
@@ -106,10 +106,11 @@ func TestLimiter(t *testing.T) {
 		t.Parallel()
 		rdb := testenv.Redis(t)
 		for name, opts := range map[string]LimiterOptions{
-			"no redis":   {Prefix: "p", Rate: space.Rate{RefillRPS: 1, Burst: 1}, Timeout: testTimeout},
-			"no prefix":  {Redis: rdb, Rate: space.Rate{RefillRPS: 1, Burst: 1}, Timeout: testTimeout},
-			"no burst":   {Redis: rdb, Prefix: "p", Rate: space.Rate{RefillRPS: 1}, Timeout: testTimeout},
-			"no timeout": {Redis: rdb, Prefix: "p", Rate: space.Rate{RefillRPS: 1, Burst: 1}},
+			"no redis":                 {Prefix: "p", Rate: space.Rate{RefillRPS: 1, Burst: 1}, Timeout: testTimeout},
+			"no prefix":                {Redis: rdb, Rate: space.Rate{RefillRPS: 1, Burst: 1}, Timeout: testTimeout},
+			"no burst":                 {Redis: rdb, Prefix: "p", Rate: space.Rate{RefillRPS: 1}, Timeout: testTimeout},
+			"no timeout":               {Redis: rdb, Prefix: "p", Rate: space.Rate{RefillRPS: 1, Burst: 1}},
+			"a negative PipelineAbove": {Redis: rdb, Prefix: "p", Rate: space.Rate{RefillRPS: 1, Burst: 1}, Timeout: testTimeout, PipelineAbove: -1},
 		} {
 			if _, err := NewLimiter(opts); err == nil {
 				t.Errorf("%s: NewLimiter succeeded", name)

@@ -9,20 +9,24 @@ import (
 )
 
 const (
-	// DefaultPipelineAbove is the default of ConcurrencyOptions.PipelineAbove and
-	// LimiterOptions.PipelineAbove (SPACE_REDIS_PIPELINE_ABOVE): how many scripts of a
-	// component go to Redis each on its own at once before the next wait to go
-	// together. Below it a script costs what it would without the coalescer; measured
-	// on 2 cores (docs/benchmarks.md), pipelining at 8 callers or fewer lost more to
-	// waking the waiting callers than it saved in round trips, and at 32 it took about
-	// half the CPU a decision costs.
+	// DefaultPipelineAbove is SPACE_REDIS_PIPELINE_ABOVE's default (config's table
+	// writes the same number, which its tests hold equal to this), which space-api
+	// gives ConcurrencyOptions.PipelineAbove and LimiterOptions.PipelineAbove: how
+	// many scripts of a component go to Redis each on its own at once before the next
+	// wait to go together. Those options' own zero, as the variable's, never
+	// coalesces. Below the threshold a script costs what it would without the
+	// coalescer; measured on 2 cores (docs/benchmarks.md), pipelining at 8 callers or
+	// fewer lost more to waking the waiting callers than it saved in round trips, and
+	// at 32 it took about half the CPU a decision costs.
 	DefaultPipelineAbove = 8
-	// DefaultBatchAbove is the default of Options.PipelineAbove, the Admitter's
-	// (SPACE_REDIS_BATCH_ABOVE): how many of its decisions go to Redis each on its own
-	// at once before the next wait and go together as one batch script call. A batch
-	// costs Redis and the replica so much less a decision than a pipeline did that it
-	// wins from 8 callers up, where pipelines lost (docs/benchmarks.md); below the
-	// threshold nothing waits, so one caller alone costs what it did.
+	// DefaultBatchAbove is SPACE_REDIS_BATCH_ABOVE's default (config's table writes
+	// the same number, which its tests hold equal to this), which space-api gives
+	// Options.BatchAbove: how many of the Admitter's decisions go to Redis each on its
+	// own at once before the next wait and go together as one batch script call.
+	// Options' own zero, as the variable's, never batches. A batch costs Redis and the
+	// replica so much less a decision than a pipeline did that it wins from 8 callers
+	// up, where pipelines lost (docs/benchmarks.md); below the threshold nothing
+	// waits, so one caller alone costs what it did.
 	DefaultBatchAbove = 2
 	// maxBatch bounds one round trip, so that a burst of calls is never written as one
 	// unbounded message: a batch's last call waits for every decision before it.
@@ -87,8 +91,8 @@ type queuedScript struct {
 	done chan struct{}
 }
 
-// newCoalescer returns a coalescer allowing inFlight round trips at once; inFlight
-// <= 0 sends every call on its own.
+// newCoalescer returns a coalescer allowing inFlight round trips at once; inFlight 0
+// sends every call on its own.
 func newCoalescer(rdb redis.UniversalClient, inFlight int) *coalescer {
 	return &coalescer{rdb: rdb, inFlight: inFlight}
 }

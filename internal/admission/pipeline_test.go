@@ -196,13 +196,13 @@ type coalescerBundle struct {
 	queued chan struct{}
 }
 
-// coalescerSetup builds an Admitter pipelining above pipelineAbove, on a client of the
+// coalescerSetup builds an Admitter batching above batchAbove, on a client of the
 // standalone Redis or of the cluster built as space-api builds its own (its calls run
 // directly under their deadlines), with a cluster bucket that never runs dry.
-func coalescerSetup(t *testing.T, cluster bool, pipelineAbove int, hold bool) *coalescerBundle {
+func coalescerSetup(t *testing.T, cluster bool, batchAbove int, hold bool) *coalescerBundle {
 	t.Helper()
 	opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 1 << 40})
-	opts.PipelineAbove = pipelineAbove
+	opts.BatchAbove = batchAbove
 	return coalescerSetupWith(t, cluster, opts, hold)
 }
 
@@ -223,10 +223,10 @@ func dialDirect(t *testing.T, cluster bool) redis.UniversalClient {
 }
 
 // coalescerSetupOn is coalescerSetup on a client of the test's choice, which it closes.
-func coalescerSetupOn(t *testing.T, rdb redis.UniversalClient, pipelineAbove int, hold bool) *coalescerBundle {
+func coalescerSetupOn(t *testing.T, rdb redis.UniversalClient, batchAbove int, hold bool) *coalescerBundle {
 	t.Helper()
 	opts := enabled(space.Rate{RefillRPS: neverRefills, Burst: 1 << 40})
-	opts.PipelineAbove = pipelineAbove
+	opts.BatchAbove = batchAbove
 	return coalescerSetupOnWith(t, rdb, opts, hold)
 }
 
@@ -457,9 +457,9 @@ func TestCoalescer(t *testing.T) {
 		}
 	})
 
-	t.Run("a negative PipelineAbove sends every script on its own", func(t *testing.T) {
+	t.Run("a BatchAbove of 0, a zero Options', sends every decision on its own", func(t *testing.T) {
 		t.Parallel()
-		b := coalescerSetup(t, false, -1, false)
+		b := coalescerSetup(t, false, 0, false)
 		r := rate(neverRefills, 100)
 		var wg sync.WaitGroup
 		for range 16 {

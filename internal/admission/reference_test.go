@@ -344,7 +344,7 @@ func (sc *scenario) play(t *testing.T, rdb redis.UniversalClient, steps []step, 
 	var clock atomic.Int64 // the last time Now gave the Admitter, Unix µs
 	adm, err := New(Options{
 		Redis: rdb, Prefix: testenv.Prefix(t), Enabled: true, FailClosed: true, Cluster: sc.cluster,
-		Timeout: testTimeout, RefusalMaxAge: time.Hour, PipelineAbove: -1,
+		Timeout: testTimeout, RefusalMaxAge: time.Hour, BatchAbove: 0, // each decision its own call
 		Reservations: func() *space.Reservations { return table.Load() },
 		Now: func() time.Time {
 			now := time.Now()

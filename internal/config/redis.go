@@ -51,11 +51,14 @@ type Redis struct {
 	Timeout time.Duration
 	// PipelineAbove is how many scripts of the concurrency limiter and of the
 	// failed-authentication limiter go to Redis each on its own at once before the
-	// next wait to go together in one round trip; 0 never pipelines.
+	// next wait to go together in one round trip (admission.DefaultPipelineAbove, 8,
+	// by default); 0 never pipelines, as the limiters' PipelineAbove of 0, which it
+	// is passed as.
 	PipelineAbove int
 	// BatchAbove is how many admission decisions (the activation charge) go to Redis
 	// each on its own at once before the next wait to go together as one batch script
-	// call; 0 never batches.
+	// call (admission.DefaultBatchAbove, 2, by default); 0 never batches, as
+	// admission.Options.BatchAbove of 0, which it is passed as.
 	BatchAbove int
 	// KeyPrefix namespaces every Redis key ("space" gives exactly the keys of the
 	// design): deployments sharing one Redis each set their own. No braces: the

@@ -161,6 +161,10 @@ func declare(c *Config) []Var {
 			Help: "The name to verify in the server's certificate; needs TLS on."},
 		Var{Name: "SPACE_REDIS_TIMEOUT", Default: "100ms", parse: into(&r.Timeout, duration),
 			Help: "Bounds every Redis call on the request path: a slow Redis must not make every create slow."},
+		// The two thresholds' defaults are admission.DefaultPipelineAbove and
+		// admission.DefaultBatchAbove, written out because config cannot import
+		// admission (whose tests import config); TestCoalescingDefaultsAreAdmissions
+		// holds them equal. 0 means what it means in the admission options: never.
 		Var{Name: "SPACE_REDIS_PIPELINE_ABOVE", Default: "8", parse: into(&r.PipelineAbove, atLeast(0)),
 			Help: "Concurrency-lease and failed-authentication scripts in flight at once, each on its own, before the next wait and go together as one pipeline: fewer round trips under load, no wait below it; `0` never pipelines."},
 		Var{Name: "SPACE_REDIS_BATCH_ABOVE", Default: "2", parse: into(&r.BatchAbove, atLeast(0)),

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/admission"
 )
 
 func TestDefaultsAreTheDocumentedValues(t *testing.T) {
@@ -47,6 +48,18 @@ func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 	}
 	if got := Default(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+// The coalescing thresholds' defaults are declared as text (config cannot import
+// admission): they must be the admission package's constants. (Their 0 loads as 0,
+// TestLoad, which admission's options take to mean never as the variables do.)
+func TestCoalescingDefaultsAreAdmissions(t *testing.T) {
+	t.Parallel()
+	d := Default().Redis
+	if d.PipelineAbove != admission.DefaultPipelineAbove || d.BatchAbove != admission.DefaultBatchAbove {
+		t.Fatalf("SPACE_REDIS_PIPELINE_ABOVE and SPACE_REDIS_BATCH_ABOVE default to %d and %d, admission's defaults are %d and %d",
+			d.PipelineAbove, d.BatchAbove, admission.DefaultPipelineAbove, admission.DefaultBatchAbove)
 	}
 }
 

@@ -90,7 +90,7 @@ func setup(t testing.TB, o setupOptions) *bundle {
 	b.admitter, err = admission.New(admission.Options{
 		Redis: b.redis, Prefix: testenv.Prefix(t), Enabled: true,
 		Cluster: space.Rate{RefillRPS: 1000, Burst: 10000},
-		Timeout: time.Second,
+		Timeout: time.Second, BatchAbove: admission.DefaultBatchAbove,
 	})
 	if err != nil {
 		t.Fatal(err)

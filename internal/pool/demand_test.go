@@ -568,7 +568,7 @@ func TestRefillsYieldToUsers(t *testing.T) {
 func refillRace(t *testing.T, rdb redis.UniversalClient, burst, reserve int64, users int) (refused, warmed int) {
 	b := setup(t)
 	adm, err := admission.New(admission.Options{Redis: rdb, Prefix: testenv.Prefix(t), Enabled: true, FailClosed: true,
-		Cluster: space.Rate{RefillRPS: 1e-9, Burst: burst}, Timeout: 5 * time.Second})
+		Cluster: space.Rate{RefillRPS: 1e-9, Burst: burst}, Timeout: 5 * time.Second, BatchAbove: admission.DefaultBatchAbove})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -738,7 +738,8 @@ func TestAWarmUpNoRefillCanPayFor(t *testing.T) {
 		b := setup(t)
 		reg := prometheus.NewRegistry()
 		adm, err := admission.New(admission.Options{Redis: testenv.Redis(t), Prefix: testenv.Prefix(t), Enabled: true, FailClosed: true,
-			Cluster: space.Rate{RefillRPS: 10, Burst: 20}, Timeout: 5 * time.Second, Reservations: func() *space.Reservations { return res }})
+			Cluster: space.Rate{RefillRPS: 10, Burst: 20}, Timeout: 5 * time.Second, BatchAbove: admission.DefaultBatchAbove,
+			Reservations: func() *space.Reservations { return res }})
 		if err != nil {
 			t.Fatal(err)
 		}
