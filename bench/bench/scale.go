@@ -345,7 +345,7 @@ func (r *ScaleResult) decisions(ctx context.Context, env *Env, runs int, s scale
 	}
 	for run := range runs {
 		for _, arm := range rotate(arms, run) {
-			made, elapsed, err := decideFor(ctx, arm.decide, d.Goroutines, d.Duration)
+			made, elapsed, _, err := decideFor(ctx, arm.decide, d.Goroutines, d.Duration)
 			if err != nil {
 				return fmt.Errorf("scale decisions: %w", err)
 			}

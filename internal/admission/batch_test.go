@@ -532,7 +532,7 @@ func TestBatches(t *testing.T) {
 			inOneRoundTrip(t, b.adm.run.scripts, queued,
 				func() { admitted <- b.admit("acme", r).Admitted },
 				func() {
-					_, err := b.adm.Admit(ctx, "acme", r)
+					_, err := b.adm.admit(ctx, "acme", r)
 					late <- err
 				},
 				func() { admitted <- b.admit("acme", r).Admitted },
@@ -570,7 +570,7 @@ func TestBatches(t *testing.T) {
 		var gone error
 		inOneRoundTrip(t, b.adm.run.scripts, queued,
 			func() { b.admit("acme", r) },
-			func() { _, gone = b.adm.Admit(ctx, "acme", r) },
+			func() { _, gone = b.adm.admit(ctx, "acme", r) },
 			func() {
 				// Queued last, once the one before it is past its deadline, while the
 				// round trip is still out.
@@ -700,7 +700,7 @@ func TestBatches(t *testing.T) {
 		errs := make([]error, 4)
 		calls := make([]func(), len(errs))
 		for i := range calls {
-			calls[i] = func() { _, errs[i] = b.adm.Admit(b.ctx, "acme", r) }
+			calls[i] = func() { _, errs[i] = b.adm.admit(b.ctx, "acme", r) }
 		}
 		inOneRoundTrip(t, b.adm.run.scripts, queued, calls...)
 		for i, err := range errs {
