@@ -168,6 +168,28 @@ func (c *callgrind) batched(ctx context.Context, decide decider, calls, g int) (
 	if err := decideN(ctx, decide, 1, 1, true); err != nil {
 		return nil, err
 	}
+	// The first batch loads the batch script (EVALSHA refused NOSCRIPT, then EVAL with
+	// its source, which Redis compiles: millions of instructions, which over a smoke
+	// run's few decisions outweighed them all). Warm up from g goroutines, unmeasured,
+	// until a batch has gone.
+	for try := 0; ; try++ {
+		if err := c.rdb.ConfigResetStat(ctx).Err(); err != nil {
+			return nil, fmt.Errorf("CONFIG RESETSTAT: %w", err)
+		}
+		if err := decideN(ctx, decide, 4*g, g, true); err != nil {
+			return nil, err
+		}
+		stats, err := commandStats(ctx, c.rdb)
+		if err != nil {
+			return nil, err
+		}
+		if stats["eval"].Calls > 0 || stats["evalsha"].Calls < int64(4*g) {
+			break
+		}
+		if try == 10 {
+			return nil, fmt.Errorf("%d decisions from %d goroutines, %d times, never went as a batch", 4*g, g, try+1)
+		}
+	}
 	if err := c.rdb.ConfigResetStat(ctx).Err(); err != nil {
 		return nil, fmt.Errorf("CONFIG RESETSTAT: %w", err)
 	}
