@@ -35,6 +35,18 @@ type requestState struct {
 	// answered is when the answer was flushed before the handler returned (see
 	// keptUntilAnswered); zero when it ends with the handler.
 	answered time.Time
+	// seat gives back the request's seat of the overload gate (admitSeat) before the
+	// handler ends, once; nil when it holds none.
+	seat func()
+}
+
+// giveSeatBack gives the request's seat of the overload gate back now, to the next
+// request in turn, when the rest of its work is no work at all: a refusal from memory
+// waiting out its pace. Once; nothing when the request holds no seat.
+func giveSeatBack(ctx context.Context) {
+	if st := stateFrom(ctx); st != nil && st.seat != nil {
+		st.seat()
+	}
 }
 
 func stateFrom(ctx context.Context) *requestState {

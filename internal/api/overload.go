@@ -238,7 +238,13 @@ func (s *Server) admitSeat(next http.Handler) http.Handler {
 			})
 			return
 		}
-		defer release()
+		// The handler may give the seat back before it ends (giveSeatBack): once.
+		var once sync.Once
+		back := func() { once.Do(release) }
+		if st := stateFrom(r.Context()); st != nil {
+			st.seat = back
+		}
+		defer back()
 		next.ServeHTTP(w, r)
 	})
 }

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"github.com/prometheus/client_golang/prometheus"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -309,6 +310,38 @@ func TestRefusalPace(t *testing.T) {
 			return nil, &space.LimitError{Bucket: space.BucketClientActivation, Client: p.Caller.Key, RetryAfter: time.Second}
 		}
 		refusedAtOnce(t, b)
+	})
+
+	t.Run("a refusal waiting out its pace holds no seat of the gate: the next request in turn gets it", func(t *testing.T) {
+		t.Parallel()
+		b := setupPace(t, time.Minute)
+		b.h.server.gate = newGate(GateOptions{Seats: 2, MaxWait: time.Minute}, prometheus.NewRegistry())
+		beta := betaAtWork(t, b) // one seat
+		refusal := delayedRefusals(t, b, 1)[0]
+		// The other seat: free, although acme's refusal is still waiting out its pace.
+		gamma := send(b, context.Background(), "gamma")
+		within(t, "gamma's create to get a seat while acme's refusal waits", b.started)
+		select {
+		case b.fire <- time.Now():
+		case w := <-refusal:
+			t.Fatalf("acme's refusal answered %d before its pace, beside two creates at work", w.Code)
+		}
+		if w := answered(t, refusal); w.Code != http.StatusTooManyRequests {
+			t.Fatalf("acme's create = %d %s, want 429", w.Code, w.Body)
+		}
+		close(b.finish)
+		for _, a := range []<-chan *httptest.ResponseRecorder{beta, gamma} {
+			if w := answered(t, a); w.Code != http.StatusCreated {
+				t.Fatalf("a create at work = %d %s", w.Code, w.Body)
+			}
+		}
+		g := b.h.server.gate
+		g.mu.Lock()
+		n := g.inUse
+		g.mu.Unlock()
+		if n != 0 {
+			t.Fatalf("%d seats in use once every request ended, want 0 (a seat given back twice or never)", n)
+		}
 	})
 
 	t.Run("a caller that hangs up while its refusal is delayed is let go at once", func(t *testing.T) {

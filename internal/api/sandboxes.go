@@ -225,7 +225,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	sb, lease, err := s.sandboxes.Create(r.Context(), caller, req, s.places)
 	if le, ok := errors.AsType[*space.LimitError](err); ok && le.FromMemory {
-		// Refused from memory: yields to another key's request at work here.
+		// Refused from memory: yields to another key's request at work here, holding
+		// no seat of the gate meanwhile (a paced refusal is a parked goroutine, no
+		// work: the seat goes to the next request in turn).
+		giveSeatBack(r.Context())
 		s.pace.delay(r.Context(), caller.Key)
 	}
 	w, done := keptUntilAnswered(w, r, lease)
