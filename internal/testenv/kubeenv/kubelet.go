@@ -68,6 +68,11 @@ type KubeletOptions struct {
 	// KeepTerminating leaves Pods being deleted as they are (terminating until the
 	// test ends), as a node that stopped answering would.
 	KeepTerminating bool
+	// Scheduled leaves the Pods to the fleet (StartFleet): kube-scheduler binds
+	// them, kwok starts and removes them. The Kubelet then only provisions the
+	// claims the scheduler picked a node for (a PersistentVolume each, deleted with
+	// its claim), readies snapshots and releases claims no Pod uses.
+	Scheduled bool
 }
 
 // VolumeSnapshotGVR is snapshot.storage.k8s.io/v1 volumesnapshots.
@@ -215,7 +220,17 @@ func (k *Kubelet) sync(ctx context.Context) error {
 				usedClaims[name] = true
 			}
 		}
-		errs = append(errs, k.syncPod(ctx, pod, claimByName, snapReady))
+		if !k.opts.Scheduled {
+			errs = append(errs, k.syncPod(ctx, pod, claimByName, snapReady))
+		}
+	}
+	if k.opts.Scheduled {
+		live := map[types.UID]bool{}
+		for _, c := range claims {
+			live[c.UID] = true
+			errs = append(errs, k.provision(ctx, c))
+		}
+		errs = append(errs, k.deleteVolumes(ctx, live))
 	}
 	for _, c := range claims {
 		if c.DeletionTimestamp != nil && !usedClaims[c.Name] && hasString(c.Finalizers, pvcProtection) {

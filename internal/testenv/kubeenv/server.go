@@ -86,6 +86,9 @@ type Server struct {
 	caPEM []byte
 	dir   string
 	crds  sync.Map // source name -> *crdOnce
+
+	fleet     fleetOnce // the kube-scheduler and kwok of StartFleet
+	fleetLogs []string
 }
 
 var (
