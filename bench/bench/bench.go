@@ -39,7 +39,12 @@
 //     transaction (migrations.go);
 //   - soak: steady creates and deletes against one space-api whose retention is
 //     short: the tables' rows and sizes and the creates' p99 over minutes (soak.go);
-//   - gobench: the hot-path `go test -bench` benchmarks, allocations included.
+//   - gobench: the hot-path `go test -bench` benchmarks, allocations included;
+//   - fleet: space-api's replicas with the kubernetes substrate on a real
+//     kube-apiserver, kube-scheduler and kwok's simulated nodes: 1,000 sandboxes
+//     with a warm pool of 200, the API server's requests per sandbox by verb, Pod
+//     readiness p50/p99 and the Pod creation rate beside the cluster bucket's
+//     (fleet.go).
 //
 // Private redis-servers, free ports and the bench's databases come from the product's
 // internal/testenv, whose error-returning core serves tests and the bench alike.
@@ -89,7 +94,7 @@ func (e *Env) logf(format string, args ...any) {
 }
 
 // Scenarios are the scenario names, in the order they run.
-var Scenarios = []string{"script", "decisions", "http", "flood", "overload", "keys", "replicas", "pool", "lifecycle", "migrations", "soak", "gobench"}
+var Scenarios = []string{"script", "decisions", "http", "flood", "overload", "keys", "replicas", "pool", "lifecycle", "migrations", "soak", "gobench", "fleet"}
 
 // Config is what to run and how much of it.
 type Config struct {
@@ -163,6 +168,10 @@ type sizes struct {
 	overSlowConns                      int
 	overMultiples                      []int
 	overMaxConns                       int
+
+	// The fleet: sandboxes created, the warm pool's target, simulated nodes, and
+	// creates in flight.
+	fleetSandboxes, fleetPool, fleetNodes, fleetWorkers int
 }
 
 func sizesFor(quick bool) sizes {
@@ -182,6 +191,7 @@ func sizesFor(quick bool) sizes {
 			migrationCreateRate: 20, migrationOpRate: 10, migrationBaseline: time.Second, migrationHold: 3 * time.Second,
 			soakDur: 20 * time.Second, soakEvery: 5 * time.Second, soakRetention: 5 * time.Second, soakHold: time.Second,
 			soakRate: 20, soakAsyncRate: 5,
+			fleetSandboxes: 20, fleetPool: 5, fleetNodes: 2, fleetWorkers: 4,
 		}
 	}
 	return sizes{
@@ -199,6 +209,7 @@ func sizesFor(quick bool) sizes {
 		migrationCreateRate: 50, migrationOpRate: 20, migrationBaseline: 10 * time.Second, migrationHold: 12 * time.Second,
 		soakDur: 5 * time.Minute, soakEvery: 15 * time.Second, soakRetention: 30 * time.Second, soakHold: 2 * time.Second,
 		soakRate: 50, soakAsyncRate: 10,
+		fleetSandboxes: 1000, fleetPool: 200, fleetNodes: 12, fleetWorkers: 32,
 	}
 }
 
@@ -224,6 +235,7 @@ type Report struct {
 	Migrations *MigrationsResult
 	Soak       *SoakResult
 	GoBench    *GoBenchResult
+	Fleet      *FleetResult
 }
 
 // Run runs the scenarios of cfg and returns what they measured. A scenario that fails
@@ -267,6 +279,7 @@ func Run(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		{"migrations", func() (err error) { rep.Migrations, err = runMigrations(ctx, env, cfg.Runs, sz); return }},
 		{"soak", func() (err error) { rep.Soak, err = runSoak(ctx, env, sz); return }},
 		{"gobench", func() (err error) { rep.GoBench, err = runGoBench(ctx, env, sz); return }},
+		{"fleet", func() (err error) { rep.Fleet, err = runFleet(ctx, env, sz); return }},
 	}
 	for _, s := range steps {
 		if !cfg.wants(s.name) {

@@ -54,15 +54,30 @@ type fleetOnce struct {
 // claims. It fails the test when the binaries cannot be had; it never skips.
 func (s *Server) StartFleet(t testing.TB, nodes int, capacity corev1.ResourceList) []string {
 	t.Helper()
-	s.fleet.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), kubebin.BuildTimeout+startTimeout)
-		defer cancel()
-		s.fleet.err = s.startFleet(ctx)
-	})
-	if s.fleet.err != nil {
-		t.Fatalf("kube-scheduler and kwok for the fleet tests: %v\n(the binaries are built with\n\t%s)", s.fleet.err, kubebin.BuildCommand)
+	ctx, cancel := context.WithTimeout(context.Background(), kubebin.BuildTimeout+startTimeout)
+	defer cancel()
+	if err := s.LaunchFleet(ctx); err != nil {
+		t.Fatalf("kube-scheduler and kwok for the fleet tests: %v\n(the binaries are built with\n\t%s)", err, kubebin.BuildCommand)
 	}
-	ctx := testenv.Context(t)
+	names, err := s.AddNodes(testenv.Context(t), nodes, capacity)
+	t.Cleanup(func() { s.DeleteNodes(names) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// LaunchFleet starts the process's kube-scheduler and kwok, once (StartFleet does for
+// a test); later calls return the first one's error.
+func (s *Server) LaunchFleet(ctx context.Context) error {
+	s.fleet.once.Do(func() { s.fleet.err = s.startFleet(ctx) })
+	return s.fleet.err
+}
+
+// AddNodes creates nodes simulated nodes of the given capacity, named apart from
+// every other call's, and returns once kwok made them Ready and they are schedulable.
+// The names are returned with an error too, for DeleteNodes.
+func (s *Server) AddNodes(ctx context.Context, nodes int, capacity corev1.ResourceList) ([]string, error) {
 	prefix := "fleet-" + strings.ToLower(testenv.RandomID(5))
 	var names []string
 	for i := range nodes {
@@ -73,35 +88,40 @@ func (s *Server) StartFleet(t testing.TB, nodes int, capacity corev1.ResourceLis
 			Status: corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
 		}
 		if _, err := s.Clientset.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create node %s: %v", name, err)
+			return names, fmt.Errorf("create node %s: %w", name, err)
 		}
 		names = append(names, name)
 	}
-	t.Cleanup(func() {
-		for _, name := range names {
-			_ = s.Clientset.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{})
-		}
-	})
 	// kwok makes the nodes Ready; the API server's admission gave each the
 	// node.kubernetes.io/not-ready taint at creation, which the node lifecycle
 	// controller (there is no controller manager) would remove once they are.
-	testenv.Eventually(t, time.Minute, "kwok to make the fleet's nodes Ready and schedulable", func() bool {
-		for _, name := range names {
+	deadline := time.Now().Add(time.Minute)
+	for _, name := range names {
+		for {
 			n, err := s.Clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-			if err != nil || !nodeReady(n) {
-				return false
+			if err == nil && nodeReady(n) {
+				if len(n.Spec.Taints) == 0 {
+					break
+				}
+				n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeNotReady })
+				if _, err = s.Clientset.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err == nil {
+					break
+				} // a conflict with kwok's heartbeat: again
 			}
-			if len(n.Spec.Taints) == 0 {
-				continue
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return names, fmt.Errorf("node %s not Ready and schedulable within a minute (last: %v); kwok's log is %v", name, err, s.fleetLogs)
 			}
-			n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeNotReady })
-			if _, err := s.Clientset.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-				return false // a conflict with kwok's heartbeat: again
-			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		return true
-	})
-	return names
+	}
+	return names, nil
+}
+
+// DeleteNodes deletes the nodes named.
+func (s *Server) DeleteNodes(names []string) {
+	for _, name := range names {
+		_ = s.Clientset.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{})
+	}
 }
 
 func nodeReady(n *corev1.Node) bool {
