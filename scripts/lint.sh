@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make lint`: go vet, a gofmt check, and go.mod/go.sum kept tidy, for the product module,
 # tools/image (the image builder), bench (the benchmark driver and its peers),
-# tools/openapi (the client generated from api/openapi.yaml), and tools/etcd and
-# tools/kube-apiserver (the servers the tests build), each a module of its own.
+# tools/openapi (the client generated from api/openapi.yaml), and tools/etcd,
+# tools/kube-apiserver, tools/kube-scheduler and tools/kwok (the servers and the fleet
+# the tests build), each a module of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go vet ./...
@@ -17,9 +18,10 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 # `go mod tidy -diff` prints what tidy would change and fails without touching the files.
-# tools/etcd and tools/kube-apiserver hold no Go code of their own (their tool directives
-# name the servers the tests build), so only their tidiness is checked.
-for mod in . tools/image bench tools/openapi tools/etcd tools/kube-apiserver; do
+# tools/etcd, tools/kube-apiserver, tools/kube-scheduler and tools/kwok hold no Go code
+# of their own (their tool directives name what the tests build), so only their
+# tidiness is checked.
+for mod in . tools/image bench tools/openapi tools/etcd tools/kube-apiserver tools/kube-scheduler tools/kwok; do
   if ! diff=$(cd "$mod" && go mod tidy -diff); then
     echo "go.mod/go.sum of $mod are not tidy; run (cd $mod && go mod tidy) and commit:" >&2
     echo "$diff" >&2

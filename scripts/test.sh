@@ -19,7 +19,8 @@ cd "$(dirname "$0")/.."
 # The etcd and kube-apiserver of the Kubernetes tests (internal/testenv/kubeenv) are
 # built from their Go modules once per machine, cached under
 # ${XDG_CACHE_HOME:-$HOME/.cache}/space/kube: about 15 minutes of a 2-core machine's
-# CPU the first time, nothing after. The build starts first, in the background, so
+# CPU the first time, nothing after; then the fleet tests' kube-scheduler and kwok,
+# about 4 CPU-minutes more (most of kube-scheduler's packages are kube-apiserver's). The build starts first, in the background, so
 # that it overlaps the services' start, the lint and the compilation of the suite; a
 # test that needs the servers waits for it (a file lock), and builds them itself
 # should it have failed. It runs at the lowest CPU priority (nice 19): the tests whose

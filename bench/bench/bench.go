@@ -46,7 +46,12 @@
 //     and refused creates/s spread over 100,000 keys or tenants against one, a
 //     10,000-client quota flag reloaded every 500 ms under load, and Redis bytes per
 //     idle client key at 100,000 keys and their expiry (scale.go);
-//   - gobench: the hot-path `go test -bench` benchmarks, allocations included.
+//   - gobench: the hot-path `go test -bench` benchmarks, allocations included;
+//   - fleet: space-api's replicas with the kubernetes substrate on a real
+//     kube-apiserver, kube-scheduler and kwok's simulated nodes: 1,000 sandboxes
+//     with a warm pool of 200, the API server's requests per sandbox by verb, Pod
+//     readiness p50/p99 and the Pod creation rate beside the cluster bucket's
+//     (fleet.go).
 //
 // Private redis-servers, free ports and the bench's databases come from the product's
 // internal/testenv, whose error-returning core serves tests and the bench alike.
@@ -96,7 +101,7 @@ func (e *Env) logf(format string, args ...any) {
 }
 
 // Scenarios are the scenario names, in the order they run.
-var Scenarios = []string{"script", "decisions", "http", "flood", "overload", "keys", "replicas", "pool", "lifecycle", "migrations", "soak", "scale", "gobench"}
+var Scenarios = []string{"script", "decisions", "http", "flood", "overload", "keys", "replicas", "pool", "lifecycle", "migrations", "soak", "scale", "gobench", "fleet"}
 
 // Config is what to run and how much of it.
 type Config struct {
@@ -171,6 +176,10 @@ type sizes struct {
 	overMultiples                      []int
 	overMaxConns                       int
 	scale                              scaleSizes
+
+	// The fleet: sandboxes created, the warm pool's target, simulated nodes, and
+	// creates in flight.
+	fleetSandboxes, fleetPool, fleetNodes, fleetWorkers int
 }
 
 func sizesFor(quick bool) sizes {
@@ -191,6 +200,7 @@ func sizesFor(quick bool) sizes {
 			soakDur: 20 * time.Second, soakEvery: 5 * time.Second, soakRetention: 5 * time.Second, soakHold: time.Second,
 			soakRate: 20, soakAsyncRate: 5,
 			scale: scaleSizesFor(true),
+			fleetSandboxes: 20, fleetPool: 5, fleetNodes: 2, fleetWorkers: 4,
 		}
 	}
 	return sizes{
@@ -209,6 +219,7 @@ func sizesFor(quick bool) sizes {
 		soakDur: 5 * time.Minute, soakEvery: 15 * time.Second, soakRetention: 30 * time.Second, soakHold: 2 * time.Second,
 		soakRate: 50, soakAsyncRate: 10,
 		scale: scaleSizesFor(false),
+		fleetSandboxes: 1000, fleetPool: 200, fleetNodes: 12, fleetWorkers: 32,
 	}
 }
 
@@ -235,6 +246,7 @@ type Report struct {
 	Soak       *SoakResult
 	Scale      *ScaleResult
 	GoBench    *GoBenchResult
+	Fleet      *FleetResult
 }
 
 // Run runs the scenarios of cfg and returns what they measured. A scenario that fails
@@ -279,6 +291,7 @@ func Run(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		{"soak", func() (err error) { rep.Soak, err = runSoak(ctx, env, sz); return }},
 		{"scale", func() (err error) { rep.Scale, err = runScale(ctx, env, cfg.Runs, sz); return }},
 		{"gobench", func() (err error) { rep.GoBench, err = runGoBench(ctx, env, sz); return }},
+		{"fleet", func() (err error) { rep.Fleet, err = runFleet(ctx, env, sz); return }},
 	}
 	for _, s := range steps {
 		if !cfg.wants(s.name) {

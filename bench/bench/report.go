@@ -143,6 +143,10 @@ func (r *Report) Summary() string {
 		}
 		fmt.Fprintf(&b, "  %d replicas: admitted − (burst + refill × elapsed) = %s per run\n", p.Replicas, strings.Join(diffs, ", "))
 	}
+	if f := r.Fleet; f != nil {
+		fmt.Fprintf(&b, "  fleet: %d sandboxes (%d warm) with a pool of %d on %d kwok nodes: %d pods created at %.1f/s (cluster bucket %g/s), pod ready p50 %s p99 %s, %.1f API requests per sandbox\n",
+			f.Sandboxes, f.Run.Warm, f.Pool, f.Nodes, f.Run.PodsCreated, f.Run.PodRate, f.ClusterRefill, f.Run.ReadyP50.Round(time.Millisecond), f.Run.ReadyP99.Round(time.Millisecond), f.Run.requests())
+	}
 	b.WriteString("\nFigures\n")
 	if s := r.Script; s != nil {
 		for _, c := range s.Cells {
@@ -544,6 +548,7 @@ func (r *Report) Markdown(command string) string {
 	r.migrationsMarkdown(&b)
 	r.soakMarkdown(&b)
 	r.scaleMarkdown(&b)
+	r.fleetMarkdown(&b)
 	if g := r.GoBench; g != nil {
 		w("### Go benchmarks of the hot paths\n\n")
 		w("`%s`, median [min–max] over the runs. Each package says what its benchmark measures; those with Postgres or Redis in them use the services.\n\n", g.Command)

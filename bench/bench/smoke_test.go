@@ -68,6 +68,30 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The fleet last: a kube-apiserver, kube-scheduler and kwok of its own.
+	fleeted, err := Run(ctx, env, Config{Runs: 1, Quick: true, Only: []string{"fleet"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("the fleet creates every sandbox on pods it counts, each one ready", func(t *testing.T) {
+		f := fleeted.Fleet
+		run := f.Run
+		if run.Warm+run.Cold != f.Sandboxes || run.Warm == 0 {
+			t.Errorf("%d warm + %d cold, want %d with some warm", run.Warm, run.Cold, f.Sandboxes)
+		}
+		// Every cold start made a pod while the creates ran; the pool's refills may
+		// add more, never fewer.
+		if run.PodsCreated < run.Cold {
+			t.Errorf("%d pods created for %d cold starts", run.PodsCreated, run.Cold)
+		}
+		if !(run.ReadyP50 > 0) || run.ReadyP99 < run.ReadyP50 || !(run.PodRate > 0) {
+			t.Errorf("ready p50 %s p99 %s, %.1f pods/s", run.ReadyP50, run.ReadyP99, run.PodRate)
+		}
+		if run.PerActivationResource["POST pods"] <= 0 || run.PerActivation["POST"] <= 0 || run.PerActivation["GET"] <= 0 {
+			t.Errorf("API requests per sandbox %v: want pod creates and gets among them", run.PerActivationResource)
+		}
+	})
 
 	t.Run("script cost is measured for every implementation and path", func(t *testing.T) {
 		for _, c := range redisOnly.Script.Cells {
@@ -444,8 +468,9 @@ func TestSmoke(t *testing.T) {
 		merged := *servers
 		merged.Script, merged.Decision, merged.Keys, merged.Pool, merged.Lifecycle = redisOnly.Script, redisOnly.Decision, redisOnly.Keys, redisOnly.Pool, redisOnly.Lifecycle
 		merged.Migrations = redisOnly.Migrations
+		merged.Fleet = fleeted.Fleet
 		md := merged.Markdown("make bench")
-		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas", "### 7. Warm pool", "### 8. Lifecycle", "### 9. Overload", "### 10. Migrations", "### 11. Soak", "### 12. A hundred thousand tenants"} {
+		for _, want := range []string{"### 1. Script cost", "### 2. Decisions/s", "### 3. HTTP", "Refused creates: the ceiling against peers", "### 4. Flood", "### 5. Scale", "### 6. Several replicas", "### 7. Warm pool", "### 8. Lifecycle", "### 9. Overload", "### 10. Migrations", "### 11. Soak", "### 12. A hundred thousand tenants", "### 13. Fleet"} {
 			if !strings.Contains(md, want) {
 				t.Errorf("markdown lacks %q", want)
 			}

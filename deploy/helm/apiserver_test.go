@@ -43,6 +43,12 @@ func renderFor(t *testing.T, ns, sbx string, extra ...string) []*unstructured.Un
 		t.Fatal(err)
 	}
 	decodeAll(t, out) // strictly, as every other render
+	return unstructuredAll(t, out)
+}
+
+// unstructuredAll splits helm's output into its documents, as the server takes them.
+func unstructuredAll(t *testing.T, out string) []*unstructured.Unstructured {
+	t.Helper()
 	var objs []*unstructured.Unstructured
 	for _, chunk := range separator.Split(out, -1) {
 		j, err := yaml.YAMLToJSON([]byte(chunk))

@@ -1,7 +1,8 @@
-// Package kubebin builds the etcd and kube-apiserver the tests run (internal/testenv/kubeenv)
-// from their Go modules, each pinned by a module of its own under tools/ (tools/etcd,
-// tools/kube-apiserver), and caches them per machine: the first build of kube-apiserver
-// costs minutes of CPU, every later run finds the binary. It imports nothing but the
+// Package kubebin builds the etcd and kube-apiserver the tests run (internal/testenv/kubeenv),
+// and the kube-scheduler and kwok of the fleet tests, from their Go modules, each pinned
+// by a module of its own under tools/ (tools/etcd, tools/kube-apiserver,
+// tools/kube-scheduler, tools/kwok), and caches them per machine: the first build of
+// kube-apiserver costs minutes of CPU, every later run finds the binary. It imports nothing but the
 // standard library, so that `make test` can start the build at once, before anything
 // else compiles.
 package kubebin
@@ -49,7 +50,46 @@ var (
 	// emulation version it derives from it); unstamped it would say v0.0.0.
 	apiserverTool = tool{name: "kube-apiserver", module: "k8s.io/kubernetes", pkg: "k8s.io/kubernetes/cmd/kube-apiserver",
 		ldflags: "-s -w -X k8s.io/component-base/version.gitVersion=%[1]s -X k8s.io/component-base/version.gitMajor=%[2]s -X k8s.io/component-base/version.gitMinor=%[3]s"}
+	// kube-scheduler is built from the same k8s.io/kubernetes as kube-apiserver (its
+	// module, tools/kube-scheduler, pins the same versions), so most of its packages
+	// are already in Go's build cache when kube-apiserver was built first.
+	schedulerTool = tool{name: "kube-scheduler", module: "k8s.io/kubernetes", pkg: "k8s.io/kubernetes/cmd/kube-scheduler",
+		ldflags: apiserverTool.ldflags}
+	kwokTool = tool{name: "kwok", module: "sigs.k8s.io/kwok", pkg: "sigs.k8s.io/kwok/cmd/kwok",
+		ldflags: "-s -w"}
 )
+
+// Fleet are the paths of the fleet tests' kube-scheduler and kwok (FindOrBuildFleet).
+type Fleet struct {
+	Scheduler, Kwok string
+	// SchedulerVersion and KwokVersion are the module versions they were built from.
+	SchedulerVersion, KwokVersion string
+}
+
+// FindOrBuildFleet returns the cached kube-scheduler and kwok, building whichever is
+// missing, as FindOrBuild does the servers. Only the fleet tests need them; the
+// background build of `make test` builds them after the servers, so that the tests
+// waiting on the servers do not wait on these too.
+func FindOrBuildFleet(ctx context.Context, log func(format string, args ...any)) (Fleet, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return Fleet{}, err
+	}
+	cache, err := cacheDir()
+	if err != nil {
+		return Fleet{}, err
+	}
+	var f Fleet
+	f.Scheduler, f.SchedulerVersion, err = findOrBuild(ctx, root, cache, schedulerTool, log)
+	if err != nil {
+		return Fleet{}, err
+	}
+	f.Kwok, f.KwokVersion, err = findOrBuild(ctx, root, cache, kwokTool, log)
+	if err != nil {
+		return Fleet{}, err
+	}
+	return f, nil
+}
 
 // Binaries are the paths of the built servers.
 type Binaries struct {

@@ -21,7 +21,7 @@ func TestToolVersion(t *testing.T) {
 		for _, c := range []struct {
 			tl   tool
 			want string
-		}{{etcdTool, "v3.7.3"}, {apiserverTool, "v1.37.2"}} {
+		}{{etcdTool, "v3.7.3"}, {apiserverTool, "v1.37.2"}, {schedulerTool, "v1.37.2"}, {kwokTool, "v0.8.0"}} {
 			v, key, err := toolVersion(filepath.Join(root, "tools", c.tl.name), c.tl.module)
 			if err != nil || v != c.want || len(key) != 8 {
 				t.Errorf("%s: version %q key %q (%v), want %s and an 8-digit key", c.tl.name, v, key, err, c.want)

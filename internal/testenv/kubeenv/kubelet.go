@@ -44,7 +44,6 @@ import (
 // It reacts to watches (informers), never polls. It writes a Pod's status once; a
 // test may write it again itself.
 type Kubelet struct {
-	t         testing.TB
 	s         *Server
 	namespace string
 	opts      KubeletOptions
@@ -68,6 +67,11 @@ type KubeletOptions struct {
 	// KeepTerminating leaves Pods being deleted as they are (terminating until the
 	// test ends), as a node that stopped answering would.
 	KeepTerminating bool
+	// Scheduled leaves the Pods to the fleet (StartFleet): kube-scheduler binds
+	// them, kwok starts and removes them. The Kubelet then only provisions the
+	// claims the scheduler picked a node for (a PersistentVolume each, deleted with
+	// its claim), readies snapshots and releases claims no Pod uses.
+	Scheduled bool
 }
 
 // VolumeSnapshotGVR is snapshot.storage.k8s.io/v1 volumesnapshots.
@@ -80,13 +84,32 @@ const pvcProtection = "kubernetes.io/pvc-protection"
 // StartKubelet starts a Kubelet for namespace, stopped when the test ends.
 func (s *Server) StartKubelet(t testing.TB, namespace string, opts KubeletOptions) *Kubelet {
 	t.Helper()
+	k, stop, err := s.runKubelet(namespace, opts, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return k
+}
+
+// RunKubelet is StartKubelet for a program that is no test: the Kubelet runs until
+// stop is called, and logf (nil: nothing) is told of writes that raced and are tried
+// again.
+func (s *Server) RunKubelet(namespace string, opts KubeletOptions, logf func(format string, args ...any)) (k *Kubelet, stop func(), err error) {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	return s.runKubelet(namespace, opts, logf)
+}
+
+func (s *Server) runKubelet(namespace string, opts KubeletOptions, logf func(format string, args ...any)) (*Kubelet, func(), error) {
 	if opts.PodStatus == nil {
 		opts.PodStatus = func(pod *corev1.Pod, ip string) *corev1.PodStatus {
 			st := ReadyStatus(pod, ip)
 			return &st
 		}
 	}
-	k := &Kubelet{t: t, s: s, namespace: namespace, opts: opts, kick: make(chan struct{}, 1),
+	k := &Kubelet{s: s, namespace: namespace, opts: opts, kick: make(chan struct{}, 1),
 		written: map[types.UID]bool{}, pending: map[types.UID]string{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	core := informers.NewSharedInformerFactoryWithOptions(s.Clientset, 0, informers.WithNamespace(namespace))
@@ -101,20 +124,28 @@ func (s *Server) StartKubelet(t testing.TB, namespace string, opts KubeletOption
 	}
 	for _, inf := range []cache.SharedIndexInformer{podInformer.Informer(), claimInformer.Informer(), snapInformer.Informer()} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
-			t.Fatal(err)
+			cancel()
+			return nil, nil, err
 		}
 	}
 	k.pods, k.claims, k.snapshots = podInformer.Lister(), claimInformer.Lister(), snapInformer.Lister()
 	core.Start(ctx.Done())
 	dyn.Start(ctx.Done())
+	stopInformers := func() {
+		cancel()
+		core.Shutdown()
+		dyn.Shutdown()
+	}
 	for typ, ok := range core.WaitForCacheSync(ctx.Done()) {
 		if !ok {
-			t.Fatalf("kubelet: %v cache did not sync", typ)
+			stopInformers()
+			return nil, nil, fmt.Errorf("kubelet: %v cache did not sync", typ)
 		}
 	}
 	for typ, ok := range dyn.WaitForCacheSync(ctx.Done()) {
 		if !ok {
-			t.Fatalf("kubelet: %v cache did not sync", typ)
+			stopInformers()
+			return nil, nil, fmt.Errorf("kubelet: %v cache did not sync", typ)
 		}
 	}
 	done := make(chan struct{})
@@ -128,20 +159,17 @@ func (s *Server) StartKubelet(t testing.TB, namespace string, opts KubeletOption
 				if err := k.sync(ctx); err != nil && ctx.Err() == nil {
 					// A write raced with another: the change it raced with is an
 					// event too, but say what happened and look again shortly.
-					t.Logf("kubelet %s: %v (trying again)", namespace, err)
+					logf("kubelet %s: %v (trying again)", namespace, err)
 					time.AfterFunc(100*time.Millisecond, k.poke)
 				}
 			}
 		}
 	}()
-	t.Cleanup(func() {
-		cancel()
-		core.Shutdown()
-		dyn.Shutdown()
-		<-done
-	})
 	k.poke()
-	return k
+	return k, func() {
+		stopInformers()
+		<-done
+	}, nil
 }
 
 func (k *Kubelet) poke() {
@@ -215,7 +243,17 @@ func (k *Kubelet) sync(ctx context.Context) error {
 				usedClaims[name] = true
 			}
 		}
-		errs = append(errs, k.syncPod(ctx, pod, claimByName, snapReady))
+		if !k.opts.Scheduled {
+			errs = append(errs, k.syncPod(ctx, pod, claimByName, snapReady))
+		}
+	}
+	if k.opts.Scheduled {
+		live := map[types.UID]bool{}
+		for _, c := range claims {
+			live[c.UID] = true
+			errs = append(errs, k.provision(ctx, c))
+		}
+		errs = append(errs, k.deleteVolumes(ctx, live))
 	}
 	for _, c := range claims {
 		if c.DeletionTimestamp != nil && !usedClaims[c.Name] && hasString(c.Finalizers, pvcProtection) {

@@ -86,6 +86,9 @@ type Server struct {
 	caPEM []byte
 	dir   string
 	crds  sync.Map // source name -> *crdOnce
+
+	fleet     fleetOnce // the kube-scheduler and kwok of StartFleet
+	fleetLogs []string
 }
 
 var (
@@ -109,6 +112,11 @@ func Start(t testing.TB) *Server {
 	}
 	return started
 }
+
+// Launch starts an API server and its etcd for a program that is no test (the bench),
+// building the binaries when this machine has never built them. Every call starts a
+// pair of its own; they die with the process.
+func Launch(ctx context.Context) (*Server, error) { return start(ctx) }
 
 // RESTConfig returns a copy of the administrator's client configuration.
 func (s *Server) RESTConfig() *rest.Config { return rest.CopyConfig(s.config) }
@@ -385,15 +393,23 @@ func writeKubeconfig(path, server string, caPEM []byte, namespace string, user c
 // with the process.
 func (s *Server) Namespace(t testing.TB) string {
 	t.Helper()
-	ctx := testenv.Context(t)
-	name := "t-" + strings.ToLower(testenv.RandomID(5))
-	if _, err := s.Clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace: %v", err)
-	}
-	if _, err := s.Clientset.CoreV1().ServiceAccounts(name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create the default service account: %v", err)
+	name, err := s.CreateNamespace(testenv.Context(t))
+	if err != nil {
+		t.Fatal(err)
 	}
 	return name
+}
+
+// CreateNamespace is Namespace for a program that is no test.
+func (s *Server) CreateNamespace(ctx context.Context) (string, error) {
+	name := "t-" + strings.ToLower(testenv.RandomID(5))
+	if _, err := s.Clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		return "", fmt.Errorf("create namespace: %w", err)
+	}
+	if _, err := s.Clientset.CoreV1().ServiceAccounts(name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		return "", fmt.Errorf("create the default service account: %w", err)
+	}
+	return name, nil
 }
 
 // ServiceAccountToken returns a token of the service account namespace/name (it must
