@@ -199,7 +199,7 @@ func sizesFor(quick bool) sizes {
 			migrationCreateRate: 20, migrationOpRate: 10, migrationBaseline: time.Second, migrationHold: 3 * time.Second,
 			soakDur: 20 * time.Second, soakEvery: 5 * time.Second, soakRetention: 5 * time.Second, soakHold: time.Second,
 			soakRate: 20, soakAsyncRate: 5,
-			scale: scaleSizesFor(true),
+			scale:          scaleSizesFor(true),
 			fleetSandboxes: 20, fleetPool: 5, fleetNodes: 2, fleetWorkers: 4,
 		}
 	}
@@ -218,7 +218,7 @@ func sizesFor(quick bool) sizes {
 		migrationCreateRate: 50, migrationOpRate: 20, migrationBaseline: 10 * time.Second, migrationHold: 12 * time.Second,
 		soakDur: 5 * time.Minute, soakEvery: 15 * time.Second, soakRetention: 30 * time.Second, soakHold: 2 * time.Second,
 		soakRate: 50, soakAsyncRate: 10,
-		scale: scaleSizesFor(false),
+		scale:          scaleSizesFor(false),
 		fleetSandboxes: 1000, fleetPool: 200, fleetNodes: 12, fleetWorkers: 32,
 	}
 }
