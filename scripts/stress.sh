@@ -6,7 +6,7 @@
 # its cause, never by a retry or a looser assertion.
 #
 #   COUNT=5          runs of each stressed package (go test -count)
-#   PKGS='./cmd/space-api/ ...'   the stressed packages
+#   PKGS='./internal/app/ ...'   the stressed packages
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +20,7 @@ count="${COUNT:-5}"
 # The differential tests of admission against its reference model play ten times the
 # configurations of make test (internal/admission, reference_test.go).
 export SPACE_REFERENCE_SCALE="${SPACE_REFERENCE_SCALE:-10}"
-pkgs="${PKGS:-./cmd/space-api/ ./internal/admission/ ./internal/sandbox/ ./internal/dispatcher/}"
+pkgs="${PKGS:-./internal/app/ ./internal/admission/ ./internal/sandbox/ ./internal/dispatcher/}"
 
 # The load: the whole suite, again and again, until the stressed runs are done.
 # It runs in a process group of its own (setsid), which the exit trap kills whole: the

@@ -35,7 +35,7 @@ import (
 //     and once more as a generic plan, which a connection's cached statement may switch
 //     to after five executions: its time in Postgres and whether it reads the
 //     sandboxes_lifecycle_due index;
-//   - one Lifecycle.Round, from a Service and a Lifecycle built as cmd/space-api
+//   - one Lifecycle.Round, from a Service and a Lifecycle built as internal/app
 //     builds them, which takes every due action: its wall time, its due queries and
 //     the actions it took;
 //   - a second round right after, with nothing due: what every round costs in steady
@@ -461,7 +461,7 @@ func (r *Report) lifecycleMarkdown(b *strings.Builder) {
 	w("Every client's lifecycle is docs/contract.md's example tier (idle %s → pause, max lifetime %s, retention %s, a cap of %d paused sandboxes, which each pause counts first). ",
 		hours(l.Lifecycle.IdleTimeout), hours(l.Lifecycle.MaxLifetime), hours(l.Lifecycle.PausedRetention), l.Lifecycle.PausedSandboxes)
 	w("The simulated substrate, with no latency, holds a resource for each due sandbox, so every pause's snapshot succeeds: the round's time is the product's and Postgres's, none of it a substrate's. ")
-	w("Each run loads the table afresh, explains the due query (`sandbox.DueQuery`, the round's own SQL and bound of %d) with `EXPLAIN (ANALYZE, BUFFERS)`, runs one `Lifecycle.Round` (a Service and a Lifecycle built as `cmd/space-api` builds them, default parallelism), then a second round right after.\n\n", l.Batch)
+	w("Each run loads the table afresh, explains the due query (`sandbox.DueQuery`, the round's own SQL and bound of %d) with `EXPLAIN (ANALYZE, BUFFERS)`, runs one `Lifecycle.Round` (a Service and a Lifecycle built as `internal/app` builds them, default parallelism), then a second round right after.\n\n", l.Batch)
 	w("| median [min–max] of %d runs | |\n|---|---:|\n", len(l.Runs))
 	w("| round that takes the %s due actions, wall ms | %s |\n", count(l.Due), col(func(x LifecycleRun) float64 { return x.RoundMS }).format("%.0f"))
 	w("| per action, ms | %s |\n", col(LifecycleRun.PerAction).format("%.2f"))

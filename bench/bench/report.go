@@ -103,7 +103,7 @@ func (r *Report) Targets() []Target {
 		ts = append(ts, o.targets()...)
 	}
 	if g := r.GoBench; g != nil {
-		plain, tiered := g.line("./cmd/space-api", "BenchmarkCreate/rejected"), g.line("./cmd/space-api", "BenchmarkCreate/rejected_tiered")
+		plain, tiered := g.line("./internal/app", "BenchmarkCreate/rejected"), g.line("./internal/app", "BenchmarkCreate/rejected_tiered")
 		if plain != nil && tiered != nil {
 			st := ratioStats(tiered.Metrics["creates/s"], plain.Metrics["creates/s"])
 			ts = append(ts, Target{"a tiered client's refused creates/s ≥ 0.95× an untiered one's (in process, same run)", st.format("%.2f×"), st.Median >= 0.95})

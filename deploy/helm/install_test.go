@@ -164,7 +164,7 @@ func TestChartInstalledForReal(t *testing.T) {
 		t.Fatalf("authenticated as %q, want %q", who.Status.UserInfo.Username, want)
 	}
 
-	// The substrate as space-api builds it (cmd/space-api/wire.go), from the rendered
+	// The substrate as space-api builds it (internal/app/wire.go), from the rendered
 	// container's environment, with the token's kubeconfig in place of the in-cluster
 	// one.
 	api := container(t, &dep, "space-api")

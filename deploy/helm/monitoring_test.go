@@ -17,7 +17,7 @@ import (
 )
 
 // seriesGolden lists every series name the chart's alerts and dashboard read, as the
-// PromQL parser finds them. cmd/space-api's TestSignals checks each against a real
+// PromQL parser finds them. internal/app's TestSignals checks each against a real
 // scrape of a running server, so an alert on a series space-api does not export (a
 // renamed metric, a typo) fails the tests. Regenerate it with
 // `go test ./deploy/helm -run TestMonitoring -update` after changing a query.

@@ -27,7 +27,7 @@ import (
 )
 
 // The handlers on fakes: what each answer's status, problem and headers are, for
-// what the domain returns. End-to-end tests (cmd/space-api) check the same answers
+// what the domain returns. End-to-end tests (internal/app) check the same answers
 // against real parts; these pin the HTTP layer alone.
 
 // fakeSandboxes answers with what the test sets; a nil func answers a plain success.

@@ -272,7 +272,7 @@ type Dispatcher struct {
 	// retry and delete jobs, and the internal listener has no authentication.
 	UI bool
 	// JobTimeout bounds one run of a queued operation; zero is the substrate's own
-	// timeout plus a margin (cmd/space-api), which no run of a live replica outlasts.
+	// timeout plus a margin (internal/app), which no run of a live replica outlasts.
 	JobTimeout time.Duration
 }
 

@@ -46,7 +46,7 @@ type ReplenisherOptions struct {
 	// Reserve is the tokens a warm-up must leave in the cluster bucket
 	// (space.Charge.Floor): the part of it that users may take and refills never do,
 	// so that a refill never costs a user a 429. 0 lets refills take the last token.
-	// cmd/space-api sets it from SPACE_POOL_REFILL_RESERVE.
+	// internal/app sets it from SPACE_POOL_REFILL_RESERVE.
 	Reserve int64
 	// Targets returns the current bounds; it is read every round, so a flag change
 	// resizes the pool without a deploy. A shape absent from the targets has target 0.

@@ -45,7 +45,7 @@ const (
 	// CABundle is where Go's crypto/x509 looks first on Linux, so Postgres and Redis
 	// TLS verify against the system roots with no SSL_CERT_FILE.
 	CABundle = "/etc/ssl/certs/ca-certificates.crt"
-	// LdflagsFormat stamps the version (main.version in cmd/space-api) and strips the
+	// LdflagsFormat stamps the version (main.version in cmd/space-api, handed to internal/app) and strips the
 	// symbol table and DWARF (-s -w): about a third smaller, and panics still print
 	// file:line from the pclntab.
 	LdflagsFormat = "-s -w -X main.version=%s"

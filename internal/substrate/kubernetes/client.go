@@ -14,7 +14,7 @@ import (
 )
 
 // Cluster says which API server the substrate talks to, in which namespace, and how
-// hard it may ask. cmd/space-api fills it from config.Kubernetes, where the
+// hard it may ask. internal/app fills it from config.Kubernetes, where the
 // SPACE_KUBERNETES_* variables and KUBECONFIG are declared with their defaults.
 type Cluster struct {
 	// Kubeconfig is one or more kubeconfig files (a path list). Empty: the in-cluster
@@ -107,7 +107,7 @@ func (c Cluster) Options() (Options, error) {
 	return Options{Clientset: cs, Dynamic: dyn, Namespace: namespace}, nil
 }
 
-// Connect is what cmd/space-api calls for SPACE_SUBSTRATE=kubernetes: the clients for
+// Connect is what internal/app calls for SPACE_SUBSTRATE=kubernetes: the clients for
 // c, then New with the rest of opts.
 func Connect(c Cluster, opts Options) (*Substrate, error) {
 	o, err := c.Options()

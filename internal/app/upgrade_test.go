@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -567,7 +567,7 @@ func rollingUpgrade(t *testing.T, prev previousRelease, redisEnv func(*testing.T
 	// The upgrade: this code's migrate while the old replica serves, as the chart's
 	// init container runs it in the first new pod.
 	getenv := func(k string) string { return env[k] }
-	if err := run(testenv.Context(t), []string{"migrate"}, getenv, io.Discard, io.Discard); err != nil {
+	if err := Run(testenv.Context(t), []string{"migrate"}, getenv, io.Discard, io.Discard); err != nil {
 		t.Fatalf("this code's migrate beside the serving %s: %v", prev.tag, err)
 	}
 	f := newFleet(t, env)

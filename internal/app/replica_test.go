@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -24,7 +24,7 @@ const serveEnv = "SPACE_TEST_SERVE"
 func TestMain(m *testing.M) {
 	if os.Getenv(serveEnv) == "1" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-		err := run(ctx, []string{"serve"}, os.Getenv, os.Stdout, os.Stderr)
+		err := Run(ctx, []string{"serve"}, os.Getenv, os.Stdout, os.Stderr)
 		stop()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "space-api replica:", err)

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -216,7 +216,7 @@ func TestRun(t *testing.T) {
 			"SPACE_REDIS_ADDRS":   "127.0.0.1:1",
 			"SPACE_REDIS_TIMEOUT": "fast",
 		}
-		err := run(context.Background(), []string{"serve"}, func(k string) string { return env[k] }, io.Discard, io.Discard)
+		err := Run(context.Background(), []string{"serve"}, func(k string) string { return env[k] }, io.Discard, io.Discard)
 		if err == nil || err.Error() != `SPACE_REDIS_TIMEOUT="fast" is invalid: want a positive Go duration such as 100ms, 2s or 10m` {
 			t.Fatalf("run = %v", err)
 		}
@@ -225,7 +225,7 @@ func TestRun(t *testing.T) {
 	t.Run("version prints without any configuration", func(t *testing.T) {
 		t.Parallel()
 		var out bytes.Buffer
-		if err := run(context.Background(), []string{"version"}, func(string) string { return "" }, &out, io.Discard); err != nil {
+		if err := Run(context.Background(), []string{"version"}, func(string) string { return "" }, &out, io.Discard); err != nil {
 			t.Fatal(err)
 		}
 		if !strings.HasPrefix(out.String(), "space-api ") {
@@ -236,7 +236,7 @@ func TestRun(t *testing.T) {
 	t.Run("config prints every variable with its default, without any configuration", func(t *testing.T) {
 		t.Parallel()
 		var out bytes.Buffer
-		if err := run(context.Background(), []string{"config"}, func(string) string { return "" }, &out, io.Discard); err != nil {
+		if err := Run(context.Background(), []string{"config"}, func(string) string { return "" }, &out, io.Discard); err != nil {
 			t.Fatal(err)
 		}
 		for _, v := range config.Vars() {
@@ -249,20 +249,20 @@ func TestRun(t *testing.T) {
 			}
 		}
 		var md, want bytes.Buffer
-		if err := run(context.Background(), []string{"config", "--markdown"}, func(string) string { return "" }, &md, io.Discard); err != nil {
+		if err := Run(context.Background(), []string{"config", "--markdown"}, func(string) string { return "" }, &md, io.Discard); err != nil {
 			t.Fatal(err)
 		}
 		if err := config.WriteMarkdown(&want); err != nil || md.String() != want.String() {
 			t.Errorf("config --markdown printed something else than the docs tables (%v):\n%s", err, md.String())
 		}
-		if err := run(context.Background(), []string{"config", "--yaml"}, func(string) string { return "" }, io.Discard, io.Discard); err == nil {
+		if err := Run(context.Background(), []string{"config", "--yaml"}, func(string) string { return "" }, io.Discard, io.Discard); err == nil {
 			t.Error("config --yaml succeeded")
 		}
 	})
 
 	t.Run("an unknown command is an error", func(t *testing.T) {
 		t.Parallel()
-		err := run(context.Background(), []string{"frobnicate"}, func(string) string { return "" }, io.Discard, io.Discard)
+		err := Run(context.Background(), []string{"frobnicate"}, func(string) string { return "" }, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), `unknown command "frobnicate"`) {
 			t.Fatalf("run = %v", err)
 		}
@@ -279,12 +279,12 @@ func TestRun(t *testing.T) {
 			"SPACE_TEMPLATES_FILE":     testenv.WriteFile(t, "templates.json", testTemplates),
 		}
 		getenv := func(k string) string { return env[k] }
-		if err := run(testenv.Context(t), []string{"migrate"}, getenv, io.Discard, io.Discard); err != nil {
+		if err := Run(testenv.Context(t), []string{"migrate"}, getenv, io.Discard, io.Discard); err != nil {
 			t.Fatalf("migrate: %v", err)
 		}
 		ctx, cancel := context.WithCancel(testenv.Context(t))
 		done := make(chan error, 1)
-		go func() { done <- run(ctx, nil, getenv, io.Discard, io.Discard) }()
+		go func() { done <- Run(ctx, nil, getenv, io.Discard, io.Discard) }()
 		testenv.Eventually(t, 20*time.Second, "serve to answer readyz", func() bool {
 			select {
 			case err := <-done:
@@ -334,7 +334,7 @@ func TestTuneGC(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var got []int
-			tuneGC(func(k string) string {
+			TuneGC(func(k string) string {
 				if k == "GOGC" {
 					return tc.gogc
 				}

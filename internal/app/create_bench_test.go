@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // HTTP, the client in the same process: what bench/ (make bench) measures from outside,
 // here so that a CPU profile covers the server's every layer:
 //
-//	go test -run '^$' -bench Create -benchtime 5s -cpuprofile cpu.out ./cmd/space-api/
+//	go test -run '^$' -bench Create -benchtime 5s -cpuprofile cpu.out ./internal/app/
 //	go tool pprof -top cpu.out
 //
 // rejected: every create is a 429 client_activation (an empty client bucket);
