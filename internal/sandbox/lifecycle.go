@@ -127,12 +127,19 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 // Run takes the due actions every Interval until ctx ends. onRound, when not nil, is
 // told each round's result: tests wait on it instead of sleeping.
 func (l *Lifecycle) Run(ctx context.Context, onRound func(LifecycleResult, error)) {
-	t := time.NewTicker(l.opts.Interval)
+	everyRound(ctx, l.opts.Interval, l.Round, onRound, l.logger, "lifecycle round failed")
+}
+
+// everyRound runs round at once and then every interval until ctx ends, logging a
+// failure as what (unless ctx ended it) and telling onRound, when not nil, each
+// result: the loop of the reconciler and the lifecycle.
+func everyRound[R any](ctx context.Context, interval time.Duration, round func(context.Context) (R, error), onRound func(R, error), logger *slog.Logger, what string) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		res, err := l.Round(ctx)
+		res, err := round(ctx)
 		if err != nil && ctx.Err() == nil {
-			l.logger.WarnContext(ctx, "lifecycle round failed", "err", err)
+			logger.WarnContext(ctx, what, "err", err)
 		}
 		if onRound != nil {
 			onRound(res, err)

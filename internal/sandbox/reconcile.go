@@ -153,22 +153,7 @@ func (r *Reconciler) Bound() time.Duration {
 // Run reconciles every Interval until ctx ends. onRound, when not nil, is told each
 // round's result: tests wait on it instead of sleeping.
 func (r *Reconciler) Run(ctx context.Context, onRound func(ReconcileResult, error)) {
-	t := time.NewTicker(r.opts.Interval)
-	defer t.Stop()
-	for {
-		res, err := r.Round(ctx)
-		if err != nil && ctx.Err() == nil {
-			r.logger.WarnContext(ctx, "reconcile round failed", "err", err)
-		}
-		if onRound != nil {
-			onRound(res, err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	everyRound(ctx, r.opts.Interval, r.Round, onRound, r.logger, "reconcile round failed")
 }
 
 // Round runs one reconciling pass if this replica can take the lock. Every
