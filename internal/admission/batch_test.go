@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -70,28 +68,11 @@ func queueHook(p *coalescer) chan struct{} {
 func TestBatchesAgainstTheModel(t *testing.T) {
 	t.Parallel()
 	sizes := map[string]struct{ configs, steps int }{"standalone": {300, 70}, "cluster": {120, 60}}
-	var only *uint64
-	if v := os.Getenv("SPACE_REFERENCE_SEED"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("SPACE_REFERENCE_SEED=%q: want a seed", v)
-		}
-		only = &n
-	}
+	only := onlySeed(t)
 	base := rand.Uint64()
 	topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
 		size := sizes[t.Name()[strings.LastIndex(t.Name(), "/")+1:]]
-		seeds := make(chan uint64)
-		go func() {
-			defer close(seeds)
-			if only != nil {
-				seeds <- *only
-				return
-			}
-			for i := range size.configs {
-				seeds <- base + uint64(i)
-			}
-		}()
+		seeds := seedsFor(only, nil, base, size.configs)
 		var failed atomic.Bool
 		var seen coverage
 		var batched, batches atomic.Int64

@@ -51,31 +51,11 @@ func TestAgainstTheModel(t *testing.T) {
 		}
 		scale = n
 	}
-	var only *uint64
-	if v := os.Getenv("SPACE_REFERENCE_SEED"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("SPACE_REFERENCE_SEED=%q: want a seed", v)
-		}
-		only = &n
-	}
+	only := onlySeed(t)
 	base := rand.Uint64()
 	topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
 		size := referenceSizes[t.Name()[strings.LastIndex(t.Name(), "/")+1:]]
-		seeds := make(chan uint64)
-		go func() {
-			defer close(seeds)
-			if only != nil {
-				seeds <- *only
-				return
-			}
-			for _, seed := range onceFailed {
-				seeds <- seed
-			}
-			for i := range size.configs * scale {
-				seeds <- base + uint64(i)
-			}
-		}()
+		seeds := seedsFor(only, onceFailed, base, size.configs*scale)
 		var asks, configs atomic.Int64
 		var failed atomic.Bool
 		var seen coverage
@@ -111,6 +91,40 @@ func TestAgainstTheModel(t *testing.T) {
 			}
 		}
 	})
+}
+
+// onlySeed is the seed SPACE_REFERENCE_SEED names, nil when it names none.
+func onlySeed(t *testing.T) *uint64 {
+	t.Helper()
+	v := os.Getenv("SPACE_REFERENCE_SEED")
+	if v == "" {
+		return nil
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("SPACE_REFERENCE_SEED=%q: want a seed", v)
+	}
+	return &n
+}
+
+// seedsFor sends the seeds a run plays, then closes: only, when set, alone; else
+// first, then n from base on.
+func seedsFor(only *uint64, first []uint64, base uint64, n int) <-chan uint64 {
+	seeds := make(chan uint64)
+	go func() {
+		defer close(seeds)
+		if only != nil {
+			seeds <- *only
+			return
+		}
+		for _, seed := range first {
+			seeds <- seed
+		}
+		for i := range n {
+			seeds <- base + uint64(i)
+		}
+	}()
+	return seeds
 }
 
 // onceFailed are seeds that found a mismatch once, played on every run before the
@@ -341,14 +355,17 @@ func btoi(b bool) int {
 func (sc *scenario) play(t *testing.T, rdb redis.UniversalClient, steps []step, seen *coverage) *mismatch {
 	ctx := testenv.Context(t)
 	var table atomic.Pointer[space.Reservations]
-	var clock atomic.Int64 // the last time Now gave the Admitter, Unix µs
+	// clock is the first time Now gave the Admitter since a memory step set it to 0,
+	// Unix µs: the instant CachedRefusal reads the memory at (its first call; what it
+	// calls after, the bounded map's last use among them, reads the clock later).
+	var clock atomic.Int64
 	adm, err := New(Options{
 		Redis: rdb, Prefix: testenv.Prefix(t), Enabled: true, FailClosed: true, Cluster: sc.cluster,
 		Timeout: testTimeout, RefusalMaxAge: time.Hour, BatchAbove: 0, // each decision its own call
 		Reservations: func() *space.Reservations { return table.Load() },
 		Now: func() time.Time {
 			now := time.Now()
-			clock.Store(now.UnixMicro())
+			clock.CompareAndSwap(0, now.UnixMicro())
 			return now
 		},
 	})
@@ -371,6 +388,7 @@ func (sc *scenario) play(t *testing.T, rdb redis.UniversalClient, steps []step, 
 		lim := model.Limits{Cluster: sc.cluster, Reservations: table.Load()}
 		c := s.charge
 		if s.memory {
+			clock.Store(0)
 			hold, le := adm.CachedRefusal(c)
 			if hold != nil {
 				hold.Release()
