@@ -265,7 +265,10 @@ func TestRecovery(t *testing.T) {
 			c.DatabaseURL, proxy = testenv.ProxyDatabaseURL(t, c.DatabaseURL)
 			c.Sandbox.SimulatedColdStart = time.Second
 			c.Sandbox.SimulatedTimeout = 2 * time.Second
-			c.Reconcile = config.Reconcile{Interval: 100 * time.Millisecond, Grace: 200 * time.Millisecond}
+			// The reconciler's bound counts from the booking, the cold start's timeout
+			// from when it starts, after the charge and the place: the grace covers
+			// what a loaded machine spends between the two (200 ms did not, once).
+			c.Reconcile = config.Reconcile{Interval: 100 * time.Millisecond, Grace: 2 * time.Second}
 		}})
 		done := make(chan response, 1)
 		go func() { done <- s.do("POST", "/v1/sandboxes", "acme", pythonBody, header...) }()
