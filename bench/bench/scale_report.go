@@ -161,7 +161,7 @@ func (r *Report) scaleMarkdown(b *strings.Builder) {
 			}
 			w("| `%s` | %.1f | %.1f | %.1f |\n", site.Site, mib(start.siteBytes(site.Site)), mib(at.siteBytes(site.Site)), mib(site.Bytes))
 		}
-		w("\nEach per-key map of a replica (`internal/keyed`: admission's remembered buckets, the concurrency places, the refusal pace's counts, API keys' last use) holds at most %s keys, and forgets the least recently used down to nine tenths past it; `/metrics` names at most `SPACE_METRICS_BUDGET_KEYS` (%d) budget keys.\n\n", count(s.Bound), s.BudgetKeys)
+		w("\nEach per-key map of a replica (`internal/keyed`: admission's remembered buckets, the concurrency places, API keys' last use) holds at most %s keys, and forgets the least recently used down to nine tenths past it; before that, a key idle for a while is forgotten once its entry knows nothing its next use would not learn (a bucket full again after 10 s, places after 10 s, a key's last use after a minute). Here every tenant's bucket is empty and never refills (the tier's refill is 0), so the remembered buckets stay, up to the bound: the worst case. The refusal pace keeps no per-key state (a fixed table of 4,096 counts). `/metrics` names at most `SPACE_METRICS_BUDGET_KEYS` (%d) budget keys.\n\n", count(s.Bound), s.BudgetKeys)
 	}
 
 	if d := s.Decisions; len(d.Spread) > 0 {

@@ -28,7 +28,6 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission/model"
-	"github.com/space-sandbox/space/internal/keyed"
 	"github.com/space-sandbox/space/internal/metric"
 )
 
@@ -75,7 +74,8 @@ type Options struct {
 	BatchAbove int
 	// MaxKeys bounds the buckets this replica remembers for CachedRefusal
 	// (keyed.DefaultMax, 100,000, when 0): past it the least recently used are
-	// forgotten, and asked about again.
+	// forgotten, and asked about again. A bucket not asked about for idleBuckets
+	// (10 s) and full again by its refill is forgotten before (newKnownBuckets).
 	MaxKeys int
 	// Registerer receives the metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
@@ -247,7 +247,7 @@ func New(opts Options) (*Admitter, error) {
 	}
 	return &Admitter{
 		memory: memory{
-			known:  keyed.New(keyed.Options[atomic.Pointer[knownBucket]]{Max: opts.MaxKeys, Now: func() int64 { return now().Unix() }}),
+			known:  newKnownBuckets(opts.MaxKeys, now),
 			now:    now,
 			maxAge: opts.RefusalMaxAge,
 		},

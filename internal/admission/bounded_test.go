@@ -44,6 +44,26 @@ func TestWhatAReplicaRemembersIsBounded(t *testing.T) {
 		}
 	})
 
+	t.Run("a bucket no charge asked about for idleBuckets is forgotten once full again, and kept while it refills", func(t *testing.T) {
+		t.Parallel()
+		opts, c := clocked(enabled(space.Rate{RefillRPS: neverRefills, Burst: 100_000}))
+		b := setup(t, testenv.Redis(t), opts)
+		refilled, empty := rate(1, 1), rate(neverRefills, 1)
+		b.drain("refilled", refilled)
+		b.drain("empty", empty)
+		c.Advance(idleBuckets + 2*time.Second) // refilled is full again, empty is not
+		b.admit("newcomer", rate(1, 10))       // a new key: the sweep runs
+		if b.adm.known.Load(b.clientKey("refilled")) != nil {
+			t.Fatal("a bucket full again and idle past idleBuckets is still remembered")
+		}
+		if b.adm.known.Load(b.clientKey("empty")) == nil {
+			t.Fatal("an idle bucket still empty was forgotten: an outage would give it tokens back")
+		}
+		if le := refusal(b.adm, space.Charge{Key: "empty", Rate: empty, Cost: 1}); le == nil {
+			t.Fatal("the empty bucket kept is not refused from memory")
+		}
+	})
+
 	t.Run("past MaxKeys a client's places are forgotten, but not while some are being taken alongside", func(t *testing.T) {
 		t.Parallel()
 		b := setupConcurrency(t, testenv.Redis(t), ConcurrencyOptions{MaxKeys: 20})

@@ -178,9 +178,10 @@ func NewConcurrencyLimiter(opts ConcurrencyOptions) (*ConcurrencyLimiter, error)
 		cancel:     cancel,
 	}
 	c.known = keyed.New(keyed.Options[knownPlaces]{
-		Max:  opts.MaxKeys,
-		Keep: func(k *knownPlaces) bool { return k.pending.Load() > 0 },
-		Now:  func() int64 { return c.now().Unix() },
+		Max:     opts.MaxKeys,
+		IdleFor: idlePlaces,
+		Keep:    func(k *knownPlaces) bool { return k.pending.Load() > 0 },
+		Now:     func() int64 { return c.now().Unix() },
 	})
 	return c, nil
 }
@@ -314,6 +315,12 @@ type knownPlaces struct {
 type placesSeen struct {
 	held, redisAt, at int64
 }
+
+// idlePlaces is how long a client's places stay known once no request of it took one
+// here (keyed's IdleFor): Alongside uses what it learnt for alongsideFor only, so past
+// it an entry knows nothing the next Acquire would not learn. Ten times that, so that
+// the sweep, which reads every entry, runs at most every 10 seconds.
+const idlePlaces = 10 * alongsideFor
 
 // reorderBound is how far back by Redis's clock a reply may be and still be taken for
 // a reordered one (and ignored): replies of one replica are apart by at most a call's

@@ -229,6 +229,30 @@ func (b known) limitError(bucket space.Bucket, client space.ClientKey, left floa
 	return &space.LimitError{Bucket: bucket, Client: client, RetryAfter: micros((b.need - left) / limit.RefillRPS * 1e6), Limit: &limit, Remaining: left, FromMemory: true}
 }
 
+// idleBuckets is how long memory keeps a bucket no charge asked about (keyed's
+// IdleFor) once it is full again by its refill: it then knows nothing a charge would
+// not learn (CachedRefusal refuses no charge of a full bucket; spendLocally takes a
+// bucket it never learnt for full). A bucket not yet full again, or holding a
+// let-through charge's claim, stays until the bound needs the room: forgetting it
+// would give a client tokens back while Redis cannot be asked. So a replica holds the
+// buckets of the tenants active in the last 10 seconds and of those still refilling,
+// not of every tenant it ever met.
+const idleBuckets = 10 * time.Second
+
+// newKnownBuckets is memory's map of buckets: at most max (keyed.DefaultMax when 0),
+// those full again forgotten after idleBuckets.
+func newKnownBuckets(max int, now func() time.Time) *keyed.Map[atomic.Pointer[knownBucket]] {
+	return keyed.New(keyed.Options[atomic.Pointer[knownBucket]]{
+		Max:     max,
+		IdleFor: idleBuckets,
+		Worth: func(cell *atomic.Pointer[knownBucket]) bool {
+			k := cell.Load()
+			return k != nil && (k.claimed.Load() > 0 || k.upTo(now()) < float64(k.Rate.Burst))
+		},
+		Now: func() int64 { return now().Unix() },
+	})
+}
+
 // remember records what a decision found of the bucket under key, for CachedRefusal.
 func (m *memory) remember(key string, st BucketState, at time.Time) {
 	m.cell(key).Store(&knownBucket{Rate: st.Rate, Tokens: st.Remaining, At: at})

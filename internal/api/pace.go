@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
-	"github.com/space-sandbox/space/internal/keyed"
 	"github.com/space-sandbox/space/internal/metric"
 )
 
@@ -48,9 +48,14 @@ type refusalPace struct {
 	onDelay func()
 
 	working atomic.Int64 // requests at work on this replica, every key's
-	// byKey is the same, by key: bounded, a key with requests at work never
-	// forgotten (keyed.Map's Keep).
-	byKey   *keyed.Map[atomic.Int64]
+	// byKey is the same by key, in a fixed table of paceSlots counts: a key counts in
+	// the slot its hash names, with whichever keys share it. A neighbour that shares
+	// the flooder's slot is taken for the flooder's own work, and its refusal is then
+	// answered at once, as without a pace: the table can only make a refusal faster,
+	// never hold one back for the flooder's own requests. No per-key state: a replica
+	// that met 100,000 tenants holds the same 32 KiB as one that met one.
+	byKey   [paceSlots]atomic.Int64
+	seed    maphash.Seed
 	delayed atomic.Int64
 	// idle is closed, and replaced, when the last request at work here ends while
 	// refusals are delayed: they are answered then, before their pace.
@@ -60,8 +65,8 @@ type refusalPace struct {
 
 func newRefusalPace(pace time.Duration, reg prometheus.Registerer) *refusalPace {
 	p := &refusalPace{
-		pace:  pace,
-		byKey: keyed.New(keyed.Options[atomic.Int64]{Keep: func(n *atomic.Int64) bool { return n.Load() > 0 }}),
+		pace: pace,
+		seed: maphash.MakeSeed(),
 		after: func(d time.Duration) (<-chan time.Time, func() bool) {
 			t := time.NewTimer(d)
 			return t.C, t.Stop
@@ -80,7 +85,7 @@ func newRefusalPace(pace time.Duration, reg prometheus.Registerer) *refusalPace 
 // request past the identity on a route with a concurrency place) until end is called
 // with what it returns.
 func (p *refusalPace) begin(key space.ClientKey) *atomic.Int64 {
-	c := p.byKey.LoadOrNew(string(key), nil)
+	c := p.slot(key)
 	c.Add(1)
 	p.working.Add(1)
 	return c
@@ -103,11 +108,16 @@ func (p *refusalPace) neighbours(key space.ClientKey) bool {
 	if all <= 0 {
 		return false
 	}
-	var own int64
-	if n := p.byKey.Load(string(key)); n != nil {
-		own = n.Load()
-	}
-	return all > own
+	return all > p.slot(key).Load()
+}
+
+// paceSlots is the size of refusalPace's table of counts by key: with k keys at work
+// beside a flooder, its slot is another's with a chance of about k/paceSlots.
+const paceSlots = 4096
+
+// slot is key's count of requests at work (shared with the keys of its hash).
+func (p *refusalPace) slot(key space.ClientKey) *atomic.Int64 {
+	return &p.byKey[maphash.String(p.seed, string(key))%paceSlots]
 }
 
 // delay waits before key's refusal from memory is answered, when another key's request

@@ -66,7 +66,8 @@ type Store struct {
 
 	// touched remembers when last_used_at was last written per key, so that a key used
 	// a thousand times a second costs one write a minute, not a thousand.
-	// Bounded: a key forgotten costs one write more.
+	// Bounded: a key forgotten costs one write more. A key unused for TouchInterval is
+	// forgotten (keyed.Options.IdleFor): its next use writes whether it is known or not.
 	touched *keyed.Map[atomic.Int64] // Unix nanoseconds
 }
 
@@ -78,7 +79,7 @@ func NewStore(db *pgxpool.Pool, logger *slog.Logger) *Store {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{db: store.Wrap(db), logger: logger, touched: keyed.New(keyed.Options[atomic.Int64]{})}
+	return &Store{db: store.Wrap(db), logger: logger, touched: keyed.New(keyed.Options[atomic.Int64]{IdleFor: TouchInterval})}
 }
 
 // Create issues a key for client, named name (what it is for, e.g. "ci"), and returns

@@ -2,42 +2,73 @@
 // ever seen: a platform has tens of thousands of tenants, and a map of every budget
 // key, lease set or API key a replica met would grow by each of them for ever (about
 // 10 KB a tenant was measured, a gigabyte a replica at 100,000).
+//
+// A map holds its keys for as long as they are in use and, with Options.IdleFor, for
+// that long after: at most Options.Max of them. At a platform's size most tenants are
+// idle at any moment, so what a replica holds grows with the keys used recently (the
+// rate of new keys times IdleFor), not with every key it ever met.
 package keyed
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // Map is a concurrent map of per-key state of at most Max entries. Reads are a
-// sync.Map load and an atomic store of the entry's last use; a new key past the bound
-// first evicts the least recently used entries that may go (Options.Keep), down to
-// nine tenths of the bound, in one pass under a lock that only growth takes. Each user
-// says why forgetting an entry is safe: a forgotten key is learnt again (a refusal
-// from memory asks Redis, never admits), or an entry in use is never forgotten.
+// sync.Map load and, at most once a second per entry, an atomic write of its last use.
+// A new key past the bound first evicts the least recently used entries that may go
+// (Options.Keep), down to nine tenths of the bound, in one pass under a lock that only
+// growth takes; with Options.IdleFor, a new key also forgets, at most once per
+// IdleFor, every entry idle for longer that is not worth keeping (Options.Worth).
+// Each user says why forgetting an entry is
+// safe: a forgotten key is learnt again (a refusal from memory asks Redis, never
+// admits), or an entry in use is never forgotten.
+//
+// An entry is forgotten by marking it gone before it leaves the map, with a
+// compare-and-swap on its last use that a concurrent use makes fail: a user that read
+// an entry just as it was forgotten either kept it (its use was newer) or is given a
+// fresh one. So what a user counts in an entry Keep holds is never lost with it.
 type Map[V any] struct {
 	m       sync.Map // key -> *entry[V]
 	size    atomic.Int64
 	max     int64
+	idle    int64 // Options.IdleFor in seconds of now (0: entries go only for room)
 	keep    func(*V) bool
+	worth   func(*V) bool
 	now     func() int64
-	evictMu sync.Mutex
+	evictMu sync.Mutex // taken by eviction and the idle sweep
+	swept   atomic.Int64
 	evicted atomic.Int64
+	idled   atomic.Int64
 }
+
+// gone is an entry's last use once it is forgotten.
+const gone = math.MinInt64
 
 type entry[V any] struct {
 	v    V
-	used atomic.Int64
+	used atomic.Int64 // now() of its last use, or gone
 }
 
 // Options configure a Map.
 type Options[V any] struct {
 	// Max bounds the entries (default 100,000).
 	Max int
+	// IdleFor, when above zero, forgets an entry not used for longer (unless Keep holds
+	// it): a key whose state is worth nothing once it has been idle that long (what
+	// was learnt of it has expired, or would be learnt again at its next use anyway).
+	// It is counted in whole seconds of Now, rounded up: an entry goes at least IdleFor
+	// and at most a second and one sweep (IdleFor) after its last use.
+	IdleFor time.Duration
 	// Keep, when not nil, says whether an entry must stay whatever its age (its key
-	// has work in flight); eviction passes it by.
+	// has work in flight); neither eviction nor the idle sweep takes it.
 	Keep func(*V) bool
+	// Worth, when not nil, says whether an idle entry still knows something that its
+	// key's next use could not learn again (a bucket not yet full again): the idle
+	// sweep leaves it, and only eviction, for room, may take it.
+	Worth func(*V) bool
 	// Now is the clock of the entries' last use (default: time.Now, in seconds).
 	Now func() int64
 }
@@ -53,7 +84,12 @@ func New[V any](opts Options[V]) *Map[V] {
 	if opts.Now == nil {
 		opts.Now = func() int64 { return time.Now().Unix() }
 	}
-	return &Map[V]{max: int64(opts.Max), keep: opts.Keep, now: opts.Now}
+	m := &Map[V]{max: int64(opts.Max), keep: opts.Keep, worth: opts.Worth, now: opts.Now}
+	if opts.IdleFor > 0 {
+		m.idle = int64((opts.IdleFor + time.Second - 1) / time.Second)
+		m.swept.Store(opts.Now())
+	}
+	return m
 }
 
 // Load returns key's state, or nil when it has none.
@@ -63,52 +99,129 @@ func (m *Map[V]) Load(key string) *V {
 		return nil
 	}
 	x := e.(*entry[V])
-	m.touch(x)
+	if !m.use(x, m.now()) {
+		return nil // forgotten as it was read
+	}
 	return &x.v
 }
 
 // LoadOrNew returns key's state, made zero (then init, when not nil) the first time.
 func (m *Map[V]) LoadOrNew(key string, init func(*V)) *V {
-	if e, ok := m.m.Load(key); ok {
+	now := m.now()
+	for {
+		if e, ok := m.m.Load(key); ok {
+			x := e.(*entry[V])
+			if m.use(x, now) {
+				return &x.v
+			}
+			m.drop(key, x) // forgotten as it was read: help it leave, then a new one
+			continue
+		}
+		fresh := &entry[V]{}
+		if init != nil {
+			init(&fresh.v)
+		}
+		fresh.used.Store(now)
+		e, loaded := m.m.LoadOrStore(key, fresh)
 		x := e.(*entry[V])
-		m.touch(x)
+		if loaded {
+			if m.use(x, now) {
+				return &x.v
+			}
+			m.drop(key, x)
+			continue
+		}
+		if m.idle > 0 && now-m.swept.Load() >= m.idle {
+			m.sweep(now)
+		}
+		if m.size.Add(1) > m.max {
+			m.evict()
+		}
 		return &x.v
 	}
-	fresh := &entry[V]{}
-	if init != nil {
-		init(&fresh.v)
-	}
-	fresh.used.Store(m.now())
-	e, loaded := m.m.LoadOrStore(key, fresh)
-	if !loaded && m.size.Add(1) > m.max {
-		m.evict()
-	}
-	return &e.(*entry[V]).v
 }
 
-// Delete forgets key.
+// Delete forgets key's state.
 func (m *Map[V]) Delete(key string) {
 	if _, loaded := m.m.LoadAndDelete(key); loaded {
 		m.size.Add(-1)
 	}
 }
 
-// Len is how many keys the map holds.
+// Len is the number of keys held.
 func (m *Map[V]) Len() int { return int(m.size.Load()) }
 
-// Evicted is how many entries eviction has forgotten.
+// Evicted is the number of keys forgotten for room since the map was made.
 func (m *Map[V]) Evicted() int64 { return m.evicted.Load() }
 
-// touch records a use, at most one store per entry a clock tick.
-func (m *Map[V]) touch(x *entry[V]) {
-	if now := m.now(); x.used.Load() != now {
-		x.used.Store(now)
+// Idled is the number of keys forgotten for being idle since the map was made.
+func (m *Map[V]) Idled() int64 { return m.idled.Load() }
+
+// use records x's use at now, a write only when the second changed (an entry read by
+// every request of a busy key stays a read-only cache line within a second). It fails
+// when x is forgotten, then or before.
+func (m *Map[V]) use(x *entry[V], now int64) bool {
+	for {
+		u := x.used.Load()
+		switch {
+		case u == gone:
+			return false
+		case u >= now:
+			return true
+		case x.used.CompareAndSwap(u, now):
+			return true
+		}
 	}
 }
 
-// evict forgets the least recently used entries that may go, down to nine tenths of
-// the bound. One pass at a time; a pass that comes to a map back within its bound does
-// nothing.
+// forget marks x gone if its last use is still before cutoff and Keep does not hold
+// it (nor Worth, when idle, for the sweep), and removes it from the map; false when it
+// stays. The mark is a compare-and-swap on the last use that use's own makes fail: x
+// is either used again or gone, never both.
+func (m *Map[V]) forget(key any, x *entry[V], cutoff int64, idle bool) bool {
+	u := x.used.Load()
+	if u == gone || u >= cutoff || (m.keep != nil && m.keep(&x.v)) || (idle && m.worth != nil && m.worth(&x.v)) {
+		return false
+	}
+	if !x.used.CompareAndSwap(u, gone) {
+		return false
+	}
+	return m.drop(key, x)
+}
+
+// drop removes x, once gone, from the map, if it is still there: whoever removes it
+// counts it out.
+func (m *Map[V]) drop(key any, x *entry[V]) bool {
+	if m.m.CompareAndDelete(key, x) {
+		m.size.Add(-1)
+		return true
+	}
+	return false
+}
+
+// sweep forgets the entries idle for longer than IdleFor, once per IdleFor, by the one
+// new key that finds the lock free: the others go on.
+func (m *Map[V]) sweep(now int64) {
+	if !m.evictMu.TryLock() {
+		return
+	}
+	defer m.evictMu.Unlock()
+	if now-m.swept.Load() < m.idle {
+		return
+	}
+	m.swept.Store(now)
+	cutoff := now - m.idle
+	m.m.Range(func(k, v any) bool {
+		if m.forget(k, v.(*entry[V]), cutoff, true) {
+			m.idled.Add(1)
+		}
+		return true
+	})
+}
+
+// evict forgets the least recently used entries, down to nine tenths of the bound.
+// Entries of one second are alike: the older seconds go first, then as many of the
+// cut's second as the excess needs.
 func (m *Map[V]) evict() {
 	m.evictMu.Lock()
 	defer m.evictMu.Unlock()
@@ -116,16 +229,16 @@ func (m *Map[V]) evict() {
 	if m.size.Load() <= m.max {
 		return
 	}
-	// The last uses, bucketed: the oldest buckets go first, without sorting every key.
 	type candidate struct {
 		key  any
+		x    *entry[V]
 		used int64
 	}
 	var all []candidate
 	m.m.Range(func(k, v any) bool {
 		x := v.(*entry[V])
-		if m.keep == nil || !m.keep(&x.v) {
-			all = append(all, candidate{k, x.used.Load()})
+		if u := x.used.Load(); u != gone && (m.keep == nil || !m.keep(&x.v)) {
+			all = append(all, candidate{k, x, u})
 		}
 		return true
 	})
@@ -133,7 +246,8 @@ func (m *Map[V]) evict() {
 	if over <= 0 || len(all) == 0 {
 		return
 	}
-	// The cut-off: the used time below which at least over entries lie.
+	// The cut: the newest second such that the entries at or before it are at least
+	// the excess (a binary search over the seconds, not a sort of the entries).
 	lo, hi := all[0].used, all[0].used
 	for _, c := range all {
 		lo, hi = min(lo, c.used), max(hi, c.used)
@@ -153,16 +267,15 @@ func (m *Map[V]) evict() {
 			cut = mid + 1
 		}
 	}
-	// Older than the cut-off first, all of them; then of the cut-off's own second only
-	// as many as are still over.
 	for _, older := range [2]bool{true, false} {
 		for _, c := range all {
 			if over <= 0 {
 				return
 			}
+			// An entry used since the pass read it is newer than the cut now: forget
+			// (a compare-and-swap on the use read here) leaves it.
 			if (older && c.used < cut) || (!older && c.used == cut) {
-				if _, loaded := m.m.LoadAndDelete(c.key); loaded {
-					m.size.Add(-1)
+				if m.forget(c.key, c.x, c.used+1, false) {
 					m.evicted.Add(1)
 					over--
 				}

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestMap(t *testing.T) {
@@ -95,6 +96,137 @@ func BenchmarkLoad(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			m.Load("acme")
+		}
+	})
+}
+
+func TestIdleFor(t *testing.T) {
+	t.Parallel()
+
+	type bundle struct {
+		clock *atomic.Int64
+		m     *Map[atomic.Int64]
+	}
+	setup := func(t *testing.T, idle time.Duration) bundle {
+		t.Helper()
+		clock := new(atomic.Int64)
+		clock.Store(1000)
+		return bundle{clock, New(Options[atomic.Int64]{
+			IdleFor: idle,
+			Now:     clock.Load,
+			Keep:    func(n *atomic.Int64) bool { return n.Load() > 0 },
+		})}
+	}
+
+	t.Run("an entry idle for longer than IdleFor is forgotten by the next new key, one used within it is kept", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 10*time.Second)
+		b.m.LoadOrNew("idle", nil)
+		b.m.LoadOrNew("busy", nil)
+		b.clock.Add(10)
+		b.m.Load("busy")
+		b.clock.Add(1) // idle's last use is 11 s ago, busy's 1 s
+		b.m.LoadOrNew("new", nil)
+		if b.m.Load("idle") != nil {
+			t.Fatal("an entry idle for 11 s outlived IdleFor of 10 s")
+		}
+		if b.m.Load("busy") == nil || b.m.Load("new") == nil {
+			t.Fatal("an entry used within IdleFor was forgotten")
+		}
+		if b.m.Len() != 2 || b.m.Idled() != 1 {
+			t.Fatalf("%d keys, %d idled; want 2 and 1", b.m.Len(), b.m.Idled())
+		}
+	})
+
+	t.Run("an entry is never forgotten before IdleFor has passed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 10*time.Second)
+		b.m.LoadOrNew("a", nil)
+		b.clock.Add(10) // exactly IdleFor: may still be wanted
+		b.m.LoadOrNew("b", nil)
+		if b.m.Load("a") == nil {
+			t.Fatal("an entry was forgotten after 10 s of an IdleFor of 10 s")
+		}
+	})
+
+	t.Run("an entry Keep holds outlives IdleFor", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, time.Second)
+		b.m.LoadOrNew("working", nil).Add(1)
+		b.clock.Add(60)
+		b.m.LoadOrNew("new", nil)
+		if n := b.m.Load("working"); n == nil || n.Load() != 1 {
+			t.Fatal("an entry with work in flight was forgotten for being idle")
+		}
+	})
+
+	t.Run("an idle entry still worth keeping outlives IdleFor and goes only for room", func(t *testing.T) {
+		t.Parallel()
+		var clock atomic.Int64
+		m := New(Options[int]{Max: 10, IdleFor: time.Second, Now: clock.Load,
+			Worth: func(v *int) bool { return *v > 0 }})
+		*m.LoadOrNew("worth", nil) = 1
+		m.LoadOrNew("spent", nil)
+		clock.Add(5)
+		m.LoadOrNew("new", nil)
+		if m.Load("worth") == nil {
+			t.Fatal("an idle entry still worth keeping was swept")
+		}
+		if m.Load("spent") != nil {
+			t.Fatal("an idle entry worth nothing outlived IdleFor")
+		}
+		clock.Add(1) // within IdleFor of the keys below: only the bound forgets now
+		for i := range 20 {
+			m.LoadOrNew(fmt.Sprintf("k%d", i), nil)
+		}
+		if m.Load("worth") != nil {
+			t.Fatal("an entry worth keeping, the least recently used, was kept past the bound")
+		}
+	})
+
+	t.Run("without IdleFor, entries go only for room", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 0)
+		b.m.LoadOrNew("old", nil)
+		b.clock.Add(3600)
+		b.m.LoadOrNew("new", nil)
+		if b.m.Load("old") == nil {
+			t.Fatal("an idle entry was forgotten with no IdleFor")
+		}
+	})
+
+	t.Run("under sweeps and evictions beside each other the map counts exactly the keys it holds", func(t *testing.T) {
+		t.Parallel()
+		// A second passes every 8 uses of one worker, so sweeps run beside the
+		// evictions of the bound of 256, and the workers' keys are forgotten and made again between
+		// their uses: every entry must leave the count exactly once.
+		var clock atomic.Int64
+		m := New(Options[atomic.Int64]{Max: 256, IdleFor: time.Second, Now: clock.Load,
+			Keep: func(n *atomic.Int64) bool { return n.Load() > 0 }})
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				for i := range 5_000 {
+					if g == 0 && i%8 == 0 {
+						clock.Add(1)
+					}
+					n := m.LoadOrNew(fmt.Sprintf("k%d", (i*8+g)%2_000), nil)
+					n.Add(1)
+					n.Add(-1)
+				}
+			})
+		}
+		wg.Wait()
+		held := 0
+		m.m.Range(func(any, any) bool { held++; return true })
+		if m.Len() != held {
+			t.Fatalf("the map counts %d keys and holds %d", m.Len(), held)
+		}
+		if held > 256 {
+			t.Fatalf("%d keys, over the bound of 256", held)
+		}
+		if m.Idled() == 0 || m.Evicted() == 0 {
+			t.Fatalf("%d idled, %d evicted: the test did not make both run", m.Idled(), m.Evicted())
 		}
 	})
 }
