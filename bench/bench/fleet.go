@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -57,6 +56,11 @@ type FleetRun struct {
 	// PodRate is the Pods created a second over Took; PeakPodRate the most created in
 	// one second.
 	PodRate, PeakPodRate float64
+	// Dispatched and Rejected are the API server's own priority and fairness counts
+	// over the creates (apiserver_flowcontrol_dispatched_requests_total and
+	// apiserver_flowcontrol_rejected_requests_total, every priority level): requests it
+	// served through its queues, and requests it refused with a 429 for want of seats.
+	Dispatched, Rejected float64
 }
 
 const fleetTemplates = `{"templates": {"fleet": {"image": "python:3.12-slim",
@@ -160,7 +164,7 @@ func runFleet(ctx context.Context, env *Env, sz sizes) (*FleetResult, error) {
 	res.PoolFill = time.Since(began)
 	env.logf("fleet: pool of %d filled in %s; %d creates, %d at a time", sz.fleetPool, res.PoolFill.Round(time.Second), sz.fleetSandboxes, sz.fleetWorkers)
 
-	before, err := apiserverRequests(ctx, srv)
+	before, err := srv.Counters(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -208,14 +212,15 @@ func runFleet(ctx context.Context, env *Env, sz sizes) (*FleetResult, error) {
 	if err := <-errs; err != nil {
 		return nil, err
 	}
-	after, err := apiserverRequests(ctx, srv)
+	after, err := srv.Counters(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("fleet: %w", err)
 	}
 	run := FleetRun{Took: took, Warm: int(warm.Load()), Cold: int(cold.Load()), Refused: int(refused.Load()),
-		PerActivation: map[string]float64{}, PerActivationResource: map[string]float64{}}
-	for k, v := range after {
-		d := (v - before[k]) / float64(sz.fleetSandboxes)
+		PerActivation: map[string]float64{}, PerActivationResource: map[string]float64{},
+		Dispatched: after.Dispatched - before.Dispatched, Rejected: after.Rejected - before.Rejected}
+	for k, v := range after.Requests {
+		d := (v - before.Requests[k]) / float64(sz.fleetSandboxes)
 		if d <= 0 {
 			continue
 		}
@@ -234,42 +239,6 @@ func runFleet(ctx context.Context, env *Env, sz sizes) (*FleetResult, error) {
 	env.logf("fleet: %d creates (%d warm, %d cold, %d refused and retried) in %s; %d pods created, ready p50 %s p99 %s",
 		sz.fleetSandboxes, run.Warm, run.Cold, run.Refused, took.Round(time.Millisecond), created, run.ReadyP50, run.ReadyP99)
 	return res, nil
-}
-
-var requestSample = regexp.MustCompile(`^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$`)
-var labelPair = regexp.MustCompile(`(\w+)="([^"]*)"`)
-
-// apiserverRequests reads the API server's apiserver_request_total, summed by "verb
-// resource[/subresource]".
-func apiserverRequests(ctx context.Context, srv *kubeenv.Server) (map[string]float64, error) {
-	body, err := srv.Clientset.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("fleet: the API server's metrics: %w", err)
-	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
-		m := requestSample.FindStringSubmatch(line)
-		if m == nil {
-			continue
-		}
-		labels := map[string]string{}
-		for _, p := range labelPair.FindAllStringSubmatch(m[1], -1) {
-			labels[p[1]] = p[2]
-		}
-		var v float64
-		if _, err := fmt.Sscan(m[2], &v); err != nil {
-			continue
-		}
-		res := labels["resource"]
-		if labels["subresource"] != "" {
-			res += "/" + labels["subresource"]
-		}
-		out[labels["verb"]+" "+res] += v
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("fleet: no apiserver_request_total in the API server's metrics")
-	}
-	return out, nil
 }
 
 // fleetPods records when each Pod of a namespace was created and first Ready, from a
@@ -377,6 +346,7 @@ func (r *Report) fleetMarkdown(b *strings.Builder) {
 		parts = append(parts, fmt.Sprintf("%s %.2f", v, run.PerActivation[v]))
 	}
 	w("%s.\n\n", strings.Join(parts, ", "))
+	w("The API server's priority and fairness over the creates: %.0f requests dispatched through its queues, **%.0f rejected** (`apiserver_flowcontrol_rejected_requests_total`, every priority level and reason): the cluster bucket's rate and the replicas' client limits keep the control plane within its own seats.\n\n", run.Dispatched, run.Rejected)
 	w("| verb resource | per sandbox |\n|---|---:|\n")
 	var keys []string
 	for k := range run.PerActivationResource {
@@ -389,6 +359,23 @@ func (r *Report) fleetMarkdown(b *strings.Builder) {
 		}
 	}
 	w("\n")
+}
+
+// fleetTargets are the fleet's: the control plane never refuses the fleet's requests,
+// and no second sees more Pods created than the cluster bucket lets through in a
+// second (its burst and a second of refill), warm-ups included.
+func (r *Report) fleetTargets() []Target {
+	f := r.Fleet
+	if f == nil {
+		return nil
+	}
+	most := float64(f.ClusterBurst) + f.ClusterRefill
+	return []Target{
+		{"the API server's priority and fairness rejects none of the fleet's requests",
+			fmt.Sprintf("%.0f rejected of %.0f dispatched", f.Run.Rejected, f.Run.Dispatched), f.Run.Rejected == 0 && f.Run.Dispatched > 0},
+		{fmt.Sprintf("Pods created in any one second ≤ the cluster bucket's burst and a second's refill (%.0f)", most),
+			fmt.Sprintf("at most %.0f in a second, %.1f a second over the run", f.Run.PeakPodRate, f.Run.PodRate), f.Run.PeakPodRate <= most},
+	}
 }
 
 // requests is the API server's requests per sandbox, every verb.

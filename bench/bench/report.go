@@ -113,6 +113,7 @@ func (r *Report) Targets() []Target {
 	ts = append(ts, r.lifecycleTargets()...)
 	ts = append(ts, r.migrationsTargets()...)
 	ts = append(ts, r.soakTargets()...)
+	ts = append(ts, r.fleetTargets()...)
 	ts = append(ts, r.scaleTargets()...)
 	return ts
 }
@@ -144,8 +145,8 @@ func (r *Report) Summary() string {
 		fmt.Fprintf(&b, "  %d replicas: admitted − (burst + refill × elapsed) = %s per run\n", p.Replicas, strings.Join(diffs, ", "))
 	}
 	if f := r.Fleet; f != nil {
-		fmt.Fprintf(&b, "  fleet: %d sandboxes (%d warm) with a pool of %d on %d kwok nodes: %d pods created at %.1f/s (cluster bucket %g/s), pod ready p50 %s p99 %s, %.1f API requests per sandbox\n",
-			f.Sandboxes, f.Run.Warm, f.Pool, f.Nodes, f.Run.PodsCreated, f.Run.PodRate, f.ClusterRefill, f.Run.ReadyP50.Round(time.Millisecond), f.Run.ReadyP99.Round(time.Millisecond), f.Run.requests())
+		fmt.Fprintf(&b, "  fleet: %d sandboxes (%d warm) with a pool of %d on %d kwok nodes: %d pods created at %.1f/s (cluster bucket %g/s), pod ready p50 %s p99 %s, %.1f API requests per sandbox, %.0f rejected by the API server's priority and fairness\n",
+			f.Sandboxes, f.Run.Warm, f.Pool, f.Nodes, f.Run.PodsCreated, f.Run.PodRate, f.ClusterRefill, f.Run.ReadyP50.Round(time.Millisecond), f.Run.ReadyP99.Round(time.Millisecond), f.Run.requests(), f.Run.Rejected)
 	}
 	b.WriteString("\nFigures\n")
 	if s := r.Script; s != nil {

@@ -91,6 +91,9 @@ func TestSmoke(t *testing.T) {
 		if run.PerActivationResource["POST pods"] <= 0 || run.PerActivation["POST"] <= 0 || run.PerActivation["GET"] <= 0 {
 			t.Errorf("API requests per sandbox %v: want pod creates and gets among them", run.PerActivationResource)
 		}
+		if !(run.Dispatched > 0) || run.Rejected != 0 {
+			t.Errorf("the API server's priority and fairness dispatched %.0f and rejected %.0f requests over the creates, want some and none", run.Dispatched, run.Rejected)
+		}
 	})
 
 	t.Run("script cost is measured for every implementation and path", func(t *testing.T) {

@@ -145,6 +145,10 @@ func TestKubernetesFleet(t *testing.T) {
 		}
 		wg.Wait()
 	}
+	before, err := srv.Counters(testenv.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	began := time.Now()
 	batch(0, sandboxes/2, a, b)
 	// Midway, with the pool refilling on both replicas: a dies (SIGKILL, its warms cut
@@ -161,6 +165,15 @@ func TestKubernetesFleet(t *testing.T) {
 	elapsed := time.Since(began)
 	if t.Failed() {
 		t.FailNow()
+	}
+	// The control plane served the fleet within its own seats: its priority and
+	// fairness refused none of the requests of the creates, the restart and the refills.
+	after, err := srv.Counters(testenv.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rejected := after.Rejected - before.Rejected; rejected != 0 {
+		t.Errorf("the API server's priority and fairness rejected %.0f requests over the creates (%.0f dispatched)", rejected, after.Dispatched-before.Dispatched)
 	}
 
 	// Settled: every sandbox running on its Pod, the pool full again, and the
