@@ -3,7 +3,7 @@
 SHELL := /usr/bin/env bash
 
 .DEFAULT_GOAL := help
-.PHONY: help run test test-stress services services-down services-clean bench lint build image
+.PHONY: help run test test-stress fuzz services services-down services-clean bench lint build image
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -16,6 +16,9 @@ test: ## the whole suite (race detector on) against real Postgres, Redis and Red
 
 test-stress: ## hunt flaky tests: the timing-sensitive packages 5 times under -race, the suite beside them as load
 	scripts/stress.sh
+
+fuzz: ## every fuzz target, the costly whole-stack one included (make test fuzzes the cheap ones)
+	scripts/fuzz.sh
 
 services: ## start local Postgres, Redis and a 3-node Redis Cluster on loopback
 	scripts/services.sh up

@@ -4,12 +4,10 @@
 # SPACE_TEST_REDIS_CLUSTER_ADDRS; when those are unset this starts the local services
 # (scripts/services.sh up) and uses them.
 #
-#   FUZZTIME=N     how much each fuzz target runs after the tests: an execution count
-#                  such as 20000x (the default, a few seconds each) or a duration such
-#                  as 30s; 0 skips the fuzzing (the seed corpora still run as tests).
-#                  A count is the default because Go 1.26's fuzz coordinator can fail a
-#                  duration-bounded run with a bare "context deadline exceeded" at the
-#                  deadline on a loaded machine (go.dev/issue/75804, fixed in 1.27).
+#   FUZZTIME=N     how much each cheap fuzz target runs after the tests: an execution
+#                  count such as 20000x (the default, a few seconds each) or a duration
+#                  such as 30s; 0 skips the fuzzing (the seed corpora still run as
+#                  tests). The costly targets run in `make fuzz` (scripts/fuzz.sh).
 #   TESTFLAGS=...  extra flags for go test, e.g. TESTFLAGS='-run TestAdmit -v' (the
 #                  image test, the bench module's test and the fuzzing are then left
 #                  out, as they ignore them)
@@ -75,22 +73,8 @@ if [ -z "${TESTFLAGS:-}" ]; then
   (cd tools/openapi && go test -count=1 ./...)
 fi
 
-fuzztime="${FUZZTIME:-20000x}"
-if [ "$fuzztime" != "0" ] && [ -z "${TESTFLAGS:-}" ]; then
-  echo "== fuzz ($fuzztime each)"
-  # Every Fuzz* target in the tree, found rather than listed, so none is forgotten.
-  grep -rlE '^func Fuzz[A-Za-z0-9_]+\(' --include='*_test.go' . | sort | while read -r file; do
-    pkg="./$(dirname "${file#./}")"
-    grep -oE '^func (Fuzz[A-Za-z0-9_]+)\(' "$file" | sed -E 's/^func (Fuzz[A-Za-z0-9_]+)\(/\1/' | while read -r target; do
-      # A target whose every execution is costly (a whole server behind it) says how
-      # many executions it gets by default in a "// fuzztime: Nx" line of its doc
-      # comment; FUZZTIME, when set, still wins.
-      t="$fuzztime"
-      own=$(grep -B12 "^func ${target}(" "$file" | grep -oE '^// fuzztime: [0-9]+x$' | tail -n 1 | cut -d' ' -f3 || true)
-      if [ -n "$own" ] && [ -z "${FUZZTIME:-}" ]; then t="$own"; fi
-      echo "-- $pkg $target ($t)"
-      go test -run '^$' -fuzz "^${target}\$" -fuzztime "$t" "$pkg"
-    done
-  done
+if [ "${FUZZTIME:-}" != "0" ] && [ -z "${TESTFLAGS:-}" ]; then
+  # The cheap fuzz targets (scripts/fuzz.sh; make fuzz runs the costly ones too).
+  FUZZ_COSTLY=0 scripts/fuzz.sh
 fi
 echo "== ok"
