@@ -62,6 +62,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -88,10 +90,30 @@ type Env struct {
 	Dir string
 	// Progress receives one line per step; nil discards.
 	Progress io.Writer
+	// ProfileDir, when set, receives CPU profiles of space-api where a scenario takes
+	// them (the overload scenario: one over each flood's measured window), to be read
+	// with go tool pprof beside the binary (SpaceAPI).
+	ProfileDir string
 
 	leftovers sync.Once // DropLeftoverDatabases, at the first database of a run
 	peersOnce sync.Once // building the peers of the refusal comparison
 	peersErr  error
+}
+
+// profile writes srv's CPU profile over the next d (whole seconds, at least one) to
+// ProfileDir/name; a failure is logged, not returned: a profile explains a figure, it
+// is not one.
+func (e *Env) profile(ctx context.Context, srv *apiServer, d time.Duration, name string) {
+	secs := max(1, int(d.Seconds()))
+	body, err := httpGet(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", srv.InternalURL, secs))
+	if err == nil {
+		err = os.WriteFile(filepath.Join(e.ProfileDir, name), body, 0o644)
+	}
+	if err != nil {
+		e.logf("profile %s: %v", name, err)
+		return
+	}
+	e.logf("profile %s: %ds of %s's CPU written to %s", name, secs, srv.Name, e.ProfileDir)
 }
 
 func (e *Env) logf(format string, args ...any) {

@@ -79,6 +79,9 @@ type OverloadArm struct {
 	// Busy its CPU busy (%); ServerCores the server's cores; DriverCores the driver's
 	// with its load streams' processes (the flood, the quiet client, the slowloris).
 	RunQueue, Busy, ServerCores, DriverCores []float64
+	// RedisCores and PostgresCores are the stores' cores (the Redis process; every
+	// postgres process) over the same window.
+	RedisCores, PostgresCores []float64
 	// Unsent are the flood's requests its generator could not send, all runs.
 	Unsent                       int
 	FloodOutcomes, QuietOutcomes map[string]int
@@ -197,7 +200,7 @@ func (res *OverloadResult) run(ctx context.Context, env *Env, servers []*overloa
 	for i, m := range res.Multiples {
 		for _, s := range servers {
 			env.logf("overload: %s: flood at %d×C", s.name, m)
-			if err := res.flood(ctx, s, s.to.Plain[i]); err != nil {
+			if err := res.flood(ctx, env, s, s.to.Plain[i], ""); err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
 		}
@@ -209,7 +212,7 @@ func (res *OverloadResult) run(ctx context.Context, env *Env, servers []*overloa
 		}
 		for i, m := range res.Multiples {
 			env.logf("overload: %s: flood at %d×C beside the slowloris", s.name, m)
-			if err = res.flood(ctx, s, s.to.Slow[i]); err != nil {
+			if err = res.flood(ctx, env, s, s.to.Slow[i], "-slowloris"); err != nil {
 				break
 			}
 		}
@@ -264,8 +267,9 @@ func (res *OverloadResult) baseline(ctx context.Context, env *Env, s *overloadTa
 }
 
 // flood runs one flood at arm.Multiple × C on s beside the quiet client and adds its
-// figures to arm.
-func (res *OverloadResult) flood(ctx context.Context, s *overloadTarget, arm *OverloadArm) error {
+// figures to arm. With Env.ProfileDir, space-api's CPU profile over the quiet client's
+// arm is written there, named by the flood and what it ran beside (suffix).
+func (res *OverloadResult) flood(ctx context.Context, env *Env, s *overloadTarget, arm *OverloadArm, suffix string) error {
 	srv, c := s.srv, s.c
 	users := cpuUsers(srv, s.redisPid)
 	quiet := res.quiet(srv)
@@ -292,8 +296,14 @@ func (res *OverloadResult) flood(ctx context.Context, s *overloadTarget, arm *Ov
 		}
 		watch = watchCPU(users...)
 		stop := sampleRunQueue(&queue)
+		var profiled sync.WaitGroup
+		if env.ProfileDir != "" && s.name == "space-api" {
+			name := fmt.Sprintf("overload-%dxC%s-%s.pprof", arm.Multiple, suffix, time.Now().UTC().Format("150405"))
+			profiled.Go(func() { env.profile(ctx, srv, res.Duration-time.Second, name) })
+		}
 		q, quietErr = quiet.runApart(ctx)
 		stop()
+		profiled.Wait()
 	})
 	wg.Wait()
 	if err := errors.Join(floodErr, quietErr); err != nil {
@@ -331,6 +341,8 @@ func (res *OverloadResult) flood(ctx context.Context, s *overloadTarget, arm *Ov
 		arm.Busy = append(arm.Busy, cpu.Busy)
 		arm.ServerCores = append(arm.ServerCores, cores[0])
 		arm.DriverCores = append(arm.DriverCores, cores[1])
+		arm.RedisCores = append(arm.RedisCores, cores[2])
+		arm.PostgresCores = append(arm.PostgresCores, cores[3])
 	}
 	arm.Unsent += flood.Unsent
 	for k, v := range flood.Outcomes {
@@ -537,13 +549,14 @@ func (res *OverloadResult) markdown(b *strings.Builder) {
 			summarize(r.peer.QuietP99).format("%.2f"), summarize(r.peer.QuietRatio).format("%.2f×"),
 			ratioStats(r.space.QuietRatio, r.peer.QuietRatio).format("%.2f"), summarize(r.space.QuietSuccess).format("%.1f%%"), summarize(r.peer.QuietSuccess).format("%.1f%%"))
 	}
-	w("\nThe machine over the quiet client's arm: its runnable threads (`procs_running`, sampled every 50 ms: the run queue, 2 cores), its CPU busy, and the cores of the server and of the driver with its load streams' processes (flood, quiet client, slowloris).\n\n")
-	w("| flood | space-api: run queue | busy | server cores | driver cores | peer: run queue | busy | server cores | driver cores |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("\nThe machine over the quiet client's arm: its runnable threads (`procs_running`, sampled every 50 ms: the run queue, 2 cores), its CPU busy, and the cores of the server, of the driver with its load streams' processes (flood, quiet client, slowloris), of Redis and of Postgres (every postgres process); what the four leave of the 2 cores is the kernel's work for no process (interrupts) and other processes'.\n\n")
+	w("| flood | space-api: run queue | busy | server cores | driver cores | Redis | Postgres | peer: run queue | busy | server cores | driver cores | Redis | Postgres |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
 		w("| %s", r.name)
 		for _, a := range []*OverloadArm{r.space, r.peer} {
-			w(" | %s | %s | %s | %s", summarize(a.RunQueue).format("%.1f"), summarize(a.Busy).format("%.0f%%"),
-				summarize(a.ServerCores).format("%.2f"), summarize(a.DriverCores).format("%.2f"))
+			w(" | %s | %s | %s | %s | %s | %s", summarize(a.RunQueue).format("%.1f"), summarize(a.Busy).format("%.0f%%"),
+				summarize(a.ServerCores).format("%.2f"), summarize(a.DriverCores).format("%.2f"),
+				summarize(a.RedisCores).format("%.2f"), summarize(a.PostgresCores).format("%.2f"))
 		}
 		w(" |\n")
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -32,6 +33,10 @@ func TestSmoke(t *testing.T) {
 		Templates:    filepath.Join(root, "deploy", "demo", "templates.json"),
 		Module:       root,
 		Dir:          t.TempDir(),
+	}
+	env.ProfileDir = filepath.Join(env.Dir, "profiles")
+	if err := os.Mkdir(env.ProfileDir, 0o755); err != nil {
+		t.Fatal(err)
 	}
 	// The space-api binary builds while the scenarios that need no server run.
 	built := make(chan error, 1)
@@ -291,6 +296,24 @@ func TestSmoke(t *testing.T) {
 					}
 					if a.QuietOutcomes["201"] == 0 {
 						t.Errorf("%s at %d×C: the quiet client's answers %v, want 201s", s.name, a.Multiple, a.QuietOutcomes)
+					}
+				}
+				if s.s == &o.Space {
+					// -profile: space-api's CPU over each flood's window, a profile
+					// go tool pprof reads (gzipped protobuf).
+					for _, a := range arms {
+						suffix := ""
+						if &arms[0] == &s.s.Slow[0] {
+							suffix = "-slowloris"
+						}
+						found, _ := filepath.Glob(filepath.Join(env.ProfileDir, fmt.Sprintf("overload-%dxC%s-*.pprof", a.Multiple, suffix)))
+						if len(found) != 1 {
+							t.Errorf("at %d×C%s: profiles %v, want one", a.Multiple, suffix, found)
+							continue
+						}
+						if b, err := os.ReadFile(found[0]); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+							t.Errorf("%s: %d bytes (%v), want a gzipped profile", found[0], len(b), err)
+						}
 					}
 				}
 				// The floods are asked for their multiples of the same run's C.

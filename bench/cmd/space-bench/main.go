@@ -71,6 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	doc := fs.String("doc", "docs/benchmarks.md", "file whose space-bench section is rewritten; empty writes none")
 	keep := fs.Bool("keep", false, "keep the scratch directory (each server's log, its flags file) and print where it is")
 	soak := fs.Duration("soak", 0, "how long the soak scenario sends its load (default 5m, quick 20s); a longer soak: -only soak -soak 30m")
+	profile := fs.String("profile", "", "directory for CPU profiles of space-api where a scenario takes them (overload: each flood's window)")
 	templates := fs.String("templates", "deploy/demo/templates.json", "SPACE_TEMPLATES_FILE of the servers")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -98,6 +99,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Module:       root,
 		Dir:          dir,
 		Progress:     stderr,
+		ProfileDir:   *profile,
+	}
+	if env.ProfileDir != "" {
+		if err := os.MkdirAll(env.ProfileDir, 0o755); err != nil {
+			return fmt.Errorf("-profile: %w", err)
+		}
 	}
 	if env.AdminURL == "" {
 		return errors.New(`SPACE_DATABASE_URL is not set; run: scripts/services.sh up && eval "$(scripts/services.sh env)"`)
