@@ -49,9 +49,12 @@
 //   - gobench: the hot-path `go test -bench` benchmarks, allocations included;
 //   - fleet: space-api's replicas with the kubernetes substrate on a real
 //     kube-apiserver, kube-scheduler and kwok's simulated nodes: 1,000 sandboxes
-//     with a warm pool of 200, the API server's requests per sandbox by verb, Pod
-//     readiness p50/p99 and the Pod creation rate beside the cluster bucket's
-//     (fleet.go).
+//     with a warm pool of 200, one replica killed and started again midway, 200 of
+//     them paused and restored; Pods per activation (exactly one), nothing orphaned
+//     once settled, the API server's requests per activation by verb and its
+//     priority and fairness's rejections, Pod readiness p50/p99 beside the floor of
+//     Pods made straight through the API, and the Pod creation rate beside the
+//     cluster bucket's (fleet.go).
 //
 // Private redis-servers, free ports and the bench's databases come from the product's
 // internal/testenv, whose error-returning core serves tests and the bench alike.
@@ -200,8 +203,11 @@ type sizes struct {
 	scale                              scaleSizes
 
 	// The fleet: sandboxes created, the warm pool's target, simulated nodes, and
-	// creates in flight.
+	// creates in flight; sandboxes paused and restored after the creates, and Pods
+	// made straight through the API for the floor of a Pod's readiness.
 	fleetSandboxes, fleetPool, fleetNodes, fleetWorkers int
+	fleetPauses, fleetFloor                             int
+	fleetReadyTimeout                                   time.Duration
 }
 
 func sizesFor(quick bool) sizes {
@@ -222,7 +228,7 @@ func sizesFor(quick bool) sizes {
 			soakDur: 20 * time.Second, soakEvery: 5 * time.Second, soakRetention: 5 * time.Second, soakHold: time.Second,
 			soakRate: 20, soakAsyncRate: 5,
 			scale:          scaleSizesFor(true),
-			fleetSandboxes: 20, fleetPool: 5, fleetNodes: 2, fleetWorkers: 4,
+			fleetSandboxes: 20, fleetPool: 5, fleetNodes: 2, fleetWorkers: 4, fleetPauses: 6, fleetFloor: 4, fleetReadyTimeout: 15 * time.Second,
 		}
 	}
 	return sizes{
@@ -241,7 +247,7 @@ func sizesFor(quick bool) sizes {
 		soakDur: 5 * time.Minute, soakEvery: 15 * time.Second, soakRetention: 30 * time.Second, soakHold: 2 * time.Second,
 		soakRate: 50, soakAsyncRate: 10,
 		scale:          scaleSizesFor(false),
-		fleetSandboxes: 1000, fleetPool: 200, fleetNodes: 12, fleetWorkers: 32,
+		fleetSandboxes: 1000, fleetPool: 200, fleetNodes: 12, fleetWorkers: 32, fleetPauses: 200, fleetFloor: 100, fleetReadyTimeout: 30 * time.Second,
 	}
 }
 

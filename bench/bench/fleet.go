@@ -25,18 +25,31 @@ import (
 
 // FleetResult is the fleet scenario: space-api's replicas with the kubernetes substrate
 // on a real kube-apiserver, a real kube-scheduler and kwok's simulated nodes
-// (internal/testenv/kubeenv), creating Sandboxes sandboxes with a warm pool of Pool.
+// (internal/testenv/kubeenv), creating Sandboxes sandboxes with a warm pool of Pool,
+// one replica killed and started again midway, then Pauses of them paused and
+// restored.
 type FleetResult struct {
-	Sandboxes, Pool, Nodes, Replicas, Workers int
+	Sandboxes, Pool, Nodes, Replicas, Workers, Pauses int
 	// ClusterRefill and ClusterBurst are the cluster activation bucket's; KubeQPS and
 	// KubeBurst each replica's API client limit (the chart's defaults, all four).
 	ClusterRefill float64
 	ClusterBurst  int64
 	KubeQPS       float64
 	KubeBurst     int
+	// ReadyTimeout is SPACE_KUBERNETES_READY_TIMEOUT: after it (and the substrate's
+	// slack) a warm-up the kill cut is forgotten and its Pod swept.
+	ReadyTimeout time.Duration
+	// FloorPods were made straight through the API before space-api started, a claim
+	// and a Pod each as the substrate makes them: FloorP50 and FloorP99 are from
+	// their creation to Ready, what the scheduler, the claims' provisioning and kwok
+	// take with nothing else running: the floor of a sandbox Pod's readiness.
+	FloorPods          int
+	FloorP50, FloorP99 time.Duration
 	// PoolFill is how long the pool took to fill from empty before the creates.
 	PoolFill time.Duration
 	Run      FleetRun
+	Cycle    FleetCycle
+	Account  FleetAccount
 }
 
 // FleetRun is what one run of the creates measured.
@@ -45,22 +58,64 @@ type FleetRun struct {
 	Warm, Cold  int
 	Refused     int // 429s (retried after Retry-After)
 	PodsCreated int // Pods created in the namespace while the creates ran
-	// PerActivation are the API server's requests while the creates ran (every
-	// client: space-api, the scheduler, kwok, the provisioner, the bench's watch), by
-	// verb and by verb and resource, divided by the sandboxes created.
+	// KilledWarming is the pool's slots warming when one replica was killed, midway.
+	KilledWarming int
+	// ColdP50 and ColdP99 are a cold create's answer, from its request to its 201,
+	// which space-api sends once the sandbox's Pod is ready: admission to a ready Pod.
+	ColdP50, ColdP99 time.Duration
+	// PerActivation are the API server's requests from the first create to the last
+	// restore (every client: space-api, the scheduler, kwok, the provisioner, the
+	// bench's watch; the restart and the pauses included), by verb and by verb and
+	// resource, divided by the activations (creates and restores).
 	PerActivation         map[string]float64
 	PerActivationResource map[string]float64
 	// ReadyP50 and ReadyP99 are from a Pod's creation to its first Ready, as the
-	// bench's watch saw both.
+	// bench's watch saw both, for the Pods created while the creates ran.
 	ReadyP50, ReadyP99 time.Duration
 	// PodRate is the Pods created a second over Took; PeakPodRate the most created in
-	// one second.
+	// one second from the first create until the namespace settled (warm-ups,
+	// restores and the restart's sweep included).
 	PodRate, PeakPodRate float64
 	// Dispatched and Rejected are the API server's own priority and fairness counts
-	// over the creates (apiserver_flowcontrol_dispatched_requests_total and
+	// from the first create to the last restore
+	// (apiserver_flowcontrol_dispatched_requests_total and
 	// apiserver_flowcontrol_rejected_requests_total, every priority level): requests it
 	// served through its queues, and requests it refused with a 429 for want of seats.
 	Dispatched, Rejected float64
+}
+
+// FleetCycle is the pauses and restores: Pauses sandboxes paused, then restored,
+// Workers at a time.
+type FleetCycle struct {
+	PauseTook, RestoreTook time.Duration
+	Refused                int // restores answered 429 and retried
+	// RestoreP50 and RestoreP99 are a restore's answer, from its request to its 200
+	// (the sandbox's new Pod ready).
+	RestoreP50, RestoreP99 time.Duration
+}
+
+// FleetAccount is every Pod the scenario's watch saw created from the pool's first
+// warm-up until the namespace settled (the floor's left out), by what it was made
+// for: its name without the random suffix, sbx-<sandbox id> or slot-<slot id>.
+type FleetAccount struct {
+	Pods int
+	// The activations, each of which makes exactly one Pod: sandboxes started cold,
+	// slots warmed (a slot's Pod becomes the sandbox that adopts it) and restores.
+	ColdStarts, SlotsWarmed, Restores int
+	// Extra names each owner given more Pods than its activations: a storm's
+	// duplicates.
+	Extra []string
+	// Settled is how long after the last restore the namespace held exactly the Pods
+	// and claims of the running sandboxes and ready slots, each Pod Ready and named by
+	// a row; Unsettled says what was still wrong after the bound (empty when it
+	// settled), orphans included.
+	Settled   time.Duration
+	Unsettled string
+}
+
+// PerActivation is Pods created per activation: exactly 1 when nothing stormed.
+func (a FleetAccount) PerActivation() float64 {
+	return float64(a.Pods) / float64(max(1, a.ColdStarts+a.SlotsWarmed+a.Restores))
 }
 
 const fleetTemplates = `{"templates": {"fleet": {"image": "python:3.12-slim",
@@ -68,12 +123,18 @@ const fleetTemplates = `{"templates": {"fleet": {"image": "python:3.12-slim",
 
 const fleetBody = `{"template":"fleet","cpu_millis":1000,"memory_mib":2048,"disk_gib":1}`
 
-// runFleet creates the sandboxes through two replicas, Workers at a time, retrying a
-// 429 100 ms later, once the pool is full, and measures the API server's
-// requests, the Pods' readiness and their creation rate.
+// fleetSettle bounds the wait for the namespace to settle after the last restore: the
+// ready timeout and its slack for a warm-up the kill cut, then the reconciler's rounds.
+const fleetSettle = 5 * time.Minute
+
+// runFleet measures the floor, fills the pool, creates the sandboxes through two
+// replicas, Workers at a time (a 429 retried 100 ms later), killing one replica and
+// starting it again midway, pauses and restores Pauses of them, waits for the
+// namespace to settle, and accounts for every Pod made.
 func runFleet(ctx context.Context, env *Env, sz sizes) (*FleetResult, error) {
 	res := &FleetResult{Sandboxes: sz.fleetSandboxes, Pool: sz.fleetPool, Nodes: sz.fleetNodes, Replicas: 2, Workers: sz.fleetWorkers,
-		ClusterRefill: 100, ClusterBurst: 200, KubeQPS: 50, KubeBurst: 100}
+		Pauses: min(sz.fleetPauses, sz.fleetSandboxes), ClusterRefill: 100, ClusterBurst: 200, KubeQPS: 50, KubeBurst: 100,
+		ReadyTimeout: sz.fleetReadyTimeout, FloorPods: sz.fleetFloor}
 	env.logf("fleet: kube-apiserver, kube-scheduler and kwok (built the first time on this machine)")
 	srv, err := kubeenv.Launch(ctx)
 	if err != nil {
@@ -106,6 +167,11 @@ func runFleet(ctx context.Context, env *Env, sz sizes) (*FleetResult, error) {
 	}
 	defer pods.stop()
 
+	if res.FloorP50, res.FloorP99, err = fleetFloor(ctx, srv, ns, pods, res.FloorPods, res.Workers); err != nil {
+		return nil, err
+	}
+	env.logf("fleet: %d pods made straight through the API ready in p50 %s, p99 %s", res.FloorPods, res.FloorP50, res.FloorP99)
+
 	st, err := env.newStack(ctx)
 	if err != nil {
 		return nil, err
@@ -126,7 +192,7 @@ func runFleet(ctx context.Context, env *Env, sz sizes) (*FleetResult, error) {
 		"SPACE_SUBSTRATE":                               "kubernetes",
 		"KUBECONFIG":                                    srv.Kubeconfig,
 		"SPACE_KUBERNETES_NAMESPACE":                    ns,
-		"SPACE_KUBERNETES_READY_TIMEOUT":                "2m",
+		"SPACE_KUBERNETES_READY_TIMEOUT":                res.ReadyTimeout.String(),
 		"SPACE_KUBERNETES_CLIENT_QPS":                   fmt.Sprint(res.KubeQPS),
 		"SPACE_KUBERNETES_CLIENT_BURST":                 fmt.Sprint(res.KubeBurst),
 		"SPACE_TEMPLATES_FILE":                          templates,
@@ -134,19 +200,22 @@ func runFleet(ctx context.Context, env *Env, sz sizes) (*FleetResult, error) {
 		"SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST":      fmt.Sprint(res.ClusterBurst),
 		"SPACE_LOG_LEVEL":                               "warn",
 	}
-	var replicas []*apiServer
+	replicas := make([]*apiServer, res.Replicas)
 	defer func() {
 		for _, r := range replicas {
 			r.stop()
 		}
 	}()
+	start := func(i int, name string) error {
+		r, err := env.startServer(ctx, serverConfig{Name: name, DB: st.db, RedisAddr: st.redis.Addr, Flags: flags, Env: vars})
+		replicas[i] = r
+		return err
+	}
 	began := time.Now()
 	for i := range res.Replicas {
-		r, err := env.startServer(ctx, serverConfig{Name: fmt.Sprintf("fleet-%d", i), DB: st.db, RedisAddr: st.redis.Addr, Flags: flags, Env: vars})
-		if err != nil {
+		if err := start(i, fmt.Sprintf("fleet-%d", i)); err != nil {
 			return nil, err
 		}
-		replicas = append(replicas, r)
 	}
 	for {
 		ready, err := st.db.queryInt(ctx, "SELECT count(*) FROM pool_slots WHERE state = 'ready'")
@@ -162,28 +231,117 @@ func runFleet(ctx context.Context, env *Env, sz sizes) (*FleetResult, error) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	res.PoolFill = time.Since(began)
-	env.logf("fleet: pool of %d filled in %s; %d creates, %d at a time", sz.fleetPool, res.PoolFill.Round(time.Second), sz.fleetSandboxes, sz.fleetWorkers)
+	env.logf("fleet: pool of %d filled in %s; %d creates, %d at a time, a replica killed midway", sz.fleetPool, res.PoolFill.Round(time.Second), sz.fleetSandboxes, sz.fleetWorkers)
 
 	before, err := srv.Counters(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var next, warm, cold, refused atomic.Int64
-	errs := make(chan error, sz.fleetWorkers)
-	start := time.Now()
+	c := &fleetCreates{}
+	startCreates := time.Now()
+	if err := c.run(ctx, replicas, 0, sz.fleetSandboxes/2, sz.fleetWorkers); err != nil {
+		return nil, err
+	}
+	// Midway, while the pool refills what the first half took: replica 0 dies with its
+	// warm-ups wherever they were, and starts again.
+	warming, err := st.db.queryInt(ctx, "SELECT count(*) FROM pool_slots WHERE state = 'warming'")
+	if err != nil {
+		return nil, err
+	}
+	replicas[0].kill()
+	replicas[0] = nil
+	if err := start(0, "fleet-0-again"); err != nil {
+		return nil, err
+	}
+	if err := c.run(ctx, replicas, sz.fleetSandboxes/2, sz.fleetSandboxes, sz.fleetWorkers); err != nil {
+		return nil, err
+	}
+	took := time.Since(startCreates)
+	run := FleetRun{Took: took, Warm: c.warm, Cold: c.cold, Refused: c.refused, KilledWarming: int(warming),
+		PerActivation: map[string]float64{}, PerActivationResource: map[string]float64{}}
+	run.ColdP50, run.ColdP99 = percentile(c.coldLat, 50), percentile(c.coldLat, 99)
+	created, lat, _ := pods.window(startCreates, startCreates.Add(took))
+	run.PodsCreated = created
+	run.ReadyP50, run.ReadyP99 = percentile(lat, 50), percentile(lat, 99)
+	run.PodRate = float64(created) / took.Seconds()
+	env.logf("fleet: %d creates (%d warm, %d cold, %d refused and retried) in %s, %d slots warming at the kill; %d pods created, ready p50 %s p99 %s",
+		sz.fleetSandboxes, run.Warm, run.Cold, run.Refused, took.Round(time.Millisecond), warming, created, run.ReadyP50, run.ReadyP99)
+
+	cycle, err := fleetCycle(ctx, replicas, c.ids[:res.Pauses], sz.fleetWorkers)
+	if err != nil {
+		return nil, err
+	}
+	res.Cycle = cycle
+	after, err := srv.Counters(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	run.Dispatched, run.Rejected = after.Dispatched-before.Dispatched, after.Rejected-before.Rejected
+	activations := float64(sz.fleetSandboxes + res.Pauses)
+	for k, v := range after.Requests {
+		d := (v - before.Requests[k]) / activations
+		if d <= 0 {
+			continue
+		}
+		verb := strings.SplitN(k, " ", 2)[0]
+		run.PerActivation[verb] += d
+		run.PerActivationResource[k] += d
+	}
+	env.logf("fleet: %d paused in %s, restored in %s (%d 429s retried), restore p50 %s p99 %s", res.Pauses,
+		cycle.PauseTook.Round(time.Millisecond), cycle.RestoreTook.Round(time.Millisecond), cycle.Refused, cycle.RestoreP50, cycle.RestoreP99)
+
+	cycled := time.Now()
+	res.Account.Unsettled = fleetSettled(ctx, srv, st.db, ns, sz.fleetSandboxes, sz.fleetPool)
+	for res.Account.Unsettled != "" && time.Since(cycled) < fleetSettle {
+		time.Sleep(500 * time.Millisecond)
+		res.Account.Unsettled = fleetSettled(ctx, srv, st.db, ns, sz.fleetSandboxes, sz.fleetPool)
+	}
+	res.Account.Settled = time.Since(cycled)
+	_, _, peak := pods.window(startCreates, time.Now())
+	run.PeakPodRate = float64(peak)
+	res.Run = run
+	res.Account = pods.account(c.made, c.ids[:res.Pauses], res.Account)
+	env.logf("fleet: settled %s after the restores (%q); %d pods for %d cold starts, %d slots warmed and %d restores (%.3f an activation), %d owners with extra pods",
+		res.Account.Settled.Round(time.Millisecond), res.Account.Unsettled, res.Account.Pods, res.Account.ColdStarts, res.Account.SlotsWarmed, res.Account.Restores,
+		res.Account.PerActivation(), len(res.Account.Extra))
+	return res, nil
+}
+
+// fleetCreates is the creates' tally, over both halves.
+type fleetCreates struct {
+	mu                  sync.Mutex
+	made                map[string]bool // sandbox id -> warm
+	ids                 []string        // in the order they were answered
+	warm, cold, refused int
+	coldLat             []time.Duration
+}
+
+// run creates sandboxes from..to-1 through replicas, workers at a time.
+func (c *fleetCreates) run(ctx context.Context, replicas []*apiServer, from, to, workers int) error {
+	c.mu.Lock()
+	if c.made == nil {
+		c.made = map[string]bool{}
+	}
+	c.mu.Unlock()
+	next := atomic.Int64{}
+	next.Store(int64(from))
+	errs := make(chan error, workers)
 	var wg sync.WaitGroup
-	for w := range sz.fleetWorkers {
+	for w := range workers {
 		wg.Go(func() {
 			base := replicas[w%len(replicas)].PublicURL
-			for next.Add(1) <= int64(sz.fleetSandboxes) {
+			for next.Add(1) <= int64(to) {
 				for {
-					code, body, err := fleetCreate(ctx, base)
+					sent := time.Now()
+					code, body, err := fleetDo(ctx, base+"/v1/sandboxes", fleetBody)
 					if err != nil {
 						errs <- err
 						return
 					}
 					if code == 429 {
-						refused.Add(1)
+						c.mu.Lock()
+						c.refused++
+						c.mu.Unlock()
 						time.Sleep(100 * time.Millisecond)
 						continue
 					}
@@ -196,50 +354,213 @@ func runFleet(ctx context.Context, env *Env, sz sizes) (*FleetResult, error) {
 						errs <- err
 						return
 					}
+					c.mu.Lock()
+					c.made[sb.ID] = sb.Warm
+					c.ids = append(c.ids, sb.ID)
 					if sb.Warm {
-						warm.Add(1)
+						c.warm++
 					} else {
-						cold.Add(1)
+						c.cold++
+						c.coldLat = append(c.coldLat, time.Since(sent))
 					}
+					c.mu.Unlock()
 					break
 				}
 			}
 		})
 	}
 	wg.Wait()
-	took := time.Since(start)
+	close(errs)
+	return <-errs
+}
+
+// fleetCycle pauses ids, then restores them, workers at a time through the replicas.
+func fleetCycle(ctx context.Context, replicas []*apiServer, ids []string, workers int) (FleetCycle, error) {
+	var cy FleetCycle
+	var mu sync.Mutex
+	var lat []time.Duration
+	each := func(verb string) error {
+		next := atomic.Int64{}
+		errs := make(chan error, workers)
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				base := replicas[w%len(replicas)].PublicURL
+				for i := next.Add(1) - 1; i < int64(len(ids)); i = next.Add(1) - 1 {
+					for {
+						sent := time.Now()
+						code, body, err := fleetDo(ctx, base+"/v1/sandboxes/"+ids[i]+"/"+verb, "")
+						if err != nil {
+							errs <- err
+							return
+						}
+						if code == 429 && verb == "restore" {
+							mu.Lock()
+							cy.Refused++
+							mu.Unlock()
+							time.Sleep(100 * time.Millisecond)
+							continue
+						}
+						if code != 200 {
+							errs <- fmt.Errorf("fleet: %s %s = %d %s", verb, ids[i], code, body)
+							return
+						}
+						if verb == "restore" {
+							mu.Lock()
+							lat = append(lat, time.Since(sent))
+							mu.Unlock()
+						}
+						break
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		return <-errs
+	}
+	began := time.Now()
+	if err := each("pause"); err != nil {
+		return cy, err
+	}
+	cy.PauseTook = time.Since(began)
+	began = time.Now()
+	if err := each("restore"); err != nil {
+		return cy, err
+	}
+	cy.RestoreTook = time.Since(began)
+	cy.RestoreP50, cy.RestoreP99 = percentile(lat, 50), percentile(lat, 99)
+	return cy, nil
+}
+
+// fleetSettled says what keeps the namespace from holding exactly the running
+// sandboxes' and ready slots' Pods and claims, every Pod Ready and named by a row's
+// substrate reference; "" once it does.
+func fleetSettled(ctx context.Context, srv *kubeenv.Server, db *database, ns string, sandboxes, pool int) string {
+	refs, err := db.queryStrings(ctx, `SELECT substrate_ref FROM sandboxes WHERE state = 'running'
+		UNION ALL SELECT substrate_ref FROM pool_slots WHERE state = 'ready'`)
+	if err != nil {
+		return err.Error()
+	}
+	owned := map[string]bool{}
+	for _, r := range refs {
+		owned[r] = true
+	}
+	live, err := srv.Clientset.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	claims, err := srv.Clientset.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	var wrong []string
+	running, err := db.queryInt(ctx, "SELECT count(*) FROM sandboxes WHERE state = 'running'")
+	if err != nil {
+		return err.Error()
+	}
+	ready, err := db.queryInt(ctx, "SELECT count(*) FROM pool_slots WHERE state = 'ready'")
+	if err != nil {
+		return err.Error()
+	}
+	if int(running) != sandboxes || int(ready) != pool {
+		wrong = append(wrong, fmt.Sprintf("%d sandboxes running and %d slots ready, want %d and %d", running, ready, sandboxes, pool))
+	}
+	unowned := 0
+	for _, p := range live.Items {
+		if !owned[p.Name] || !podReady(&p) {
+			unowned++
+		}
+	}
+	if unowned > 0 {
+		wrong = append(wrong, fmt.Sprintf("%d pods not ready or named by no running sandbox or ready slot", unowned))
+	}
+	if len(live.Items) != sandboxes+pool || len(claims.Items) != sandboxes+pool {
+		wrong = append(wrong, fmt.Sprintf("%d pods and %d claims, want %d each", len(live.Items), len(claims.Items), sandboxes+pool))
+	}
+	return strings.Join(wrong, "; ")
+}
+
+// fleetFloor makes n claims and Pods straight through the API, workers at a time,
+// as the substrate makes a sandbox's (the fleet's scheduler, the default class's
+// claim, a core and 2 GiB), waits for every Pod to be Ready, deletes them all and
+// returns their readiness's p50 and p99 as the watch saw it.
+func fleetFloor(ctx context.Context, srv *kubeenv.Server, ns string, pods *fleetPods, n, workers int) (p50, p99 time.Duration, err error) {
+	cs := srv.Clientset.CoreV1()
+	name := func(i int) string { return fmt.Sprintf("%s%d", fleetFloorPrefix, i) }
+	began := time.Now()
+	next := atomic.Int64{}
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name(i)}, Spec: corev1.PersistentVolumeClaimSpec{
+					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+				}}
+				if _, err := cs.PersistentVolumeClaims(ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+					errs <- fmt.Errorf("fleet floor: %w", err)
+					return
+				}
+				pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name(i)}, Spec: corev1.PodSpec{
+					SchedulerName: kubeenv.FleetScheduler,
+					Containers: []corev1.Container{{Name: "sandbox", Image: "python:3.12-slim", Resources: corev1.ResourceRequirements{
+						Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("2Gi")},
+					}}},
+					Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+						PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name(i)},
+					}}},
+				}}
+				if _, err := cs.Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+					errs <- fmt.Errorf("fleet floor: %w", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
-		return nil, err
+		return 0, 0, err
 	}
-	after, err := srv.Counters(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("fleet: %w", err)
-	}
-	run := FleetRun{Took: took, Warm: int(warm.Load()), Cold: int(cold.Load()), Refused: int(refused.Load()),
-		PerActivation: map[string]float64{}, PerActivationResource: map[string]float64{},
-		Dispatched: after.Dispatched - before.Dispatched, Rejected: after.Rejected - before.Rejected}
-	for k, v := range after.Requests {
-		d := (v - before.Requests[k]) / float64(sz.fleetSandboxes)
-		if d <= 0 {
-			continue
+	var lat []time.Duration
+	for {
+		lat = pods.readiness(fleetFloorPrefix)
+		if len(lat) == n {
+			break
 		}
-		verb := strings.SplitN(k, " ", 2)[0]
-		run.PerActivation[verb] += d
-		run.PerActivationResource[k] += d
+		if time.Since(began) > 3*time.Minute {
+			return 0, 0, fmt.Errorf("fleet floor: %d of %d pods ready after 3 minutes", len(lat), n)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	created, lat, peak := pods.window(start, start.Add(took))
-	run.PodsCreated = created
-	if len(lat) > 0 {
-		run.ReadyP50, run.ReadyP99 = percentile(lat, 50), percentile(lat, 99)
+	for i := range n {
+		if err := cs.Pods(ns).Delete(ctx, name(i), metav1.DeleteOptions{}); err != nil {
+			return 0, 0, fmt.Errorf("fleet floor: %w", err)
+		}
+		if err := cs.PersistentVolumeClaims(ns).Delete(ctx, name(i), metav1.DeleteOptions{}); err != nil {
+			return 0, 0, fmt.Errorf("fleet floor: %w", err)
+		}
 	}
-	run.PodRate = float64(created) / took.Seconds()
-	run.PeakPodRate = float64(peak)
-	res.Run = run
-	env.logf("fleet: %d creates (%d warm, %d cold, %d refused and retried) in %s; %d pods created, ready p50 %s p99 %s",
-		sz.fleetSandboxes, run.Warm, run.Cold, run.Refused, took.Round(time.Millisecond), created, run.ReadyP50, run.ReadyP99)
-	return res, nil
+	for {
+		left, err := cs.Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return 0, 0, err
+		}
+		if len(left.Items) == 0 {
+			break
+		}
+		if time.Since(began) > 5*time.Minute {
+			return 0, 0, fmt.Errorf("fleet floor: %d pods left 5 minutes after they were made", len(left.Items))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return percentile(lat, 50), percentile(lat, 99), nil
 }
+
+// fleetFloorPrefix names the floor's Pods and claims; the accounting leaves them out.
+const fleetFloorPrefix = "floor-"
 
 // fleetPods records when each Pod of a namespace was created and first Ready, from a
 // watch.
@@ -321,21 +642,85 @@ func (p *fleetPods) window(from, to time.Time) (created int, ready []time.Durati
 	return created, ready, peak
 }
 
+// readiness returns, for the Pods whose name starts with prefix and that were seen
+// Ready, the time from their creation to it.
+func (p *fleetPods) readiness(prefix string) []time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []time.Duration
+	for name, at := range p.created {
+		if r, ok := p.ready[name]; ok && strings.HasPrefix(name, prefix) {
+			out = append(out, r.Sub(at))
+		}
+	}
+	return out
+}
+
+// account tallies every Pod created but the floor's by owner (its name without the
+// random suffix): a sandbox started cold is owed one Pod, one adopting a slot none of
+// its own, a restored one one more; a slot one. It fills acc's counts and Extra.
+func (p *fleetPods) account(made map[string]bool, restored []string, acc FleetAccount) FleetAccount {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	owed := map[string]int{}
+	for id, warm := range made {
+		if !warm {
+			owed["sbx-"+id]++
+			acc.ColdStarts++
+		}
+	}
+	for _, id := range restored {
+		owed["sbx-"+id]++
+		acc.Restores++
+	}
+	got := map[string]int{}
+	for name := range p.created {
+		if strings.HasPrefix(name, fleetFloorPrefix) {
+			continue
+		}
+		acc.Pods++
+		owner := name[:strings.LastIndex(name, "-")]
+		got[owner]++
+		if strings.HasPrefix(owner, "slot-") && got[owner] == 1 {
+			owed[owner] = 1
+			acc.SlotsWarmed++
+		}
+	}
+	for owner, n := range got {
+		if n > owed[owner] {
+			acc.Extra = append(acc.Extra, fmt.Sprintf("%s: %d pods for %d activations", owner, n, owed[owner]))
+		}
+	}
+	sort.Strings(acc.Extra)
+	return acc
+}
+
 func (r *Report) fleetMarkdown(b *strings.Builder) {
 	f := r.Fleet
 	if f == nil {
 		return
 	}
 	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
-	run := f.Run
+	run, cy, acc := f.Run, f.Cycle, f.Account
 	w("### 13. Fleet: space-api on a real scheduler and simulated nodes\n\n")
-	w("%d `space-api` replicas with the kubernetes substrate on a real kube-apiserver, kube-scheduler and kwok (%d simulated nodes; `internal/testenv/kubeenv`), a warm pool of %d (filled from empty in %s before the creates), then %d sandboxes created %d at a time, a 429 retried 100 ms later. ",
-		f.Replicas, f.Nodes, f.Pool, f.PoolFill.Round(time.Second), f.Sandboxes, f.Workers)
-	w("Cluster activation bucket %g/s, burst %d; each replica's API client %g requests/s, burst %d (the chart's defaults). One run: its size makes it minutes.\n\n", f.ClusterRefill, f.ClusterBurst, f.KubeQPS, f.KubeBurst)
-	w("| creates | warm | cold | 429s retried | took | pods created | pods/s (peak in 1 s) | pod ready p50 | p99 |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	w("| %d | %d | %d | %d | %s | %d | %.1f (%.0f) | %s | %s |\n\n", f.Sandboxes, run.Warm, run.Cold, run.Refused, run.Took.Round(time.Millisecond), run.PodsCreated, run.PodRate, run.PeakPodRate,
-		run.ReadyP50.Round(time.Millisecond), run.ReadyP99.Round(time.Millisecond))
-	w("API server requests per sandbox created while the creates ran (`apiserver_request_total`, every client: space-api, the scheduler, kwok, the test provisioner, the bench's watch), by verb: ")
+	w("%d `space-api` replicas with the kubernetes substrate on a real kube-apiserver (priority and fairness on), kube-scheduler and kwok (%d simulated nodes; `internal/testenv/kubeenv`), a warm pool of %d (filled from empty in %s before the creates), then %d sandboxes created %d at a time, a 429 retried 100 ms later; after the first half one replica is killed (SIGKILL, with %d slots warming) and started again; then %d of the sandboxes are paused and restored. ",
+		f.Replicas, f.Nodes, f.Pool, f.PoolFill.Round(time.Second), f.Sandboxes, f.Workers, run.KilledWarming, f.Pauses)
+	w("Cluster activation bucket %g/s, burst %d; each replica's API client %g requests/s, burst %d (the chart's defaults); `SPACE_KUBERNETES_READY_TIMEOUT` %s. One run: its size makes it minutes.\n\n", f.ClusterRefill, f.ClusterBurst, f.KubeQPS, f.KubeBurst, f.ReadyTimeout)
+	w("| creates | warm | cold | 429s retried | took | pods created | pods/s (peak in 1 s) | pod ready p50 | p99 | cold create answered p50 | p99 |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("| %d | %d | %d | %d | %s | %d | %.1f (%.0f) | %s | %s | %s | %s |\n\n", f.Sandboxes, run.Warm, run.Cold, run.Refused, run.Took.Round(time.Millisecond), run.PodsCreated, run.PodRate, run.PeakPodRate,
+		run.ReadyP50.Round(time.Millisecond), run.ReadyP99.Round(time.Millisecond), run.ColdP50.Round(time.Millisecond), run.ColdP99.Round(time.Millisecond))
+	w("The floor: %d Pods made straight through the API before space-api started, each with a claim of the default class as the substrate makes them, were Ready %s (p50) and %s (p99) after their creation: the scheduler, the claims' provisioning and kwok with nothing else running. ",
+		f.FloorPods, f.FloorP50.Round(time.Millisecond), f.FloorP99.Round(time.Millisecond))
+	w("A cold create's answer (its 201 is sent once its Pod is ready) is the time from admission to a ready Pod. The peak Pods a second counts from the first create until the namespace settled: warm-ups, restores and the restart's sweep included.\n\n")
+	w("Pauses and restores: %d paused in %s, then restored in %s (%d 429s retried); a restore answered (its new Pod ready) %s p50, %s p99.\n\n",
+		f.Pauses, cy.PauseTook.Round(time.Millisecond), cy.RestoreTook.Round(time.Millisecond), cy.Refused, cy.RestoreP50.Round(time.Millisecond), cy.RestoreP99.Round(time.Millisecond))
+	settled := fmt.Sprintf("settled %s after the last restore", acc.Settled.Round(time.Second))
+	if acc.Unsettled != "" {
+		settled = fmt.Sprintf("**not settled %s after the last restore: %s**", acc.Settled.Round(time.Second), acc.Unsettled)
+	}
+	w("Every Pod the namespace's watch saw created, by what it was made for: **%d Pods for %d activations (%.3f an activation)**: %d sandboxes started cold, %d slots warmed (a slot's Pod becomes the sandbox that adopts it) and %d restores; %d owners given more Pods than their activations. The namespace %s: exactly the running sandboxes' and ready slots' Pods and claims, each Pod Ready and named by a row, nothing orphaned by the kill.\n\n",
+		acc.Pods, acc.ColdStarts+acc.SlotsWarmed+acc.Restores, acc.PerActivation(), acc.ColdStarts, acc.SlotsWarmed, acc.Restores, len(acc.Extra), settled)
+	w("API server requests per activation (a create or a restore; `apiserver_request_total` from the first create to the last restore, every client: space-api, the scheduler, kwok, the test provisioner, the bench's watch; the restart and the pauses included), by verb: ")
 	var verbs []string
 	for v := range run.PerActivation {
 		verbs = append(verbs, v)
@@ -346,8 +731,8 @@ func (r *Report) fleetMarkdown(b *strings.Builder) {
 		parts = append(parts, fmt.Sprintf("%s %.2f", v, run.PerActivation[v]))
 	}
 	w("%s.\n\n", strings.Join(parts, ", "))
-	w("The API server's priority and fairness over the creates: %.0f requests dispatched through its queues, **%.0f rejected** (`apiserver_flowcontrol_rejected_requests_total`, every priority level and reason): the cluster bucket's rate and the replicas' client limits keep the control plane within its own seats.\n\n", run.Dispatched, run.Rejected)
-	w("| verb resource | per sandbox |\n|---|---:|\n")
+	w("The API server's priority and fairness over the same span: %.0f requests dispatched through its queues, **%.0f rejected** (`apiserver_flowcontrol_rejected_requests_total`, every priority level and reason).\n\n", run.Dispatched, run.Rejected)
+	w("| verb resource | per activation |\n|---|---:|\n")
 	var keys []string
 	for k := range run.PerActivationResource {
 		keys = append(keys, k)
@@ -361,24 +746,35 @@ func (r *Report) fleetMarkdown(b *strings.Builder) {
 	w("\n")
 }
 
-// fleetTargets are the fleet's: the control plane never refuses the fleet's requests,
-// and no second sees more Pods created than the cluster bucket lets through in a
-// second (its burst and a second of refill), warm-ups included.
+// fleetTargets are the fleet's: exactly one Pod per activation and nothing left that
+// no row accounts for, the control plane never refusing the fleet's requests, and no
+// second seeing more Pods created than the cluster bucket lets through in a second
+// (its burst and a second of refill), warm-ups included.
 func (r *Report) fleetTargets() []Target {
 	f := r.Fleet
 	if f == nil {
 		return nil
 	}
+	acc := f.Account
 	most := float64(f.ClusterBurst) + f.ClusterRefill
+	settled := "settled, nothing orphaned"
+	if acc.Unsettled != "" {
+		settled = acc.Unsettled
+	}
 	return []Target{
+		{"Pods created per activation (a cold start, a slot warmed, a restore) = 1, no owner given two",
+			fmt.Sprintf("%d for %d (%.3f), %d owners with extra", acc.Pods, acc.ColdStarts+acc.SlotsWarmed+acc.Restores, acc.PerActivation(), len(acc.Extra)),
+			acc.PerActivation() == 1 && len(acc.Extra) == 0},
+		{"after a replica's kill, the namespace settles to exactly the rows' Pods and claims",
+			settled, acc.Unsettled == ""},
 		{"the API server's priority and fairness rejects none of the fleet's requests",
 			fmt.Sprintf("%.0f rejected of %.0f dispatched", f.Run.Rejected, f.Run.Dispatched), f.Run.Rejected == 0 && f.Run.Dispatched > 0},
 		{fmt.Sprintf("Pods created in any one second ≤ the cluster bucket's burst and a second's refill (%.0f)", most),
-			fmt.Sprintf("at most %.0f in a second, %.1f a second over the run", f.Run.PeakPodRate, f.Run.PodRate), f.Run.PeakPodRate <= most},
+			fmt.Sprintf("at most %.0f in a second, %.1f a second over the creates", f.Run.PeakPodRate, f.Run.PodRate), f.Run.PeakPodRate <= most},
 	}
 }
 
-// requests is the API server's requests per sandbox, every verb.
+// requests is the API server's requests per activation, every verb.
 func (r FleetRun) requests() float64 {
 	var n float64
 	for _, v := range r.PerActivation {
@@ -390,17 +786,23 @@ func (r FleetRun) requests() float64 {
 // fleetClient waits as long as a cold start may: the substrate's ready timeout.
 var fleetClient = &http.Client{Timeout: 3 * time.Minute}
 
-// fleetCreate is createOnce with fleetClient.
-func fleetCreate(ctx context.Context, base string) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/sandboxes", strings.NewReader(fleetBody))
+// fleetDo POSTs body (none when empty) to url as the bench client, with fleetClient.
+func fleetDo(ctx context.Context, url, body string) (int, []byte, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, rd)
 	if err != nil {
 		return 0, nil, err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	req.Header.Set("X-Client-ID", "bench")
 	resp, err := fleetClient.Do(req)
 	if err != nil {
-		return 0, nil, fmt.Errorf("POST %s/v1/sandboxes: %w", base, err)
+		return 0, nil, fmt.Errorf("POST %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

@@ -145,8 +145,9 @@ func (r *Report) Summary() string {
 		fmt.Fprintf(&b, "  %d replicas: admitted − (burst + refill × elapsed) = %s per run\n", p.Replicas, strings.Join(diffs, ", "))
 	}
 	if f := r.Fleet; f != nil {
-		fmt.Fprintf(&b, "  fleet: %d sandboxes (%d warm) with a pool of %d on %d kwok nodes: %d pods created at %.1f/s (cluster bucket %g/s), pod ready p50 %s p99 %s, %.1f API requests per sandbox, %.0f rejected by the API server's priority and fairness\n",
-			f.Sandboxes, f.Run.Warm, f.Pool, f.Nodes, f.Run.PodsCreated, f.Run.PodRate, f.ClusterRefill, f.Run.ReadyP50.Round(time.Millisecond), f.Run.ReadyP99.Round(time.Millisecond), f.Run.requests(), f.Run.Rejected)
+		fmt.Fprintf(&b, "  fleet: %d sandboxes (%d warm) with a pool of %d on %d kwok nodes, a replica killed midway, %d paused and restored: %d pods created at %.1f/s (cluster bucket %g/s), pod ready p50 %s p99 %s (floor %s, %s), %.3f pods an activation, %.1f API requests an activation, %.0f rejected by the API server's priority and fairness\n",
+			f.Sandboxes, f.Run.Warm, f.Pool, f.Nodes, f.Pauses, f.Run.PodsCreated, f.Run.PodRate, f.ClusterRefill, f.Run.ReadyP50.Round(time.Millisecond), f.Run.ReadyP99.Round(time.Millisecond),
+			f.FloorP50.Round(time.Millisecond), f.FloorP99.Round(time.Millisecond), f.Account.PerActivation(), f.Run.requests(), f.Run.Rejected)
 	}
 	b.WriteString("\nFigures\n")
 	if s := r.Script; s != nil {

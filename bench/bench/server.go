@@ -97,6 +97,25 @@ func (d *database) queryInt(ctx context.Context, sql string, args ...any) (int64
 	return n, nil
 }
 
+// queryStrings runs one query that returns one text column, for the bench's own
+// bookkeeping (the substrate references rows account for).
+func (d *database) queryStrings(ctx context.Context, sql string, args ...any) ([]string, error) {
+	conn, err := pgx.Connect(ctx, d.URL)
+	if err != nil {
+		return nil, fmt.Errorf("connect to bench database: %w", err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", sql, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", sql, err)
+	}
+	return out, nil
+}
+
 // exec runs one statement on the database (clearing a client's sandboxes between
 // runs).
 func (d *database) exec(ctx context.Context, sql string, args ...any) error {
@@ -233,6 +252,14 @@ func (s *apiServer) stop() {
 		_ = s.cmd.Process.Kill()
 		<-s.done
 	}
+	s.logFile.Close()
+}
+
+// kill ends the process at once (SIGKILL): no drain, its work cut wherever it was, as
+// a node's failure would.
+func (s *apiServer) kill() {
+	_ = s.cmd.Process.Kill()
+	<-s.done
 	s.logFile.Close()
 }
 

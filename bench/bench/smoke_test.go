@@ -99,6 +99,26 @@ func TestSmoke(t *testing.T) {
 		if !(run.Dispatched > 0) || run.Rejected != 0 {
 			t.Errorf("the API server's priority and fairness dispatched %.0f and rejected %.0f requests over the creates, want some and none", run.Dispatched, run.Rejected)
 		}
+		if !(run.ColdP50 > 0) || run.ColdP99 < run.ColdP50 || !(f.FloorP50 > 0) || f.FloorP99 < f.FloorP50 {
+			t.Errorf("cold creates answered p50 %s p99 %s; the floor's pods ready p50 %s p99 %s", run.ColdP50, run.ColdP99, f.FloorP50, f.FloorP99)
+		}
+	})
+
+	t.Run("the fleet makes one pod an activation through a replica's kill, pauses and restores, and settles with nothing orphaned", func(t *testing.T) {
+		f := fleeted.Fleet
+		acc, cy := f.Account, f.Cycle
+		if acc.Restores != f.Pauses || f.Pauses == 0 || !(cy.RestoreP50 > 0) {
+			t.Errorf("%d restores of %d paused, restore p50 %s", acc.Restores, f.Pauses, cy.RestoreP50)
+		}
+		if acc.ColdStarts != f.Run.Cold || acc.SlotsWarmed < f.Pool+f.Run.Warm {
+			t.Errorf("%d cold starts (the creates counted %d) and %d slots warmed, want at least the pool's %d and the %d adopted", acc.ColdStarts, f.Run.Cold, acc.SlotsWarmed, f.Pool, f.Run.Warm)
+		}
+		if acc.PerActivation() != 1 || len(acc.Extra) != 0 {
+			t.Errorf("%d pods for %d activations; extra: %v", acc.Pods, acc.ColdStarts+acc.SlotsWarmed+acc.Restores, acc.Extra)
+		}
+		if acc.Unsettled != "" {
+			t.Errorf("not settled %s after the restores: %s", acc.Settled, acc.Unsettled)
+		}
 	})
 
 	t.Run("script cost is measured for every implementation and path", func(t *testing.T) {
@@ -306,7 +326,9 @@ func TestSmoke(t *testing.T) {
 						if &arms[0] == &s.s.Slow[0] {
 							suffix = "-slowloris"
 						}
-						found, _ := filepath.Glob(filepath.Join(env.ProfileDir, fmt.Sprintf("overload-%dxC%s-*.pprof", a.Multiple, suffix)))
+						// The name ends in the time of day (HHMMSS): a plain flood's
+						// pattern must not match the slowloris one's.
+						found, _ := filepath.Glob(filepath.Join(env.ProfileDir, fmt.Sprintf("overload-%dxC%s-[0-9][0-9][0-9][0-9][0-9][0-9].pprof", a.Multiple, suffix)))
 						if len(found) != 1 {
 							t.Errorf("at %d×C%s: profiles %v, want one", a.Multiple, suffix, found)
 							continue
