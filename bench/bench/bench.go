@@ -208,6 +208,10 @@ type sizes struct {
 	fleetSandboxes, fleetPool, fleetNodes, fleetWorkers int
 	fleetPauses, fleetFloor                             int
 	fleetReadyTimeout                                   time.Duration
+	// fleetReconcile, when set, is the replicas' SPACE_RECONCILE_INTERVAL, and ten
+	// times it their SPACE_RECONCILE_GRACE: the smoke run's, so that a warm-up its kill
+	// cut is settled within a minute rather than the defaults' two.
+	fleetReconcile time.Duration
 }
 
 func sizesFor(quick bool) sizes {
@@ -228,7 +232,7 @@ func sizesFor(quick bool) sizes {
 			soakDur: 20 * time.Second, soakEvery: 5 * time.Second, soakRetention: 5 * time.Second, soakHold: time.Second,
 			soakRate: 20, soakAsyncRate: 5,
 			scale:          scaleSizesFor(true),
-			fleetSandboxes: 20, fleetPool: 5, fleetNodes: 2, fleetWorkers: 4, fleetPauses: 6, fleetFloor: 4, fleetReadyTimeout: 15 * time.Second,
+			fleetSandboxes: 20, fleetPool: 5, fleetNodes: 2, fleetWorkers: 4, fleetPauses: 6, fleetFloor: 4, fleetReadyTimeout: 15 * time.Second, fleetReconcile: 200 * time.Millisecond,
 		}
 	}
 	return sizes{

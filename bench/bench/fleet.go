@@ -200,6 +200,10 @@ func runFleet(ctx context.Context, env *Env, sz sizes) (*FleetResult, error) {
 		"SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST":      fmt.Sprint(res.ClusterBurst),
 		"SPACE_LOG_LEVEL":                               "warn",
 	}
+	if sz.fleetReconcile > 0 {
+		vars["SPACE_RECONCILE_INTERVAL"] = sz.fleetReconcile.String()
+		vars["SPACE_RECONCILE_GRACE"] = (10 * sz.fleetReconcile).String()
+	}
 	replicas := make([]*apiServer, res.Replicas)
 	defer func() {
 		for _, r := range replicas {
