@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/space-sandbox/space/internal/testenv"
@@ -87,7 +88,19 @@ func runRefusals(ctx context.Context, env *Env, on *apiServer, rs *testenv.Redis
 	for run := range runs {
 		for i := range targets {
 			t := targets[(run+i)%len(targets)]
+			// -profile: space-api's CPU over each of its refusal floods, half a second
+			// short of wrk's run at each end.
+			var profiled sync.WaitGroup
+			if env.ProfileDir != "" && t.srv == on && res.Duration >= 2*time.Second {
+				name := fmt.Sprintf("refusals-%s-%d-%s.pprof", map[bool]string{true: "nocaps", false: "full"}[t.row == res.NoCaps], run, time.Now().UTC().Format("150405"))
+				profiled.Go(func() {
+					if sleepCtx(ctx, 500*time.Millisecond) {
+						env.profile(ctx, on, res.Duration-time.Second, name)
+					}
+				})
+			}
 			r, err := env.runWrk(ctx, load(t, res.Duration))
+			profiled.Wait()
 			if err != nil {
 				return nil, err
 			}

@@ -71,7 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	doc := fs.String("doc", "docs/benchmarks.md", "file whose space-bench section is rewritten; empty writes none")
 	keep := fs.Bool("keep", false, "keep the scratch directory (each server's log, its flags file) and print where it is")
 	soak := fs.Duration("soak", 0, "how long the soak scenario sends its load (default 5m, quick 20s); a longer soak: -only soak -soak 30m")
-	profile := fs.String("profile", "", "directory for CPU profiles of space-api where a scenario takes them (overload: each flood's window)")
+	profile := fs.String("profile", "", "directory for CPU profiles of space-api where a scenario takes them (overload: each flood's window; http: each refusal flood of space-api)")
 	templates := fs.String("templates", "deploy/demo/templates.json", "SPACE_TEMPLATES_FILE of the servers")
 	if err := fs.Parse(args); err != nil {
 		return err
