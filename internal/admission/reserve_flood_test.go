@@ -130,19 +130,25 @@ func TestReservedCapacityUnderFlood(t *testing.T) {
 		})
 	})
 
-	t.Run("an idle pro lends its reserve, so the flood gets the cluster's full rate; pro gets its rate back within one refill interval", func(t *testing.T) {
+	t.Run("an idle pro lends its reserve, so the flood gets more than the shared remainder could ever give, within the cluster's; pro gets its rate back within one refill interval", func(t *testing.T) {
 		t.Parallel()
 		topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
 			b := reservedSetupRefilling(t, rdb)
+			from := time.Now()
 			f := b.flood()
-			time.Sleep(time.Second) // the bursts spent
-			before, from := f.admitted.Load(), time.Now()
-			time.Sleep(3 * time.Second)
-			lent, window := f.admitted.Load()-before, time.Since(from)
-			// Every token of the cluster's rate went to the flood, the reserve's too.
-			if want := floodCluster.RefillRPS * window.Seconds(); float64(lent) < 0.9*want || float64(lent) > want+float64(floodCluster.Burst)/2 {
-				t.Fatalf("pro idle: the flood was admitted %d in %v, want the cluster's %.0f (the shared %.0f alone would be %.0f)",
-					lent, window, want, floodReserve.Shared.RefillRPS, floodReserve.Shared.RefillRPS*window.Seconds())
+			time.Sleep(4 * time.Second)
+			got, window := f.admitted.Load(), time.Since(from)
+			// Bounds, not a rate to reach: a machine that stalls the flood's goroutines
+			// leaves tokens unasked at the bucket's cap, but never lets the shared
+			// remainder give more than its burst and its rate. Past that, the reserve
+			// was lent (the cluster's rate is 20/s, the shared 12/s: the flood needs
+			// three fifths of the cluster's to show it, and gets all of it on an idle
+			// machine).
+			shared := float64(floodReserve.Shared.Burst) + floodReserve.Shared.RefillRPS*window.Seconds() + 1
+			cluster := float64(floodCluster.Burst) + floodCluster.RefillRPS*window.Seconds() + 1
+			if float64(got) <= shared || float64(got) > cluster {
+				t.Fatalf("pro idle: the flood was admitted %d in %v, want more than the shared remainder's %.0f (its reserve lent) and at most the cluster's %.0f",
+					got, window, shared, cluster)
 			}
 
 			at, admitted := b.paced(proGap, 3*time.Second)

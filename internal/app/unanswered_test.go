@@ -3,6 +3,7 @@ package app
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -47,9 +48,16 @@ func (a *answers) has(id string) bool {
 // when not empty, and returns the status and the sandbox a 201 named (0 and nil when
 // the connection was cut).
 func post(base, client, key string) (int, *space.Sandbox) {
+	code, sb, _ := postAnswer(base, client, key)
+	return code, sb
+}
+
+// postAnswer is post that also returns the body of an answer other than a 201, or
+// the error of a request that got none, for a failure to name.
+func postAnswer(base, client, key string) (int, *space.Sandbox, string) {
 	req, err := http.NewRequest("POST", base+"/v1/sandboxes", strings.NewReader(pythonBody))
 	if err != nil {
-		return 0, nil
+		return 0, nil, err.Error()
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(api.HeaderClientID, client)
@@ -58,17 +66,18 @@ func post(base, client, key string) (int, *space.Sandbox) {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, nil
+		return 0, nil, err.Error()
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
-		return resp.StatusCode, nil
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, nil, string(b)
 	}
 	var sb space.Sandbox
 	if err := json.NewDecoder(resp.Body).Decode(&sb); err != nil {
-		return 0, nil
+		return 0, nil, err.Error()
 	}
-	return resp.StatusCode, &sb
+	return resp.StatusCode, &sb, ""
 }
 
 // leftOver reads what is left of client's sandboxes: every one that no 201 named must
@@ -239,7 +248,11 @@ func TestUnansweredCreates(t *testing.T) {
 		s := startServer(t, e2eOptions{quota: unansweredQuota, config: func(c *config.Config) {
 			c.DatabaseURL, proxy = testenv.ProxyDatabaseURL(t, c.DatabaseURL)
 			c.Sandbox.SimulatedColdStart = 300 * time.Millisecond
-			c.Sandbox.SimulatedTimeout = time.Second
+			// A cold start's bound: past it the start fails and its create is a 503,
+			// which the retries below, each owed a 201, must not meet. Far above the
+			// 300 ms a start takes, then, also on a machine whose run queue is twenty
+			// deep, where 1 s was not.
+			c.Sandbox.SimulatedTimeout = 5 * time.Second
 			c.Reconcile = config.Reconcile{Interval: 100 * time.Millisecond, Grace: 200 * time.Millisecond}
 		}})
 		told := &answers{}
@@ -299,9 +312,9 @@ func TestUnansweredCreates(t *testing.T) {
 		t.Logf("statuses %v; acme: %d answered, %d unanswered", codes, answered, unanswered)
 		// globex's creates that got no 201 each get one from their retry.
 		for _, key := range keyed {
-			code, sb := post(s.m.PublicURL(), "globex", key)
+			code, sb, body := postAnswer(s.m.PublicURL(), "globex", key)
 			if code != http.StatusCreated {
-				t.Fatalf("the retry under %s = %d, want 201", key, code)
+				t.Fatalf("the retry under %s = %d %s, want 201", key, code, body)
 			}
 			told.add(sb.ID)
 		}
