@@ -28,10 +28,9 @@ func testConfig(t testing.TB) config.Config {
 	cfg.Redis.Addrs = []string{testenv.RedisAddr(t)}
 	// A timeout fit for a test machine running dozens of servers under the race
 	// detector: at the 100ms default an overloaded moment fails a Redis call open (and
-	// three in a row open the breaker), which looks like a wrong count; at 2 s a call of
-	// the cold-create test timed out with the machine's run queue thirteen deep (make
-	// test-stress with two busy loops). The tests about Redis timeouts set their own.
-	cfg.Redis.Timeout = 5 * time.Second
+	// three in a row open the breaker), which looks like a wrong count. The tests about
+	// Redis timeouts set their own.
+	cfg.Redis.Timeout = 2 * time.Second
 	cfg.ShutdownTimeout = 10 * time.Second
 	cfg.Dispatcher.Workers = 2 // dozens of servers run at once in this package
 	cfg.Sandbox.TemplatesFile = testenv.WriteFile(t, "templates.json", testTemplates)
