@@ -327,55 +327,33 @@ func (c *fleetCreates) run(ctx context.Context, replicas []*apiServer, from, to,
 		c.made = map[string]bool{}
 	}
 	c.mu.Unlock()
-	next := atomic.Int64{}
-	next.Store(int64(from))
-	errs := make(chan error, workers)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			base := replicas[w%len(replicas)].PublicURL
-			for next.Add(1) <= int64(to) {
-				for {
-					sent := time.Now()
-					code, body, err := fleetDo(ctx, base+"/v1/sandboxes", fleetBody)
-					if err != nil {
-						errs <- err
-						return
-					}
-					if code == 429 {
-						c.mu.Lock()
-						c.refused++
-						c.mu.Unlock()
-						time.Sleep(100 * time.Millisecond)
-						continue
-					}
-					if code != 201 {
-						errs <- fmt.Errorf("fleet: create = %d %s", code, body)
-						return
-					}
-					var sb space.Sandbox
-					if err := json.Unmarshal(body, &sb); err != nil {
-						errs <- err
-						return
-					}
-					c.mu.Lock()
-					c.made[sb.ID] = sb.Warm
-					c.ids = append(c.ids, sb.ID)
-					if sb.Warm {
-						c.warm++
-					} else {
-						c.cold++
-						c.coldLat = append(c.coldLat, time.Since(sent))
-					}
-					c.mu.Unlock()
-					break
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+	return fleetEach(from, to, workers, func(w, _ int) error {
+		code, body, refused, took, err := fleetPost(ctx, replicas[w%len(replicas)].PublicURL+"/v1/sandboxes", fleetBody, true)
+		c.mu.Lock()
+		c.refused += refused
+		c.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if code != 201 {
+			return fmt.Errorf("fleet: create = %d %s", code, body)
+		}
+		var sb space.Sandbox
+		if err := json.Unmarshal(body, &sb); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.made[sb.ID] = sb.Warm
+		c.ids = append(c.ids, sb.ID)
+		if sb.Warm {
+			c.warm++
+		} else {
+			c.cold++
+			c.coldLat = append(c.coldLat, took)
+		}
+		return nil
+	})
 }
 
 // fleetCycle pauses ids, then restores them, workers at a time through the replicas.
@@ -384,44 +362,23 @@ func fleetCycle(ctx context.Context, replicas []*apiServer, ids []string, worker
 	var mu sync.Mutex
 	var lat []time.Duration
 	each := func(verb string) error {
-		next := atomic.Int64{}
-		errs := make(chan error, workers)
-		var wg sync.WaitGroup
-		for w := range workers {
-			wg.Go(func() {
-				base := replicas[w%len(replicas)].PublicURL
-				for i := next.Add(1) - 1; i < int64(len(ids)); i = next.Add(1) - 1 {
-					for {
-						sent := time.Now()
-						code, body, err := fleetDo(ctx, base+"/v1/sandboxes/"+ids[i]+"/"+verb, "")
-						if err != nil {
-							errs <- err
-							return
-						}
-						if code == 429 && verb == "restore" {
-							mu.Lock()
-							cy.Refused++
-							mu.Unlock()
-							time.Sleep(100 * time.Millisecond)
-							continue
-						}
-						if code != 200 {
-							errs <- fmt.Errorf("fleet: %s %s = %d %s", verb, ids[i], code, body)
-							return
-						}
-						if verb == "restore" {
-							mu.Lock()
-							lat = append(lat, time.Since(sent))
-							mu.Unlock()
-						}
-						break
-					}
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		return <-errs
+		restore := verb == "restore"
+		return fleetEach(0, len(ids), workers, func(w, i int) error {
+			code, body, refused, took, err := fleetPost(ctx, replicas[w%len(replicas)].PublicURL+"/v1/sandboxes/"+ids[i]+"/"+verb, "", restore)
+			mu.Lock()
+			defer mu.Unlock()
+			cy.Refused += refused
+			if err != nil {
+				return err
+			}
+			if code != 200 {
+				return fmt.Errorf("fleet: %s %s = %d %s", verb, ids[i], code, body)
+			}
+			if restore {
+				lat = append(lat, took)
+			}
+			return nil
+		})
 	}
 	began := time.Now()
 	if err := each("pause"); err != nil {
@@ -435,6 +392,44 @@ func fleetCycle(ctx context.Context, replicas []*apiServer, ids []string, worker
 	cy.RestoreTook = time.Since(began)
 	cy.RestoreP50, cy.RestoreP99 = percentile(lat, 50), percentile(lat, 99)
 	return cy, nil
+}
+
+// fleetEach runs do(w, i) for each i in [from, to), workers at a time (w the worker's
+// number), and returns the first error; a worker stops at its first.
+func fleetEach(from, to, workers int, do func(w, i int) error) error {
+	var next atomic.Int64
+	next.Store(int64(from))
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < to; i = int(next.Add(1)) - 1 {
+				if err := do(w, i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// fleetPost POSTs body to url (fleetDo) and, with retry429, sends it again 100 ms
+// after each 429. It returns the last answer, the 429s retried and how long the last
+// attempt took.
+func fleetPost(ctx context.Context, url, body string, retry429 bool) (code int, answer []byte, refused int, took time.Duration, err error) {
+	for {
+		sent := time.Now()
+		code, answer, err = fleetDo(ctx, url, body)
+		took = time.Since(sent)
+		if err != nil || code != 429 || !retry429 {
+			return code, answer, refused, took, err
+		}
+		refused++
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // fleetSettled says what keeps the namespace from holding exactly the running
@@ -493,39 +488,29 @@ func fleetFloor(ctx context.Context, srv *kubeenv.Server, ns string, pods *fleet
 	cs := srv.Clientset.CoreV1()
 	name := func(i int) string { return fmt.Sprintf("%s%d", fleetFloorPrefix, i) }
 	began := time.Now()
-	next := atomic.Int64{}
-	errs := make(chan error, workers)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-				claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name(i)}, Spec: corev1.PersistentVolumeClaimSpec{
-					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-				}}
-				if _, err := cs.PersistentVolumeClaims(ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
-					errs <- fmt.Errorf("fleet floor: %w", err)
-					return
-				}
-				pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name(i)}, Spec: corev1.PodSpec{
-					SchedulerName: kubeenv.FleetScheduler,
-					Containers: []corev1.Container{{Name: "sandbox", Image: "python:3.12-slim", Resources: corev1.ResourceRequirements{
-						Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("2Gi")},
-					}}},
-					Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
-						PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name(i)},
-					}}},
-				}}
-				if _, err := cs.Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-					errs <- fmt.Errorf("fleet floor: %w", err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	err = fleetEach(0, n, workers, func(_, i int) error {
+		claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name(i)}, Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		}}
+		if _, err := cs.PersistentVolumeClaims(ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("fleet floor: %w", err)
+		}
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name(i)}, Spec: corev1.PodSpec{
+			SchedulerName: kubeenv.FleetScheduler,
+			Containers: []corev1.Container{{Name: "sandbox", Image: "python:3.12-slim", Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("2Gi")},
+			}}},
+			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name(i)},
+			}}},
+		}}
+		if _, err := cs.Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("fleet floor: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
 		return 0, 0, err
 	}
 	var lat []time.Duration
