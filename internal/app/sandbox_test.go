@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	"github.com/space-sandbox/space/internal/admission"
 	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/config"
+	"github.com/space-sandbox/space/internal/redisconn"
 	"github.com/space-sandbox/space/internal/testenv"
 )
 
@@ -42,6 +44,10 @@ var pythonShape = space.Shape{Template: "python-3.12", CPUMillis: 1000, MemoryMi
 type server struct {
 	t *testing.T
 	m *Main
+
+	readerOnce     sync.Once // reader
+	readerAdmitter *admission.Admitter
+	readerErr      error
 }
 
 type e2eOptions struct {
@@ -138,10 +144,14 @@ func (s *server) create(client, body string, header ...string) *space.Sandbox {
 	return &sb
 }
 
-// tokens reads a bucket's remaining tokens with a Report (which takes none).
+// tokens reads a bucket's remaining tokens with a Report (which takes none) of an
+// Admitter of the test's own: the server's Admitter bounds each Redis call by the
+// tests' 2 s, and a machine loaded with a first run's build can take longer than that
+// to schedule one read. A reading is not a decision: the test waits for it (within
+// testenv.Context's bound), on a client and breaker of its own.
 func (s *server) tokens(client space.ClientKey, rate *space.Rate) (cluster, own float64) {
 	s.t.Helper()
-	d, _, err := s.m.Admitter.Report(testenv.Context(s.t), space.Charge{Key: client, Rate: rate, Cost: 1})
+	d, _, err := s.reader().Report(testenv.Context(s.t), space.Charge{Key: client, Rate: rate, Cost: 1})
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -150,6 +160,36 @@ func (s *server) tokens(client space.ClientKey, rate *space.Rate) (cluster, own 
 		own = d.Client.Remaining
 	}
 	return cluster, own
+}
+
+// reader is the Admitter tokens reads with: the server's buckets, reservations and
+// prefix, a Redis client of the test's own, and a minute for each call.
+func (s *server) reader() *admission.Admitter {
+	s.t.Helper()
+	s.readerOnce.Do(func() {
+		cfg := s.m.Config
+		rc := cfg.Redis
+		rc.Timeout = time.Minute
+		rdb, err := redisconn.Open(testenv.Context(s.t), rc, slog.New(slog.DiscardHandler))
+		if err != nil {
+			s.readerErr = err
+			return
+		}
+		s.t.Cleanup(func() { rdb.Close() })
+		s.readerAdmitter, s.readerErr = admission.New(admission.Options{
+			Redis:        rdb,
+			Prefix:       s.m.RedisPrefix,
+			Enabled:      cfg.Admission.Enabled,
+			Cluster:      cfg.Admission.Cluster,
+			FailClosed:   true, // a failed reading must fail the test, not read as full buckets
+			Timeout:      time.Minute,
+			Reservations: s.m.Resolver.Reservations,
+		})
+	})
+	if s.readerErr != nil {
+		s.t.Fatalf("the test's reader of the buckets: %v", s.readerErr)
+	}
+	return s.readerAdmitter
 }
 
 // rawBuckets reads the bucket keys themselves: "untouched" means byte for byte. An
