@@ -245,13 +245,15 @@ func TestConcurrencyLimiter(t *testing.T) {
 
 	t.Run("renewal keeps a long-held lease alive past its ttl", func(t *testing.T) {
 		t.Parallel()
-		// Renewed every 133ms, the lease survives a renewal late by up to 266ms.
-		const ttl = 400 * time.Millisecond
+		// Renewed every 667ms, the lease survives a renewal late by up to 1.33s: a
+		// machine loaded by a first run's build delays a goroutine by hundreds of
+		// milliseconds (a TTL of 400ms lost its lease there).
+		const ttl = 2 * time.Second
 		holder := setupConcurrency(t, testenv.Redis(t), ConcurrencyOptions{LeaseTTL: ttl})
 		other := holder.replica(testenv.Redis(t), ConcurrencyOptions{})
 		release := holder.acquire("acme", 1)
 
-		time.Sleep(ttl * 9 / 4) // a long request: more than twice the TTL
+		time.Sleep(ttl * 3 / 2) // a long request: half as long again as the TTL
 
 		if _, err := other.lim.Acquire(other.ctx, "acme", 1); !overCap(err, "acme", 1) {
 			t.Fatalf("Acquire while the lease is held = %v, want client_concurrency", err)

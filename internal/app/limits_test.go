@@ -345,8 +345,23 @@ func TestConcurrencyCap(t *testing.T) {
 		release := s.m.Substrate.(*substrate.Simulated).Gate(substrate.OpStartCold)
 		defer release()
 		codes := make(chan response, burst)
-		for range burst {
-			go func() { codes <- s.do("POST", "/v1/sandboxes", "acme", pythonBody) }()
+		post := func() { codes <- s.do("POST", "/v1/sandboxes", "acme", pythonBody) }
+		// The first half of the cap one after another, each once the one before holds
+		// its place at the gated start: what the replica learnt is then never older
+		// than one create, well within the second Alongside trusts it for, so some go
+		// alongside however loaded the machine (sent all at once, a loaded machine sent
+		// every Acquire before the first reply taught the count, and none went). The
+		// rest all at once, beside them: the cap must hold exactly with places being
+		// taken both ways.
+		for i := range capN / 2 {
+			before := s.coldStarts()
+			go post()
+			testenv.Eventually(t, 30*time.Second, fmt.Sprintf("create %d of the burst to hold its place at the start", i+1), func() bool {
+				return s.coldStarts() > before
+			})
+		}
+		for range burst - capN/2 {
+			go post()
 		}
 		got := map[string]int{}
 		testenv.Eventually(t, 30*time.Second, "acme's burst to hold its places or be refused", func() bool {

@@ -579,6 +579,27 @@ func TestBucketExpiryAndRetryAfter(t *testing.T) {
 
 // requestNoFail sends a request (with header pairs) and returns its status, 0 when
 // it could not be sent.
+// answerOf is requestNoFail's answer as a word: the status, with a problem's code
+// (a refusal's bucket) after it, or the transport's error.
+func (s *server) answerOf(base, method, path, client, body string) string {
+	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+	if err != nil {
+		return err.Error()
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(api.HeaderClientID, client)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var p api.Problem
+	if resp.StatusCode >= 400 && json.NewDecoder(resp.Body).Decode(&p) == nil {
+		return fmt.Sprintf("%d %s %s", resp.StatusCode, p.Code, p.Bucket)
+	}
+	return strconv.Itoa(resp.StatusCode)
+}
+
 func (s *server) requestNoFail(base, method, path, client, body string, header ...string) int {
 	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
 	if err != nil {
