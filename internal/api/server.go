@@ -168,31 +168,27 @@ func (s *Server) Public() http.Handler {
 	r.MethodNotAllowed(s.methodNotAllowed(r))
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz(false))
-	// The /v1 routes are a group of this router, not a router mounted under /v1: one
-	// route lookup a request, where a mounted one costs a second lookup and the
-	// rebuilding of its route pattern (a tenth of a refusal's time in chi; see
-	// docs/benchmarks.md, "A refusal").
-	r.Group(func(r chi.Router) {
+	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.identify)
 		// The caller's limits are a read of what is enforced, answerable when the
 		// concurrency cap is full or its store is down: exactly when they matter.
-		r.Get("/v1/limits", s.getLimits)
-		r.Get("/v1/tiers", s.getTiers)
+		r.Get("/limits", s.getLimits)
+		r.Get("/tiers", s.getTiers)
 		// Every other route waits for a seat of the replica's (admitSeat) before its
 		// body is read, or is shed: past its capacity the replica serves in turn
 		// between budget keys rather than piling work up.
 		r = r.With(s.admitSeat)
 		// A create takes its concurrency place itself, after it has checked whether
 		// its refusal is already known (createSandbox).
-		r.Post("/v1/sandboxes", s.createSandbox)
+		r.Post("/sandboxes", s.createSandbox)
 		r = r.With(s.limitConcurrency)
-		r.Get("/v1/sandboxes", s.listSandboxes)
-		r.Get("/v1/sandboxes/{id}", s.getSandbox)
-		r.Delete("/v1/sandboxes/{id}", s.deleteSandbox)
-		r.Post("/v1/sandboxes/{id}/pause", s.pauseSandbox)
-		r.Post("/v1/sandboxes/{id}/keepalive", s.keepaliveSandbox)
-		r.Post("/v1/sandboxes/{id}/restore", s.restoreSandbox)
-		r.Get("/v1/operations/{id}", s.getOperation)
+		r.Get("/sandboxes", s.listSandboxes)
+		r.Get("/sandboxes/{id}", s.getSandbox)
+		r.Delete("/sandboxes/{id}", s.deleteSandbox)
+		r.Post("/sandboxes/{id}/pause", s.pauseSandbox)
+		r.Post("/sandboxes/{id}/keepalive", s.keepaliveSandbox)
+		r.Post("/sandboxes/{id}/restore", s.restoreSandbox)
+		r.Get("/operations/{id}", s.getOperation)
 	})
 	return r
 }
