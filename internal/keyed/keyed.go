@@ -93,18 +93,13 @@ func New[V any](opts Options[V]) *Map[V] {
 }
 
 // Load returns key's state, or nil when it has none.
-func (m *Map[V]) Load(key string) *V { return m.LoadAt(key, m.now()) }
-
-// LoadAt is Load used at now, on the Map's clock (Options.Now): for a caller that has
-// read that clock already. A clock read is not free (about half a microsecond on a
-// microVM whose clock the vDSO cannot read), and a refused request passes several maps.
-func (m *Map[V]) LoadAt(key string, now int64) *V {
+func (m *Map[V]) Load(key string) *V {
 	e, ok := m.m.Load(key)
 	if !ok {
 		return nil
 	}
 	x := e.(*entry[V])
-	if !m.use(x, now) {
+	if !m.use(x, m.now()) {
 		return nil // forgotten as it was read
 	}
 	return &x.v
@@ -112,11 +107,7 @@ func (m *Map[V]) LoadAt(key string, now int64) *V {
 
 // LoadOrNew returns key's state, made zero (then init, when not nil) the first time.
 func (m *Map[V]) LoadOrNew(key string, init func(*V)) *V {
-	return m.LoadOrNewAt(key, init, m.now())
-}
-
-// LoadOrNewAt is LoadOrNew used at now, on the Map's clock (see LoadAt).
-func (m *Map[V]) LoadOrNewAt(key string, init func(*V), now int64) *V {
+	now := m.now()
 	for {
 		if e, ok := m.m.Load(key); ok {
 			x := e.(*entry[V])

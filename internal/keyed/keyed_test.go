@@ -36,23 +36,6 @@ func TestMap(t *testing.T) {
 		}
 	})
 
-	t.Run("a load at a time its caller read is that key's last use, whatever the map's clock says", func(t *testing.T) {
-		t.Parallel()
-		var clock atomic.Int64 // stays at 0: every use below is given its time
-		m := New(Options[int]{Max: 10, Now: clock.Load})
-		for i := range 10 {
-			m.LoadOrNewAt(fmt.Sprintf("k%d", i), nil, int64(i))
-		}
-		m.LoadAt("k0", 100) // k0 is now the newest, k1 the oldest
-		m.LoadOrNewAt("k10", nil, 101)
-		if m.Load("k0") == nil {
-			t.Fatal("k0, used at 100, was forgotten as if still used at 0")
-		}
-		if m.Load("k1") != nil {
-			t.Fatal("k1, the oldest, was kept")
-		}
-	})
-
 	t.Run("the older keys go first even when the newest second holds more than the excess", func(t *testing.T) {
 		t.Parallel()
 		for range 20 { // the map's order differs every time

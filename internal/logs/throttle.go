@@ -37,18 +37,14 @@ func NewThrottle(interval time.Duration, now func() time.Time) *Throttle {
 	if now == nil {
 		now = time.Now
 	}
-	return &Throttle{interval: interval, now: now, keys: keyed.New(keyed.Options[throttleEntry]{
-		Max: throttleKeys,
-		Now: func() int64 { return now().Unix() },
-	})}
+	return &Throttle{interval: interval, now: now, keys: keyed.New(keyed.Options[throttleEntry]{Max: throttleKeys})}
 }
 
 // Allow reports whether a line for key may be written now and, when it may, how many
 // lines for key were held back since the last one written.
 func (t *Throttle) Allow(key string) (bool, int64) {
-	at := t.now() // one clock read for the line and its key's last use
-	e := t.keys.LoadOrNewAt(key, func(e *throttleEntry) { e.last.Store(never) }, at.Unix())
-	now := at.UnixNano()
+	e := t.keys.LoadOrNew(key, func(e *throttleEntry) { e.last.Store(never) })
+	now := t.now().UnixNano()
 	prev := e.last.Load()
 	if prev != never && now-prev < int64(t.interval) {
 		e.held.Add(1)
