@@ -79,7 +79,8 @@ type scaleSizes struct {
 	flatDur, flatWarmUp time.Duration
 	decisionsDur        time.Duration
 	// settle is how long the bench waits for the API keys' last-use writes, which
-	// run off the request path, before a memory point (half of it after a flat arm).
+	// run off the request path (gathered for a second, then one UPDATE), before a
+	// memory point and after a flat arm.
 	settle time.Duration
 
 	reloadClients, reloadTiers int
@@ -99,7 +100,7 @@ func scaleSizesFor(quick bool) scaleSizes {
 			reloadEvery: 200 * time.Millisecond, reloadPoll: 50 * time.Millisecond,
 			expiryKeys: 300, expiryRefill: time.Second}
 	}
-	return scaleSizes{tenants: 100_000, warmUp: 1000, conns: 16, flatDur: 3 * time.Second, flatWarmUp: time.Second, decisionsDur: 3 * time.Second, settle: time.Second,
+	return scaleSizes{tenants: 100_000, warmUp: 1000, conns: 16, flatDur: 3 * time.Second, flatWarmUp: time.Second, decisionsDur: 3 * time.Second, settle: 2 * time.Second,
 		reloadClients: 10_000, reloadTiers: 20, reloadRate: 150, reloadSegment: 3 * time.Second, reloadRounds: 3,
 		reloadEvery: 500 * time.Millisecond, reloadPoll: 50 * time.Millisecond,
 		expiryKeys: 100_000, expiryRefill: time.Minute}
@@ -477,7 +478,7 @@ func (r *ScaleResult) flat(ctx context.Context, env *Env, db *database, sized, f
 			}
 			a.row.addWrk(res)
 			// The last-use writes of the arm's keys run off the request path.
-			time.Sleep(s.settle / 2)
+			time.Sleep(s.settle)
 			touched, err := db.queryInt(ctx, "SELECT count(*) FROM api_keys WHERE last_used_at >= $1", since)
 			if err != nil {
 				return err
