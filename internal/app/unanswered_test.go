@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -210,30 +211,47 @@ func TestUnansweredCreates(t *testing.T) {
 			c.IdempotencyKeyTTL = 3 * time.Second
 			c.Reconcile = config.Reconcile{Interval: 100 * time.Millisecond, Grace: 200 * time.Millisecond}
 		}})
-		// A caller that really goes away: its client gives up after 300ms and closes
-		// the connection, and never retries.
-		req, err := http.NewRequest("POST", s.m.PublicURL()+"/v1/sandboxes", strings.NewReader(pythonBody))
+		// A caller that really goes away, once its create is booked and before it is
+		// ready: the cold start is held at the gate while the caller's request is
+		// cancelled (its connection closed), then let go. A client timeout of its own
+		// instead (300ms, once) left before a loaded machine had booked anything, and a
+		// caller gone before the booking rightly books nothing.
+		release := s.m.Substrate.(*substrate.Simulated).Gate(substrate.OpStartCold)
+		defer release()
+		ctx, leave := context.WithCancel(testenv.Context(t))
+		req, err := http.NewRequestWithContext(ctx, "POST", s.m.PublicURL()+"/v1/sandboxes", strings.NewReader(pythonBody))
 		if err != nil {
 			t.Fatal(err)
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(api.HeaderClientID, "acme")
 		req.Header.Set("Idempotency-Key", "left")
-		if resp, err := (&http.Client{Timeout: 300 * time.Millisecond}).Do(req); err == nil {
-			resp.Body.Close()
-			t.Fatalf("the create answered %d within 300ms, before its 1.5s cold start", resp.StatusCode)
-		}
+		answered := make(chan error, 1)
+		go func() {
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				err = fmt.Errorf("the create answered %d while its cold start was held", resp.StatusCode)
+			} else {
+				err = nil
+			}
+			answered <- err
+		}()
 		f := &fleet{t: t, db: s.m.DB}
-		// Its row, whatever its state: running unanswered lasts from the start's end to
-		// the key's expiry, which a loaded machine can make too short for any poll to
-		// see (the start itself can outlast the key). That it was started, and ended
-		// for its key rather than for its caller, is read from the substrate's calls and
-		// the metric below.
 		var id string
 		testenv.Eventually(t, 30*time.Second, "the keyed create to be booked", func() bool {
 			err := f.db.QueryRow(testenv.Context(t), "SELECT id::text FROM sandboxes WHERE client = 'acme'").Scan(&id)
 			return err == nil
 		})
+		leave()
+		if err := <-answered; err != nil {
+			t.Fatal(err)
+		}
+		release()
+		// Running unanswered lasts from the start's end to the key's expiry, which a
+		// loaded machine can make too short for any poll to see (the start itself can
+		// outlast the key): that it was started, and ended for its key rather than for
+		// its caller, is read from the substrate's calls and the metric below.
 		testenv.Eventually(t, 30*time.Second, "the reconciler to end it once its key expired", func() bool {
 			var state string
 			if err := f.db.QueryRow(testenv.Context(t), "SELECT state FROM sandboxes WHERE id = $1", id).Scan(&state); err != nil {
