@@ -582,13 +582,7 @@ func TestBucketExpiryAndRetryAfter(t *testing.T) {
 // answerOf is requestNoFail's answer as a word: the status, with a problem's code
 // (a refusal's bucket) after it, or the transport's error.
 func (s *server) answerOf(base, method, path, client, body string) string {
-	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
-	if err != nil {
-		return err.Error()
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(api.HeaderClientID, client)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := sendNoFail(base, method, path, client, body)
 	if err != nil {
 		return err.Error()
 	}
@@ -601,9 +595,20 @@ func (s *server) answerOf(base, method, path, client, body string) string {
 }
 
 func (s *server) requestNoFail(base, method, path, client, body string, header ...string) int {
-	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+	resp, err := sendNoFail(base, method, path, client, body, header...)
 	if err != nil {
 		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// sendNoFail sends a request as client (none when empty) with header pairs, and
+// returns the response or the error, for a caller that must not fail the test on it.
+func sendNoFail(base, method, path, client, body string, header ...string) (*http.Response, error) {
+	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+	if err != nil {
+		return nil, err
 	}
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
@@ -614,12 +619,7 @@ func (s *server) requestNoFail(base, method, path, client, body string, header .
 	if client != "" {
 		req.Header.Set(api.HeaderClientID, client)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0
-	}
-	resp.Body.Close()
-	return resp.StatusCode
+	return http.DefaultClient.Do(req)
 }
 
 func percentile(d []time.Duration, p int) time.Duration {
