@@ -10,6 +10,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/pool"
+	"github.com/space-sandbox/space/internal/store"
 	"github.com/space-sandbox/space/internal/substrate"
 )
 
@@ -206,7 +207,9 @@ func (s *Service) bookNew(ctx context.Context, caller space.Caller, sb *space.Sa
 // closed) is stopped and failed instead: no answer can reach anyone, and no key can
 // claim it later. A caller that leaves after this check, or whose connection breaks
 // while the 201 is written, has a running sandbox it was not told of: it finds it by
-// listing its sandboxes, or avoids the question with an Idempotency-Key.
+// listing its sandboxes, or avoids the question with an Idempotency-Key. A write whose
+// outcome Postgres leaves unknown is sent again (writeRunning), and one that stays
+// unknown leaves no answered create nobody was told of (unanswer).
 func (s *Service) finish(ctx, callerCtx context.Context, caller space.Caller, a activation, sb *space.Sandbox, ref string, warm, softBreach bool, began time.Time) (*space.Sandbox, error) {
 	outcome := "cold"
 	if warm {
@@ -221,16 +224,25 @@ func (s *Service) finish(ctx, callerCtx context.Context, caller space.Caller, a 
 	// it would run at its client's cost for ever.
 	// Its idle clock starts now that it runs, not when it was booked: a slow start
 	// or restore does not eat the idle timeout.
-	out, err := setState(ctx, s.db, sb.ID, stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, Answered: callerCtx.Err() == nil,
-		SoftBreach: &softBreach, From: []space.SandboxState{a.transient()}, stamp: activity(caller.Lifecycle)})
+	out, err := s.writeRunning(ctx, callerCtx, a.abandonable(), sb.ID, func() stateChange {
+		return stateChange{State: space.StateRunning, SubstrateRef: ref, Warm: &warm, Answered: callerCtx.Err() == nil,
+			SoftBreach: &softBreach, From: []space.SandboxState{a.transient()}, stamp: activity(caller.Lifecycle)}
+	})
 	var moved *movedError
 	if !errors.As(err, &moved) {
 		if err == nil {
 			s.metrics.activation(a.kind(), outcome, s.opts.Now().Sub(began))
+			return out, nil
 		}
 		// A write that failed (Postgres down) leaves the sandbox transitional with its
-		// resource running: the reconciler settles it.
-		return out, err
+		// resource running: the reconciler settles it. One whose outcome stayed
+		// unknown may have committed it running and answered, and this caller is told
+		// 503: a create nobody else can claim must not stay answered, or it would run
+		// at its client's cost with nobody told of it.
+		if a.abandonable() && store.Unreachable(err) {
+			s.unanswer(sb.ID, ref)
+		}
+		return nil, err
 	}
 	if moved.cur.State == space.StateRunning && moved.cur.SubstrateRef == ref {
 		s.metrics.activation(a.kind(), outcome, s.opts.Now().Sub(began))
@@ -241,6 +253,81 @@ func (s *Service) finish(ctx, callerCtx context.Context, caller space.Caller, a 
 	}
 	s.metrics.activation(a.kind(), "failed", s.opts.Now().Sub(began))
 	return nil, movedOn(sb.ID, moved.cur.State, a.transient())
+}
+
+const (
+	// defaultOutcomeWait is Options.OutcomeWait's default.
+	defaultOutcomeWait = 10 * time.Second
+	// unanswerFor bounds how long unanswer keeps trying while Postgres stays away.
+	unanswerFor = 10 * time.Minute
+)
+
+// writeRunning writes the change that records an activation's sandbox running. When
+// Postgres goes away after the write was sent, its outcome is unknown: it may have
+// committed with its reply lost. The write is then sent again, backing off from 50ms
+// to 1s, until one is answered or Options.OutcomeWait passes. The write is guarded on
+// the transitional state, so a second one either commits it or finds the first's
+// commit (the sandbox running with this very resource, which finish takes for
+// success): either way the caller is told what Postgres holds. An abandonable
+// activation stops trying once its caller has left: no answer can reach anyone.
+// change is called for each write, so that each says whether the caller still waits.
+func (s *Service) writeRunning(ctx, callerCtx context.Context, abandonable bool, id string, change func() stateChange) (*space.Sandbox, error) {
+	out, err := setState(ctx, s.db, id, change())
+	if !store.Unreachable(err) {
+		return out, err
+	}
+	s.logger.WarnContext(ctx, "postgres went away while recording a sandbox running; writing it again", "sandbox", id, "err", err)
+	wctx, cancel := context.WithTimeout(ctx, s.opts.OutcomeWait)
+	defer cancel()
+	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		if abandonable && callerCtx.Err() != nil {
+			return nil, err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-wctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		if out, err = setState(wctx, s.db, id, change()); !store.Unreachable(err) {
+			return out, err
+		}
+	}
+}
+
+// unanswer makes sure that sandbox id, started as ref by a create nobody else can
+// claim and whose recording the caller was not told of, is not left answered: once
+// Postgres answers, the row is marked unanswered if it is running with ref (a write
+// whose reply was lost committed it so), and the reconciler ends it as it ends every
+// create no client was told of. A row still transitional is the reconciler's already.
+// It runs detached, trying each second for at most unanswerFor: a replica that dies
+// meanwhile leaves the row as the write left it (docs/design.md, "Unanswered creates").
+func (s *Service) unanswer(id, ref string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), unanswerFor)
+		defer cancel()
+		for {
+			tag, err := s.db.Exec(ctx, `UPDATE sandboxes SET answered = false, updated_at = now()
+				WHERE id = $1 AND state = 'running' AND substrate_ref = $2 AND answered`, id, ref)
+			if err == nil {
+				if tag.RowsAffected() > 0 {
+					s.logger.WarnContext(ctx, "a sandbox recorded running while its caller was told 503 is marked unanswered, for the reconciler to end", "sandbox", id)
+				}
+				return
+			}
+			if ctx.Err() != nil || !store.Unreachable(err) {
+				s.logger.ErrorContext(ctx, "mark unanswered a sandbox whose caller was told 503", "sandbox", id, "err", err)
+				return
+			}
+			t := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+			case <-t.C:
+			}
+		}
+	}()
 }
 
 // abandon ends the activation of an abandonable sandbox whose caller has gone: what was

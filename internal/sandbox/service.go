@@ -39,6 +39,12 @@ type Options struct {
 	IdempotencyTTL time.Duration
 	// OnClaim is called after a warm slot is claimed, e.g. to kick the replenisher.
 	OnClaim func()
+	// OutcomeWait bounds how long an activation sends again the write that records
+	// its sandbox running when Postgres went away after the write was sent, so that
+	// its outcome is unknown (it may have committed with its reply lost): 10s by
+	// default. Past it the caller gets a 503, and a create nobody can claim is kept
+	// from being left answered (docs/design.md, "Unanswered creates").
+	OutcomeWait time.Duration
 	// Now is the clock activations are timed with (default time.Now).
 	Now        func() time.Time
 	Registerer prometheus.Registerer
@@ -60,6 +66,9 @@ func New(opts Options) *Service {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.OutcomeWait <= 0 {
+		opts.OutcomeWait = defaultOutcomeWait
 	}
 	s := &Service{opts: opts, db: store.Wrap(opts.DB), logger: opts.Logger, metrics: newMetrics(opts.Registerer)}
 	if s.logger == nil {

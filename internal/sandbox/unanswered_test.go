@@ -6,9 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/pool"
 	"github.com/space-sandbox/space/internal/sandbox"
 	"github.com/space-sandbox/space/internal/substrate"
+	"github.com/space-sandbox/space/internal/testenv"
 )
 
 // unanswered makes sandbox id look like a synchronous create nobody was told of.
@@ -218,6 +222,134 @@ func TestUnansweredCreates(t *testing.T) {
 		close(release)
 		if err := <-done; err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// behindProxy returns a Service like b's on one connection to b's database through a
+// proxy the test can mute and cut, with the OutcomeWait given; b.svc still reads and
+// reconciles it directly. The connection has made a create already, so that the
+// statements of the next are prepared on it: a muted proxy would otherwise hold a
+// statement's preparation, never sending the statement itself.
+func (b *bundle) behindProxy(t *testing.T, outcomeWait time.Duration) (*sandbox.Service, *testenv.Proxy) {
+	t.Helper()
+	url, proxy := testenv.ProxyDatabaseURL(t, b.db.Config().ConnString())
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	// Nor may it be pinged before use, as one idle for a second is.
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	db, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	opts := b.options()
+	opts.DB, opts.Pool, opts.OutcomeWait = db, pool.New(pool.Options{DB: db, Substrate: b.sim}), outcomeWait
+	svc := sandbox.New(opts)
+	if _, err := create(svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python}); err != nil {
+		t.Fatal(err)
+	}
+	return svc, proxy
+}
+
+// lostReply starts a create on svc and, while its cold start is held, mutes the proxy
+// in front of its Postgres; it releases the start and cuts the proxy once the write
+// recording the sandbox running has committed unanswered, restoring it at once when
+// restore is true. It returns the sandbox's id, what the substrate runs for it and
+// the channel the create's outcome arrives on.
+func lostReply(t *testing.T, b *bundle, svc *sandbox.Service, proxy *testenv.Proxy, req sandbox.CreateRequest, restore bool) (string, string, <-chan error) {
+	t.Helper()
+	release := make(chan struct{})
+	b.setFail(func(c substrate.Call) error {
+		if c.Op == substrate.OpStartCold {
+			<-release
+		}
+		return nil
+	})
+	created := make(chan error, 1)
+	go func() {
+		_, err := create(svc, b.ctx, acme(), req)
+		created <- err
+	}()
+	var id string
+	waitFor(t, "the create to be starting", func() bool {
+		select {
+		case err := <-created:
+			t.Fatalf("create ended before its start was released: %v", err)
+		default:
+		}
+		return b.db.QueryRow(b.ctx, "SELECT id::text FROM sandboxes WHERE state = 'starting'").Scan(&id) == nil
+	})
+	proxy.Mute()
+	close(release)
+	var ref string
+	waitFor(t, "the running write to commit with its reply dropped", func() bool {
+		return b.db.QueryRow(b.ctx, "SELECT substrate_ref FROM sandboxes WHERE id = $1 AND state = 'running' AND answered", id).Scan(&ref) == nil
+	})
+	proxy.Cut()
+	if restore {
+		proxy.Restore()
+	}
+	return id, ref, created
+}
+
+func TestAWriteWhoseReplyIsLost(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a create whose running write committed with its reply lost is answered with its sandbox", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		svc, proxy := b.behindProxy(t, time.Minute)
+		id, ref, created := lostReply(t, b, svc, proxy, sandbox.CreateRequest{Shape: python}, true)
+		if err := <-created; err != nil {
+			t.Fatalf("create = %v; want sandbox %s, which Postgres holds running and answered", err, id)
+		}
+		if sb := b.get(t, id); sb.State != space.StateRunning || !b.isAnswered(t, id) || !b.sim.IsRunning(ref) {
+			t.Fatalf("sandbox %s, answered %v, running on the substrate %v", sb.State, b.isAnswered(t, id), b.sim.IsRunning(ref))
+		}
+	})
+
+	t.Run("a create without a key whose running write stays unknown is told 503, and its sandbox is ended rather than left answered", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		svc, proxy := b.behindProxy(t, 300*time.Millisecond)
+		id, ref, created := lostReply(t, b, svc, proxy, sandbox.CreateRequest{Shape: python}, false)
+		if err := <-created; space.ErrorCode(err) != space.EUNAVAILABLE {
+			t.Fatalf("create with postgres gone = %v, want unavailable", err)
+		}
+		proxy.Restore()
+		waitFor(t, "the sandbox nobody was told of to be marked unanswered", func() bool {
+			return !b.isAnswered(t, id)
+		})
+		res := b.round(t, b.reconciler(time.Hour))
+		sb := b.get(t, id)
+		if res.Settled[space.StateFailed] != 1 || sb.State != space.StateFailed || !strings.Contains(sb.LastError, "not answered") {
+			t.Fatalf("round %+v; sandbox %s (%q), want failed because nobody was answered", res, sb.State, sb.LastError)
+		}
+		if b.sim.IsRunning(ref) {
+			t.Fatal("what ran for the create nobody was told of still runs")
+		}
+	})
+
+	t.Run("a keyed create whose running write stays unknown is kept answered for its retry", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		svc, proxy := b.behindProxy(t, 300*time.Millisecond)
+		req := sandbox.CreateRequest{Shape: python, IdempotencyKey: "unknown-outcome"}
+		id, ref, created := lostReply(t, b, svc, proxy, req, false)
+		if err := <-created; space.ErrorCode(err) != space.EUNAVAILABLE {
+			t.Fatalf("create with postgres gone = %v, want unavailable", err)
+		}
+		proxy.Restore()
+		sb, err := create(b.svc, b.ctx, acme(), req)
+		if err != nil || sb.ID != id || sb.State != space.StateRunning || !b.sim.IsRunning(ref) {
+			t.Fatalf("retry = %+v, %v; want sandbox %s running", sb, err, id)
+		}
+		if res := b.round(t, b.reconciler(time.Hour)); res.Settled[space.StateFailed] != 0 || !b.isAnswered(t, id) {
+			t.Fatalf("round %+v, answered %v; the retry was answered with the sandbox", res, b.isAnswered(t, id))
 		}
 	})
 }

@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
@@ -79,7 +78,15 @@ type Proxy struct {
 	// sent counts the chunks clients sent through the proxy: for Redis, about one per
 	// command (a pipeline is one).
 	sent atomic.Int64
+	// muted drops what the server sends back while it is set (Mute).
+	muted atomic.Bool
 }
+
+// Mute drops every reply the server sends from now on, on open connections and new
+// ones, while what clients send still reaches it: a write commits and its caller never
+// learns of it, as when a connection breaks between the two. Cut then fails the
+// waiting caller; Restore ends the mute.
+func (p *Proxy) Mute() { p.muted.Store(true) }
 
 // Sent is how many chunks clients have sent through the proxy to the server: with
 // Redis, the commands that reached the network.
@@ -117,6 +124,7 @@ func (p *Proxy) Cut() {
 // Restore listens again on the same address, as when the server comes back.
 func (p *Proxy) Restore() {
 	p.t.Helper()
+	p.muted.Store(false)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ln != nil || p.closed {
@@ -158,27 +166,27 @@ func (p *Proxy) serve(ln net.Listener) {
 		p.conns[c] = struct{}{}
 		p.conns[up] = struct{}{}
 		p.mu.Unlock()
-		go p.pipe(c, up, nil)
-		go p.pipe(up, c, &p.sent)
+		go p.pipe(c, up, false)
+		go p.pipe(up, c, true)
 	}
 }
 
-func (p *Proxy) pipe(dst, src net.Conn, chunks *atomic.Int64) {
-	if chunks == nil {
-		_, _ = io.Copy(dst, src)
-	} else {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			if n > 0 {
-				chunks.Add(1)
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					break
-				}
+// pipe copies src to dst: what a client sent when request is true, counted in sent;
+// the server's replies otherwise, dropped while the proxy is muted.
+func (p *Proxy) pipe(dst, src net.Conn, request bool) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && (request || !p.muted.Load()) {
+			if request {
+				p.sent.Add(1)
 			}
-			if err != nil {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
 				break
 			}
+		}
+		if err != nil {
+			break
 		}
 	}
 	dst.Close()

@@ -74,6 +74,47 @@ func TestOutages(t *testing.T) {
 		}
 	})
 
+	t.Run("a muted proxy lets a write commit and drops its reply", func(t *testing.T) {
+		t.Parallel()
+		direct := DatabaseURL(t)
+		url, proxy := ProxyDatabaseURL(t, direct)
+		ctx := Context(t)
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(ctx, "CREATE TABLE muted (n int)"); err != nil {
+			t.Fatal(err)
+		}
+		proxy.Mute()
+		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		if _, err := conn.Exec(wctx, "INSERT INTO muted VALUES (1)"); err == nil {
+			t.Fatal("a write through a muted proxy was answered")
+		}
+		check, err := pgx.Connect(ctx, direct)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer check.Close(context.Background())
+		Eventually(t, 10*time.Second, "the unanswered write to commit", func() bool {
+			var n int
+			return check.QueryRow(ctx, "SELECT count(*) FROM muted").Scan(&n) == nil && n == 1
+		})
+		proxy.Cut()
+		proxy.Restore()
+		again, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatalf("after restore: %v", err)
+		}
+		defer again.Close(context.Background())
+		var n int
+		if err := again.QueryRow(ctx, "SELECT count(*) FROM muted").Scan(&n); err != nil || n != 1 {
+			t.Fatalf("after restore: %d rows, %v; want the muted write's 1", n, err)
+		}
+	})
+
 	t.Run("a private redis server stops and starts on the same address", func(t *testing.T) {
 		t.Parallel()
 		srv := StartRedis(t)
