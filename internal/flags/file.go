@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"reflect"
 	"slices"
 	"strings"
 )
@@ -281,7 +280,7 @@ func changedFlags(old, cur map[string]*flag) []string {
 	for _, key := range sortedKeys(cur) {
 		o, ok := old[key]
 		c := cur[key]
-		if !ok || o.enabled != c.enabled || o.variant != c.variant || !reflect.DeepEqual(o.value, c.value) {
+		if !ok || o.enabled != c.enabled || o.variant != c.variant || !equalValues(o.value, c.value) {
 			changed = append(changed, key)
 		}
 	}
@@ -291,4 +290,40 @@ func changedFlags(old, cur map[string]*flag) []string {
 		}
 	}
 	return changed
+}
+
+// equalValues reports whether two decoded JSON values are equal: what
+// reflect.DeepEqual says of them, without reflection, which was a seventh of a
+// 10,000-client flag's reload (BenchmarkReloadAtSize).
+func equalValues(a, b any) bool {
+	switch a := a.(type) {
+	case map[string]any:
+		b, ok := b.(map[string]any)
+		if !ok || len(a) != len(b) || (a == nil) != (b == nil) {
+			return false
+		}
+		for k, v := range a {
+			w, ok := b[k]
+			if !ok || !equalValues(v, w) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		b, ok := b.([]any)
+		if !ok || len(a) != len(b) || (a == nil) != (b == nil) {
+			return false
+		}
+		for i := range a {
+			if !equalValues(a[i], b[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	switch b.(type) {
+	case map[string]any, []any:
+		return false
+	}
+	return a == b
 }

@@ -1,7 +1,9 @@
 package flags
 
 import (
+	"encoding/json"
 	"errors"
+	"reflect"
 	"testing"
 )
 
@@ -51,6 +53,38 @@ func TestFlagError(t *testing.T) {
 		}
 		if !errors.Is(err, ErrMalformed) {
 			t.Error("does not unwrap")
+		}
+	})
+}
+
+func TestEqualValues(t *testing.T) {
+	t.Parallel()
+
+	docs := []string{
+		`null`, `true`, `false`, `0`, `1`, `1.5`, `""`, `"a"`, `"1"`,
+		`[]`, `[1]`, `[1,2]`, `[2,1]`, `[[1]]`, `[{"a":1}]`, `[null]`,
+		`{}`, `{"a":1}`, `{"a":2}`, `{"b":1}`, `{"a":1,"b":2}`, `{"a":null}`, `{"a":[1]}`, `{"a":{"b":[true]}}`, `{"a":{"b":[false]}}`,
+	}
+	values := make([]any, len(docs))
+	for i, d := range docs {
+		if err := json.Unmarshal([]byte(d), &values[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("two decoded JSON values are equal exactly when reflect.DeepEqual says so", func(t *testing.T) {
+		t.Parallel()
+		for i, a := range values {
+			for j, b := range values {
+				var again any
+				if err := json.Unmarshal([]byte(docs[j]), &again); err != nil { // a copy of b, not b itself
+					t.Fatal(err)
+				}
+				for _, w := range []any{b, again} {
+					if got, want := equalValues(a, w), reflect.DeepEqual(a, w); got != want {
+						t.Errorf("equalValues(%s, %s) = %v, want %v", docs[i], docs[j], got, want)
+					}
+				}
+			}
 		}
 	})
 }
