@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
@@ -136,6 +137,10 @@ type ScaleDecisions struct {
 	Keys, Goroutines int
 	Duration         time.Duration
 	Spread, One      []float64
+	// PeerSpread and PeerOne are the same for redis_rate's Allow over as many keys
+	// of its own on the same server, in the same rotation: what a larger keyspace
+	// costs Redis itself shows in both ratios alike.
+	PeerSpread, PeerOne []float64
 }
 
 // ScaleFlat is the flat-in-tenants comparison.
@@ -333,16 +338,29 @@ func (r *ScaleResult) decisions(ctx context.Context, env *Env, runs int, s scale
 			return charge1(ctx, a, space.ClientKey(key()), &keysClientRate)
 		}
 	}
+	lim := redis_rate.NewLimiter(rdb)
+	peerOn := func(key func() string) decider {
+		return func(ctx context.Context) (bool, error) {
+			r, err := lim.Allow(ctx, key(), peerKeysLimit)
+			return err == nil && r.Allowed == 1, err
+		}
+	}
 	n := d.Keys
+	spread := func() string { return "c" + strconv.Itoa(rand.IntN(n)) }
+	one := func() string { return "c0" }
 	arms := []struct {
 		out    *[]float64
 		decide decider
 	}{
-		{&d.Spread, decideOn(func() string { return "c" + strconv.Itoa(rand.IntN(n)) })},
-		{&d.One, decideOn(func() string { return "c0" })},
+		{&d.Spread, decideOn(spread)},
+		{&d.One, decideOn(one)},
+		{&d.PeerSpread, peerOn(spread)},
+		{&d.PeerOne, peerOn(one)},
 	}
-	if _, err := arms[1].decide(ctx); err != nil { // loads the script
-		return err
+	for _, i := range []int{1, 3} { // loads the scripts
+		if _, err := arms[i].decide(ctx); err != nil {
+			return err
+		}
 	}
 	for run := range runs {
 		for _, arm := range rotate(arms, run) {
@@ -352,7 +370,7 @@ func (r *ScaleResult) decisions(ctx context.Context, env *Env, runs int, s scale
 			}
 			*arm.out = append(*arm.out, float64(made)/elapsed.Seconds())
 		}
-		env.logf("scale: decisions/s run %d: %s keys %.0f/s, one key %.0f/s", run+1, count(n), d.Spread[run], d.One[run])
+		env.logf("scale: decisions/s run %d: %s keys %.0f/s, one key %.0f/s; redis_rate %.0f/s and %.0f/s", run+1, count(n), d.Spread[run], d.One[run], d.PeerSpread[run], d.PeerOne[run])
 	}
 	return nil
 }

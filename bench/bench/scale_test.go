@@ -43,6 +43,9 @@ func checkScaleSmoke(t *testing.T, s *ScaleResult) {
 	if dec := s.Decisions; len(dec.Spread) != 1 || len(dec.One) != 1 || !(dec.Spread[0] > 0) || !(dec.One[0] > 0) {
 		t.Errorf("decisions/s: %v over %d keys, %v over one", dec.Spread, dec.Keys, dec.One)
 	}
+	if dec := s.Decisions; len(dec.PeerSpread) != 1 || len(dec.PeerOne) != 1 || !(dec.PeerSpread[0] > 0) || !(dec.PeerOne[0] > 0) {
+		t.Errorf("redis_rate's decisions/s: %v over %d keys, %v over one", dec.PeerSpread, dec.Keys, dec.PeerOne)
+	}
 	d := s.Redis
 	if d.Sampled == 0 || !(d.MemoryUsage > 16) {
 		t.Errorf("idle keys: MEMORY USAGE %.0f over %d keys", d.MemoryUsage, d.Sampled)
