@@ -158,13 +158,7 @@ func TestReconcile(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		id := b.insertStarting(t)
-		release := make(chan struct{})
-		b.setFail(func(c substrate.Call) error {
-			if c.Op == substrate.OpStartCold {
-				<-release
-			}
-			return nil
-		})
+		release := b.holdColdStarts()
 		started := make(chan error, 1)
 		go func() {
 			_, err := b.sim.StartCold(b.ctx, substrate.Spec{SandboxID: id, Client: "acme", Shape: python})
@@ -341,13 +335,7 @@ func TestDeleteMidTransition(t *testing.T) {
 	t.Run("a sandbox deleted while starting ends terminated and what its start made is stopped", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		release := make(chan struct{})
-		b.setFail(func(c substrate.Call) error {
-			if c.Op == substrate.OpStartCold {
-				<-release
-			}
-			return nil
-		})
+		release := b.holdColdStarts()
 		type result struct {
 			sb  *space.Sandbox
 			err error

@@ -127,23 +127,9 @@ func TestUnansweredCreates(t *testing.T) {
 	// returns the create's error and the sandbox id once the start is released.
 	leaving := func(t *testing.T, b *bundle, req sandbox.CreateRequest) (string, error) {
 		t.Helper()
-		release := make(chan struct{})
-		b.setFail(func(c substrate.Call) error {
-			if c.Op == substrate.OpStartCold {
-				<-release
-			}
-			return nil
-		})
+		release := b.holdColdStarts()
 		ctx, cancel := context.WithCancel(b.ctx)
-		created := make(chan error, 1)
-		go func() {
-			_, err := create(b.svc, ctx, acme(), req)
-			created <- err
-		}()
-		var id string
-		waitFor(t, "the create to be starting", func() bool {
-			return b.db.QueryRow(b.ctx, "SELECT id::text FROM sandboxes WHERE state = 'starting'").Scan(&id) == nil
-		})
+		id, created := b.createHeld(t, b.svc, ctx, req)
 		cancel() // the caller hangs up mid cold start
 		close(release)
 		err := <-created
@@ -199,23 +185,12 @@ func TestUnansweredCreates(t *testing.T) {
 	t.Run("a queued create is answered from the start", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		release := make(chan struct{})
-		b.setFail(func(c substrate.Call) error {
-			if c.Op == substrate.OpStartCold {
-				<-release
-			}
-			return nil
-		})
+		release := b.holdColdStarts()
 		id := "7d1c2b9e-3f4a-4c5d-8e6f-0a1b2c3d4e5f"
-		done := make(chan error, 1)
-		go func() {
-			_, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{ID: id, Shape: python, Answered: true})
-			done <- err
-		}()
-		waitFor(t, "the create to be starting", func() bool {
-			var n int
-			return b.db.QueryRow(b.ctx, "SELECT count(*) FROM sandboxes WHERE id = $1 AND state = 'starting'", id).Scan(&n) == nil && n == 1
-		})
+		started, done := b.createHeld(t, b.svc, b.ctx, sandbox.CreateRequest{ID: id, Shape: python, Answered: true})
+		if started != id {
+			t.Fatalf("sandbox %s is starting, want %s", started, id)
+		}
 		if !b.isAnswered(t, id) {
 			t.Fatal("a queued create's row is unanswered while it starts")
 		}
@@ -224,6 +199,41 @@ func TestUnansweredCreates(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// holdColdStarts holds every cold start on b's substrate until the channel it returns
+// is closed.
+func (b *bundle) holdColdStarts() chan struct{} {
+	release := make(chan struct{})
+	b.setFail(func(c substrate.Call) error {
+		if c.Op == substrate.OpStartCold {
+			<-release
+		}
+		return nil
+	})
+	return release
+}
+
+// createHeld sends req on svc as a caller whose context is ctx while cold starts are
+// held, and returns the sandbox's id once it is starting, with the channel the
+// create's outcome arrives on.
+func (b *bundle) createHeld(t *testing.T, svc *sandbox.Service, ctx context.Context, req sandbox.CreateRequest) (string, <-chan error) {
+	t.Helper()
+	created := make(chan error, 1)
+	go func() {
+		_, err := create(svc, ctx, acme(), req)
+		created <- err
+	}()
+	var id string
+	waitFor(t, "the create to be starting", func() bool {
+		select {
+		case err := <-created:
+			t.Fatalf("create ended before its start was released: %v", err)
+		default:
+		}
+		return b.db.QueryRow(b.ctx, "SELECT id::text FROM sandboxes WHERE state = 'starting'").Scan(&id) == nil
+	})
+	return id, created
 }
 
 // behindProxy returns a Service like b's on one connection to b's database through a
@@ -262,27 +272,8 @@ func (b *bundle) behindProxy(t *testing.T, outcomeWait time.Duration) (*sandbox.
 // the channel the create's outcome arrives on.
 func lostReply(t *testing.T, b *bundle, svc *sandbox.Service, proxy *testenv.Proxy, req sandbox.CreateRequest, restore bool) (string, string, <-chan error) {
 	t.Helper()
-	release := make(chan struct{})
-	b.setFail(func(c substrate.Call) error {
-		if c.Op == substrate.OpStartCold {
-			<-release
-		}
-		return nil
-	})
-	created := make(chan error, 1)
-	go func() {
-		_, err := create(svc, b.ctx, acme(), req)
-		created <- err
-	}()
-	var id string
-	waitFor(t, "the create to be starting", func() bool {
-		select {
-		case err := <-created:
-			t.Fatalf("create ended before its start was released: %v", err)
-		default:
-		}
-		return b.db.QueryRow(b.ctx, "SELECT id::text FROM sandboxes WHERE state = 'starting'").Scan(&id) == nil
-	})
+	release := b.holdColdStarts()
+	id, created := b.createHeld(t, svc, b.ctx, req)
 	proxy.Mute()
 	close(release)
 	var ref string
