@@ -283,12 +283,8 @@ func (s *Service) writeRunning(ctx, callerCtx context.Context, abandonable bool,
 		if abandonable && callerCtx.Err() != nil {
 			return nil, err
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-wctx.Done():
-			t.Stop()
+		if !pause(wctx, backoff) {
 			return nil, err
-		case <-t.C:
 		}
 		if out, err = setState(wctx, s.db, id, change()); !store.Unreachable(err) {
 			return out, err
@@ -316,18 +312,25 @@ func (s *Service) unanswer(id, ref string) {
 				}
 				return
 			}
-			if ctx.Err() != nil || !store.Unreachable(err) {
+			if !store.Unreachable(err) || !pause(ctx, time.Second) {
 				s.logger.ErrorContext(ctx, "mark unanswered a sandbox whose caller was told 503", "sandbox", id, "err", err)
 				return
 			}
-			t := time.NewTimer(time.Second)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-			case <-t.C:
-			}
 		}
 	}()
+}
+
+// pause waits d, and reports false at once if ctx ends first: the wait between two
+// tries of a write while Postgres is away.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // abandon ends the activation of an abandonable sandbox whose caller has gone: what was
