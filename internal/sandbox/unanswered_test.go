@@ -272,8 +272,21 @@ func (b *bundle) behindProxy(t *testing.T, outcomeWait time.Duration) (*sandbox.
 // the channel the create's outcome arrives on.
 func lostReply(t *testing.T, b *bundle, svc *sandbox.Service, proxy *testenv.Proxy, req sandbox.CreateRequest, restore bool) (string, string, <-chan error) {
 	t.Helper()
+	starts := func() (n int) {
+		for _, e := range b.events.list() {
+			if e == string(substrate.OpStartCold) {
+				n++
+			}
+		}
+		return n
+	}
+	before := starts()
 	release := b.holdColdStarts()
 	id, created := b.createHeld(t, svc, b.ctx, req)
+	// The row is visible once its booking committed, which may be before the commit's
+	// reply has come back: the proxy is muted only once the create holds its start,
+	// past every reply of its booking.
+	waitFor(t, "the create to hold its cold start", func() bool { return starts() > before })
 	proxy.Mute()
 	close(release)
 	var ref string
