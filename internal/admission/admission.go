@@ -68,7 +68,7 @@ type Options struct {
 	// BatchAbove is how many of the Admitter's decisions may be on their way to Redis
 	// at once, each on its own, before the ones callers start wait and go together as
 	// one batch script call when a round trip comes back (SPACE_REDIS_BATCH_ABOVE,
-	// whose default is DefaultBatchAbove, 2): see coalescer. 0, as that variable's 0,
+	// whose default is DefaultBatchAbove, 8): see coalescer. 0, as that variable's 0,
 	// never batches: every decision is a call of its own and nothing waits, which is
 	// what a zero Options asks for (New refuses a negative number).
 	BatchAbove int

@@ -25,6 +25,8 @@ import (
 //     SPACE_REDIS_BATCH_ABOVE's default (DefaultBatchAbove): decisions that wait go
 //     together as one batch script call;
 //   - space_unbatched: the same with BatchAbove 0, every decision a call of its own;
+//   - space_batch_above_2: the same batching above 2 in flight, the default before
+//     it was 8 (docs/benchmarks.md, "Batches above eight");
 //   - space_one_key: Admit without a client rate (the cluster key alone), batched.
 //
 // The peer library redis_rate (single-key GCRA) is measured beside these, in the same
@@ -77,13 +79,14 @@ func BenchmarkAdmission(b *testing.B) {
 	}
 	for _, path := range []string{"allow", "reject"} {
 		allow := path == "allow"
-		for _, goroutines := range []int{1, 32} {
+		for _, goroutines := range []int{1, 8, 32} {
 			for _, impl := range []struct {
 				name   string
 				decide func() (bool, error)
 			}{
 				{"space", admitter(true, allow, DefaultBatchAbove)},
 				{"space_unbatched", admitter(true, allow, 0)},
+				{"space_batch_above_2", admitter(true, allow, 2)},
 				{"space_one_key", admitter(false, allow, DefaultBatchAbove)},
 			} {
 				b.Run(fmt.Sprintf("%s/%s/goroutines=%d", impl.name, path, goroutines), func(b *testing.B) {

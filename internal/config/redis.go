@@ -57,7 +57,7 @@ type Redis struct {
 	PipelineAbove int
 	// BatchAbove is how many admission decisions (the activation charge) go to Redis
 	// each on its own at once before the next wait to go together as one batch script
-	// call (admission.DefaultBatchAbove, 2, by default); 0 never batches, as
+	// call (admission.DefaultBatchAbove, 8, by default); 0 never batches, as
 	// admission.Options.BatchAbove of 0, which it is passed as.
 	BatchAbove int
 	// KeyPrefix namespaces every Redis key ("space" gives exactly the keys of the

@@ -167,7 +167,7 @@ func declare(c *Config) []Var {
 		// holds them equal. 0 means what it means in the admission options: never.
 		Var{Name: "SPACE_REDIS_PIPELINE_ABOVE", Default: "8", parse: into(&r.PipelineAbove, atLeast(0)),
 			Help: "Concurrency-lease and failed-authentication scripts in flight at once, each on its own, before the next wait and go together as one pipeline: fewer round trips under load, no wait below it; `0` never pipelines."},
-		Var{Name: "SPACE_REDIS_BATCH_ABOVE", Default: "2", parse: into(&r.BatchAbove, atLeast(0)),
+		Var{Name: "SPACE_REDIS_BATCH_ABOVE", Default: "8", parse: into(&r.BatchAbove, atLeast(0)),
 			Help: "Admission decisions in flight at once, each on its own, before the next wait and go together as one script call deciding each in turn: far less Redis and replica CPU a decision under load, no wait below it; `0` never batches."},
 		Var{Name: "SPACE_REDIS_KEY_PREFIX", Default: "space", parse: into(&r.KeyPrefix, checked(keyPrefix)),
 			Help: "Namespaces every Redis key; deployments sharing one Redis (a staging beside a production) set one each."},

@@ -22,7 +22,7 @@ func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 		ShutdownTimeout:   25 * time.Second,
 		IdempotencyKeyTTL: 24 * time.Hour,
 		Auth:              Auth{Mode: AuthAPIKey, FailureRate: space.Rate{RefillRPS: 0.2, Burst: 20}},
-		Redis:             Redis{Mode: RedisAuto, Timeout: 100 * time.Millisecond, PipelineAbove: 8, BatchAbove: 2, KeyPrefix: "space"},
+		Redis:             Redis{Mode: RedisAuto, Timeout: 100 * time.Millisecond, PipelineAbove: 8, BatchAbove: 8, KeyPrefix: "space"},
 		Admission: Admission{
 			Enabled:            true,
 			Cluster:            space.Rate{RefillRPS: 100, Burst: 200},
