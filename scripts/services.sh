@@ -180,8 +180,19 @@ on_exit() {
 
 # ---------------------------------------------------------------- ports
 
-# port_taken says whether something accepts connections on 127.0.0.1:$1.
-port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# port_taken says whether a server could not listen on 127.0.0.1:$1: something
+# accepts connections there, or any TCP socket of the machine has it as its local
+# port. The defaults lie inside the kernel's ephemeral range, so an outgoing
+# connection (a test's, to Redis) may hold one, or leave it in TIME-WAIT, with no
+# listener to show it; Postgres then failed to bind ("Address already in use", in its
+# log only) although no other server was there.
+port_taken() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+  local hex
+  hex=$(printf ':%04X' "$1")
+  awk -v p="$hex" 'FNR > 1 && substr($2, length($2) - 4) == p { found = 1; exit } END { exit !found }' \
+    /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
 
 # free_ports prints $1 ports, consecutive, that nothing listens on, nor on each port
 # plus 10000 (a Redis Cluster node's bus port), all below the kernel's ephemeral range
@@ -216,7 +227,7 @@ choose_port() {
   local free
   free=$(free_ports 1)
   free=${free% }
-  log "$name: port $port is taken by another process (another checkout's services?); using $free"
+  log "$name: port $port is taken (another checkout's services, or a connection's own port); using $free"
   printf -v "$var" '%s' "$free"
 }
 

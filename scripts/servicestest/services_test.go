@@ -354,8 +354,9 @@ func exited(pid int) bool {
 }
 
 // TestUpMovesAsideFromPortsAnotherProcessHolds is a clean clone in CI beside a working
-// copy whose services hold the default ports: `up` takes free ports, says so, records
-// them, and env hands them to the tests. A port set explicitly is never moved.
+// copy whose services hold the default ports, or a connection holding one as its own:
+// `up` takes free ports, says so, records them, and env hands them to the tests. A
+// port set explicitly is never moved.
 func TestUpMovesAsideFromPortsAnotherProcessHolds(t *testing.T) {
 	t.Parallel()
 	_, checkout := privateClone(t)
@@ -370,7 +371,24 @@ func TestUpMovesAsideFromPortsAnotherProcessHolds(t *testing.T) {
 		_, port, _ := net.SplitHostPort(ln.Addr().String())
 		return port
 	}
-	pgHeld, redisHeld := held(), held()
+	// A port no server listens on but an outgoing connection holds as its own: the
+	// defaults lie inside the kernel's ephemeral range, and a test's connection once
+	// held 55432 so, which Postgres then failed to bind.
+	connected := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_, port, _ := net.SplitHostPort(c.LocalAddr().String())
+		return port
+	}
+	pgHeld, redisHeld := connected(), held()
 	if err := os.MkdirAll(filepath.Join(checkout, ".services"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -404,7 +422,7 @@ func TestUpMovesAsideFromPortsAnotherProcessHolds(t *testing.T) {
 			t.Fatalf("up: %v\n%s", err, out)
 		}
 		for _, p := range []string{pgHeld, redisHeld} {
-			if !strings.Contains(out, "port "+p+" is taken by another process") {
+			if !strings.Contains(out, "port "+p+" is taken") {
 				t.Errorf("up did not say it moved from %s:\n%s", p, out)
 			}
 		}
