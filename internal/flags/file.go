@@ -1,11 +1,9 @@
 package flags
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 )
@@ -241,18 +239,19 @@ func hasTargeting(v any) bool {
 }
 
 // decodeObject decodes exactly one JSON object, refusing anything after it. Numbers
-// are float64, as OpenFeature's object values hold them.
+// are float64, as OpenFeature's object values hold them. json.Unmarshal rather than a
+// Decoder over data: a Decoder copies the file into a buffer of its own as it grows,
+// 2.2 MB of garbage a reload of a 10,000-client flag (BenchmarkReloadAtSize).
 func decodeObject(data []byte) (map[string]any, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
 	var obj map[string]any
-	if err := dec.Decode(&obj); err != nil {
+	if err := json.Unmarshal(data, &obj); err != nil {
+		if se, ok := errors.AsType[*json.SyntaxError](err); ok && strings.Contains(se.Error(), "after top-level value") {
+			return nil, errors.New("unexpected data after the JSON object")
+		}
 		return nil, err
 	}
 	if obj == nil {
 		return nil, errors.New("want a JSON object, got null")
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("unexpected data after the JSON object")
 	}
 	return obj, nil
 }
