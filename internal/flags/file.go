@@ -1,7 +1,6 @@
 package flags
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -236,24 +235,6 @@ func hasTargeting(v any) bool {
 		return false
 	}
 	return true
-}
-
-// decodeObject decodes exactly one JSON object, refusing anything after it. Numbers
-// are float64, as OpenFeature's object values hold them. json.Unmarshal rather than a
-// Decoder over data: a Decoder copies the file into a buffer of its own as it grows,
-// 2.2 MB of garbage a reload of a 10,000-client flag (BenchmarkReloadAtSize).
-func decodeObject(data []byte) (map[string]any, error) {
-	var obj map[string]any
-	if err := json.Unmarshal(data, &obj); err != nil {
-		if se, ok := errors.AsType[*json.SyntaxError](err); ok && strings.Contains(se.Error(), "after top-level value") {
-			return nil, errors.New("unexpected data after the JSON object")
-		}
-		return nil, err
-	}
-	if obj == nil {
-		return nil, errors.New("want a JSON object, got null")
-	}
-	return obj, nil
 }
 
 // scalarMetadata keeps the metadata values OpenFeature allows (bool, string, number),

@@ -71,10 +71,7 @@ type ReloadResult struct {
 func DefaultValidators(env Env) map[string]func(any) error {
 	return map[string]func(any) error{
 		QuotaFlag: func(v any) error {
-			q, err := ParseQuotas(v)
-			if err == nil {
-				_, _, err = inForce(q, env)
-			}
+			_, _, _, err := parseInForce(v, env)
 			return err
 		},
 		WarmPoolFlag: func(v any) error {

@@ -49,7 +49,7 @@ type RateEntry struct {
 type Quotas struct {
 	// Clients is the allowlist: only these keys are honoured as client ids. A "unknown"
 	// entry is allowed and sets the caps shared by every caller that is not allowlisted.
-	Clients map[space.ClientKey]ClientQuota
+	Clients map[space.ClientKey]*ClientQuota
 	// Default holds the caps of a client that its entry does not set.
 	Default ClientQuota
 	// Rates holds the "rate" entries by key. An entry does not allowlist its key.
@@ -76,15 +76,40 @@ type Quotas struct {
 // remembered by identity (see identity), so that the parse of a reload's validation is
 // the Resolver's too, not a second one of 10,000 entries.
 func ParseQuotas(v any) (Quotas, error) {
+	p := parseQuotasOnce(v)
+	return p.q, p.err
+}
+
+// parseQuotasOnce is ParseQuotas with what it remembers of the value.
+func parseQuotasOnce(v any) *quotaParse {
 	id := identity(v)
 	if last := lastParse.Load(); id != nil && last != nil && last.id == id {
-		return last.q, last.err
+		return last
 	}
-	q, err := parseQuotas(v)
+	p := &quotaParse{src: v, id: id}
+	p.q, p.err = parseQuotas(v)
 	if id != nil {
-		lastParse.Store(&quotaParse{src: v, id: id, q: q, err: err})
+		lastParse.Store(p)
 	}
-	return q, err
+	return p
+}
+
+// parseInForce is ParseQuotas and then inForce under env, the second remembered with
+// the first: a reload's validation (DefaultValidators) and the Resolver's parse of the
+// value it put in service check the table once, not twice.
+func parseInForce(v any, env Env) (Quotas, *space.Reservations, []string, error) {
+	p := parseQuotasOnce(v)
+	if p.err != nil {
+		return p.q, nil, nil, p.err
+	}
+	// inForce reads no more of env than its floor tier and its cluster rate.
+	under := forced{fallback: env.FallbackTier, cluster: env.Cluster}
+	if f := p.forced.Load(); f != nil && f.fallback == under.fallback && f.cluster == under.cluster {
+		return p.q, f.res, f.warnings, f.err
+	}
+	under.res, under.warnings, under.err = inForce(p.q, env)
+	p.forced.Store(&under)
+	return p.q, under.res, under.warnings, under.err
 }
 
 // lastParse is the last value ParseQuotas parsed. It keeps the value (src) alive, so
@@ -96,6 +121,16 @@ type quotaParse struct {
 	id  unsafe.Pointer
 	q   Quotas
 	err error
+	// forced is the last inForce of q, and what of the Env it was under.
+	forced atomic.Pointer[forced]
+}
+
+type forced struct {
+	fallback string
+	cluster  space.Rate
+	res      *space.Reservations
+	warnings []string
+	err      error
 }
 
 func parseQuotas(v any) (Quotas, error) {
@@ -104,7 +139,7 @@ func parseQuotas(v any) (Quotas, error) {
 		return Quotas{}, malformedf("the quota flag must be an object, got %s", typeName(v))
 	}
 	q := Quotas{
-		Clients: map[space.ClientKey]ClientQuota{},
+		Clients: map[space.ClientKey]*ClientQuota{},
 		Rates:   map[space.ClientKey]RateEntry{},
 		Tiers:   map[string]Tier{},
 	}
@@ -138,9 +173,16 @@ func parseQuotas(v any) (Quotas, error) {
 		// In map order, not sorted: a table of 10,000 clients sorted at every parse
 		// was a fifth of a reload. The error reported is still always the same one,
 		// the first failing id in order.
-		q.Clients = make(map[space.ClientKey]ClientQuota, len(clients))
+		q.Clients = make(map[space.ClientKey]*ClientQuota, len(clients))
 		var failed string
 		var failure error
+		// The entries decodeObject shared (the same text: one map) are parsed once,
+		// and share their ClientQuota.
+		type entryParse struct {
+			cq  *ClientQuota
+			err error
+		}
+		parsed := map[unsafe.Pointer]entryParse{}
 		for id, entry := range clients {
 			if failure != nil && id > failed {
 				continue
@@ -149,7 +191,16 @@ func parseQuotas(v any) (Quotas, error) {
 				failed, failure = id, fmt.Errorf("clients: %w", err)
 				continue
 			}
-			cq, err := parseClientQuota(entry, scopeClient)
+			p := identity(entry)
+			e, ok := parsed[p]
+			if !ok || p == nil {
+				cq, err := parseClientQuota(entry, scopeClient)
+				e = entryParse{&cq, err}
+				if p != nil {
+					parsed[p] = e
+				}
+			}
+			cq, err := e.cq, e.err
 			if err != nil {
 				failed, failure = id, fmt.Errorf("clients.%s: %w", id, err)
 				continue

@@ -157,7 +157,7 @@ type parsedQuotas struct {
 	warnings []string
 }
 
-var noQuotas = &parsedQuotas{q: Quotas{Clients: map[space.ClientKey]ClientQuota{}, Rates: map[space.ClientKey]RateEntry{}, Tiers: map[string]Tier{}}}
+var noQuotas = &parsedQuotas{q: Quotas{Clients: map[space.ClientKey]*ClientQuota{}, Rates: map[space.ClientKey]RateEntry{}, Tiers: map[string]Tier{}}}
 
 // NewResolver returns a Resolver. Env.ClientRate is copied: a later change to the
 // caller's value does not reach the Resolver.
@@ -303,7 +303,10 @@ type tierChoice struct {
 // throughput nobody bought. Each such fall is counted by reason in
 // space_tier_fallback_total and logged at most once a WarnInterval per reason.
 func (r *Resolver) tierOf(ctx context.Context, p *parsedQuotas, id space.ClientID, key space.ClientKey) tierChoice {
-	name, source := p.q.Clients[key].Tier, space.TierFromClient
+	name, source := "", space.TierFromClient
+	if entry := p.q.Clients[key]; entry != nil {
+		name = entry.Tier
+	}
 	targeted := false
 	if name == "" {
 		source = space.TierFromFlag
@@ -408,7 +411,11 @@ func (r *Resolver) PoolTargets(ctx context.Context) ([]PoolTarget, error) {
 // the env and the built-in defaults. Caller.Sources says which gave each value.
 func (r *Resolver) limits(p *parsedQuotas, key space.ClientKey, t tierChoice) space.Caller {
 	q := p.q
-	entry, listed := q.Clients[key]
+	var entry ClientQuota
+	e, listed := q.Clients[key]
+	if listed {
+		entry = *e
+	}
 	c := space.Caller{
 		Key:              key,
 		Allowlisted:      listed && key != space.Unknown,
@@ -688,10 +695,7 @@ func (r *Resolver) parse(v any) (p *parsedQuotas, current bool) {
 		}
 	}
 	p = &parsedQuotas{src: v, id: id}
-	p.q, p.err = ParseQuotas(v)
-	if p.err == nil {
-		p.reservations, p.warnings, p.err = inForce(p.q, r.env)
-	}
+	p.q, p.reservations, p.warnings, p.err = parseInForce(v, r.env)
 	for _, w := range p.warnings {
 		if r.warn("table:" + w) {
 			r.log.Warn("quota flag: "+w, "flag", QuotaFlag)

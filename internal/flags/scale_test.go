@@ -15,6 +15,12 @@ import (
 // over tiers tiers (every tenth with a rate entry of its own), the first tier the
 // floor. generation moves every tier's burst, so that two generations differ.
 func largeQuota(clients, tiers int, generation int) string {
+	return largeQuotaOf(clients, tiers, generation, false)
+}
+
+// largeQuotaOf is largeQuota; when distinct, each client's entry also sets a
+// concurrency of its own, so that no two entries are the same text.
+func largeQuotaOf(clients, tiers int, generation int, distinct bool) string {
 	var b strings.Builder
 	b.WriteString(`{"tiers": {`)
 	for i := range tiers {
@@ -29,7 +35,11 @@ func largeQuota(clients, tiers int, generation int) string {
 		if i > 0 {
 			b.WriteString(",")
 		}
-		b.WriteString(`"tenant-` + strconv.Itoa(i) + `": {"tier": "tier-` + strconv.Itoa(i%tiers) + `"}`)
+		b.WriteString(`"tenant-` + strconv.Itoa(i) + `": {"tier": "tier-` + strconv.Itoa(i%tiers) + `"`)
+		if distinct {
+			b.WriteString(`, "concurrency": ` + strconv.Itoa(1+i))
+		}
+		b.WriteString(`}`)
 	}
 	b.WriteString(`}, "rate": {`)
 	for i := 0; i < clients; i += 10 {
@@ -52,32 +62,42 @@ func largeEnv() Env {
 // BenchmarkReloadAtSize is one reload of a quota flag with 10,000 clients and 20 tiers,
 // from the file's bytes to the first request served under it: read, decode, validate,
 // swap, and the Resolver's parse of the new value (on the reload's event, or by the
-// request, whichever comes first). The target is 100 ms.
+// request, whichever comes first). The target is 100 ms. Its entries are 20 texts, one
+// a tier, as a table of clients that each name their tier is; every entry its own
+// text is the most a table of that size costs (decodeObject and parseQuotas then
+// share nothing).
 func BenchmarkReloadAtSize(b *testing.B) {
-	ctx := context.Background()
-	f := setup(b, quotaFile(largeQuota(10_000, 20, 0)), withPoll(time.Hour), withEnv(largeEnv()))
-	f.resolver.Resolve(ctx, "tenant-7")
-	files := [2]string{quotaFile(largeQuota(10_000, 20, 1)), quotaFile(largeQuota(10_000, 20, 2))}
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		b.StopTimer()
-		f.writeAtomic(files[i%2])
-		want := int64(5 + 7 + 1 + i%2) // tenant-7's burst, tier-7's, in that file
-		i++
-		b.StartTimer()
-		if res := f.provider.Reload(); res.Err != nil || res.Unchanged {
-			b.Fatalf("reload: %+v", res)
-		}
-		for deadline := time.Now().Add(waitTimeout); ; {
-			if c := f.resolver.Resolve(ctx, "tenant-7"); c.ClientRate != nil && c.ClientRate.Burst == want {
-				break
+	for _, c := range []struct {
+		name     string
+		distinct bool
+	}{{"entries of 20 texts", false}, {"every entry its own text", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			ctx := context.Background()
+			f := setup(b, quotaFile(largeQuotaOf(10_000, 20, 0, c.distinct)), withPoll(time.Hour), withEnv(largeEnv()))
+			f.resolver.Resolve(ctx, "tenant-7")
+			files := [2]string{quotaFile(largeQuotaOf(10_000, 20, 1, c.distinct)), quotaFile(largeQuotaOf(10_000, 20, 2, c.distinct))}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				b.StopTimer()
+				f.writeAtomic(files[i%2])
+				want := int64(5 + 7 + 1 + i%2) // tenant-7's burst, tier-7's, in that file
+				i++
+				b.StartTimer()
+				if res := f.provider.Reload(); res.Err != nil || res.Unchanged {
+					b.Fatalf("reload: %+v", res)
+				}
+				for deadline := time.Now().Add(waitTimeout); ; {
+					if c := f.resolver.Resolve(ctx, "tenant-7"); c.ClientRate != nil && c.ClientRate.Burst == want {
+						break
+					}
+					if time.Now().After(deadline) {
+						b.Fatalf("tenant-7 not on the reloaded flag within %v", waitTimeout)
+					}
+					time.Sleep(50 * time.Microsecond)
+				}
 			}
-			if time.Now().After(deadline) {
-				b.Fatalf("tenant-7 not on the reloaded flag within %v", waitTimeout)
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
+		})
 	}
 }
 
