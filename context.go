@@ -17,3 +17,25 @@ func CallerFromContext(ctx context.Context) (Caller, bool) {
 	c, ok := ctx.Value(callerContextKey{}).(Caller)
 	return c, ok
 }
+
+type idleContextKey struct{}
+
+// WithIdle returns ctx carrying idle: what work on ctx calls, through Idle, when it is
+// about to wait on something that costs the replica nothing while it waits (a
+// sandbox's start on the substrate: a Pod becoming ready takes seconds of the API
+// server's and the kubelet's time, none of the replica's CPU or Postgres connections).
+// The API's overload gate puts there the release of the request's seat, so that the
+// seats (SPACE_MAX_IN_FLIGHT) bound the work a replica does at once, not the starts it
+// waits on: a seat held through a 300 ms start would cap a replica of 32 seats at 107
+// cold creates a second, whatever its CPU.
+func WithIdle(ctx context.Context, idle func()) context.Context {
+	return context.WithValue(ctx, idleContextKey{}, idle)
+}
+
+// Idle calls the function WithIdle put in ctx, if any. It may be called more than
+// once: the function must do its part once.
+func Idle(ctx context.Context) {
+	if idle, ok := ctx.Value(idleContextKey{}).(func()); ok {
+		idle()
+	}
+}

@@ -41,9 +41,12 @@ type fakeSandboxes struct {
 	wake    func(space.Caller, string) (*space.Sandbox, error)
 	// keepalive is told the timeout each keepalive asked for.
 	keepalive func(space.Caller, string, time.Duration) (*space.Sandbox, error)
-	owner     space.ClientID
-	planned   []sandbox.CreateRequest
-	created   int
+	// starting, when set, is called with the context of each create and restore
+	// where the service would start the sandbox on the substrate.
+	starting func(context.Context)
+	owner    space.ClientID
+	planned  []sandbox.CreateRequest
+	created  int
 }
 
 var running = &space.Sandbox{ID: "0f0e0d0c-0b0a-4908-8706-050403020100", Client: "acme", State: space.StateRunning,
@@ -82,6 +85,9 @@ func (f *fakeSandboxes) Create(ctx context.Context, caller space.Caller, req san
 	f.mu.Lock()
 	f.created++
 	f.mu.Unlock()
+	if f.starting != nil {
+		f.starting(ctx)
+	}
 	if f.create != nil {
 		defer func() {
 			if r := recover(); r != nil {
@@ -117,7 +123,10 @@ func (f *fakeSandboxes) Keepalive(_ context.Context, caller space.Caller, id str
 	return running, nil
 }
 
-func (f *fakeSandboxes) Restore(_ context.Context, caller space.Caller, id string) (*space.Sandbox, error) {
+func (f *fakeSandboxes) Restore(ctx context.Context, caller space.Caller, id string) (*space.Sandbox, error) {
+	if f.starting != nil {
+		f.starting(ctx)
+	}
 	if f.restore != nil {
 		return f.restore(caller, id)
 	}

@@ -49,6 +49,17 @@ func giveSeatBack(ctx context.Context) {
 	}
 }
 
+// seatGoesOnIdle returns ctx on which space.Idle gives the request's seat back, for
+// the calls that may wait on the substrate (a create's or a restore's start): the
+// seats bound the work a replica does at once, not the starts it waits on. ctx itself
+// when the request holds no seat.
+func seatGoesOnIdle(ctx context.Context) context.Context {
+	if st := stateFrom(ctx); st != nil && st.seat != nil {
+		return space.WithIdle(ctx, st.seat)
+	}
+	return ctx
+}
+
 func stateFrom(ctx context.Context) *requestState {
 	st, _ := ctx.Value(requestStateKey{}).(*requestState)
 	return st

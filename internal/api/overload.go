@@ -55,7 +55,7 @@ type gate struct {
 // constants named below; Seats < 0 turns the gate off.
 type GateOptions struct {
 	// Seats is how many requests may be at work at once (SPACE_MAX_IN_FLIGHT,
-	// config.DefaultMaxInFlight: 64).
+	// config.DefaultMaxInFlight: 32).
 	Seats int
 	// MaxQueue bounds the requests waiting in all (SPACE_MAX_QUEUED,
 	// config.DefaultMaxQueued: 1024), and MaxQueuePerKey those of one budget key

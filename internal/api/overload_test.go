@@ -198,6 +198,45 @@ func TestOverload(t *testing.T) {
 		}
 	})
 
+	t.Run("a create or a restore waiting on its start gives its seat to the next request in turn", func(t *testing.T) {
+		t.Parallel()
+		g := setupGated(t, GateOptions{Seats: 1, MaxWait: time.Minute})
+		starting := make(chan struct{}, 2)
+		g.sandboxes.starting = func(ctx context.Context) {
+			space.Idle(ctx) // as the service does just before the substrate's start
+			starting <- struct{}{}
+			<-g.hold("starts")
+		}
+		close(g.hold("quiet"))
+		answers := make(chan *httptest.ResponseRecorder, 2)
+		for _, path := range []string{"/v1/sandboxes", "/v1/sandboxes/" + running.ID + "/restore"} {
+			go func() {
+				answers <- g.do(g.public, "POST", path, `{"template":"python-3.12","cpu_millis":1000,"memory_mib":2048,"disk_gib":10}`)
+			}()
+			select {
+			case <-starting:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("POST %s did not reach its start: its seat was not free", path)
+			}
+			// The one seat went on: another key's request is served while the
+			// create or the restore waits on its start.
+			select {
+			case w := <-g.get(context.Background(), "quiet"):
+				if w.Code != http.StatusOK {
+					t.Fatalf("a request beside a start = %d %s", w.Code, w.Body)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("a request waited for the seat of POST %s, which waits on its start", path)
+			}
+		}
+		close(g.hold("starts"))
+		for range 2 {
+			if w := <-answers; w.Code != http.StatusCreated && w.Code != http.StatusOK {
+				t.Errorf("a create or restore that gave its seat on = %d %s", w.Code, w.Body)
+			}
+		}
+	})
+
 	t.Run("health checks, the caller's limits and the internal listener are never held", func(t *testing.T) {
 		t.Parallel()
 		g := setupGated(t, GateOptions{Seats: 1, MaxQueue: 1, MaxWait: time.Minute})

@@ -223,7 +223,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.queueCreate(w, r, caller, req)
 		return
 	}
-	sb, lease, err := s.sandboxes.Create(r.Context(), caller, req, s.places)
+	sb, lease, err := s.sandboxes.Create(seatGoesOnIdle(r.Context()), caller, req, s.places)
 	if le, ok := errors.AsType[*space.LimitError](err); ok && le.FromMemory {
 		// Refused from memory: yields to another key's request at work here, holding
 		// no seat of the gate meanwhile (a paced refusal is a parked goroutine, no
@@ -380,7 +380,7 @@ func (s *Server) restoreSandbox(w http.ResponseWriter, r *http.Request) {
 		s.enqueue(w, r, dispatcher.Request{Kind: space.OperationRestore, Client: caller.ID, SandboxID: id, IdempotencyKey: key}, operationsPath)
 		return
 	}
-	sb, err := s.sandboxes.Restore(r.Context(), caller, id)
+	sb, err := s.sandboxes.Restore(seatGoesOnIdle(r.Context()), caller, id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

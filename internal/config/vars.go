@@ -63,8 +63,14 @@ const (
 	// DefaultMaxInFlight, DefaultMaxQueued, DefaultMaxQueuedPerClient and
 	// DefaultMaxQueueWait are SPACE_MAX_IN_FLIGHT's, SPACE_MAX_QUEUED's,
 	// SPACE_MAX_QUEUED_PER_CLIENT's and SPACE_MAX_QUEUE_WAIT's (docs/operations.md,
-	// "Overload").
-	DefaultMaxInFlight        = 64
+	// "Overload"). The seats are the Postgres pool's connections (store.DefaultMaxConns,
+	// held equal by a test): a request at work beyond them waits for a connection in
+	// the pool's first-come line, where a quiet client waits behind a flooder's, instead
+	// of in the gate's turns. Measured beside a flood of 5×C (docs/benchmarks.md,
+	// "Seats as many as the pool's connections"): the quiet client's p99 halved against
+	// 64 seats, at the same capacity. A create holds no seat while its sandbox starts
+	// (space.WithIdle), so the seats bound the work, not the starts waited on.
+	DefaultMaxInFlight        = 32
 	DefaultMaxQueued          = 1024
 	DefaultMaxQueuedPerClient = 32
 	DefaultMaxQueueWait       = time.Second
@@ -120,7 +126,7 @@ func declare(c *Config) []Var {
 	)...)
 	vars = append(vars, group("Overload",
 		Var{Name: "SPACE_MAX_IN_FLIGHT", Default: strconv.Itoa(DefaultMaxInFlight), parse: into(&c.Overload.MaxInFlight, atLeast(0)),
-			Help: "Public requests at work at once on a replica; the rest wait their turn, round robin between budget keys, or are answered 503 `overloaded`. 0: no bound. Health checks and the internal listener are never held."},
+			Help: "Public requests at work at once on a replica, by default as many as its Postgres connections; the rest wait their turn, round robin between budget keys, or are answered 503 `overloaded`. A create or restore waiting for its sandbox to start holds none. 0: no bound. Health checks and the internal listener are never held."},
 		Var{Name: "SPACE_MAX_QUEUED", Default: strconv.Itoa(DefaultMaxQueued), parse: into(&c.Overload.MaxQueued, atLeast(1)),
 			Help: "Public requests that may wait for their turn, all budget keys together; one more is answered 503 at once."},
 		Var{Name: "SPACE_MAX_QUEUED_PER_CLIENT", Default: strconv.Itoa(DefaultMaxQueuedPerClient), parse: into(&c.Overload.MaxQueuedPerClient, atLeast(1)),

@@ -11,6 +11,7 @@ import (
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission"
+	"github.com/space-sandbox/space/internal/store"
 )
 
 func TestDefaultsAreTheDocumentedValues(t *testing.T) {
@@ -43,7 +44,7 @@ func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 		Lifecycle:         Lifecycle{Interval: 5 * time.Second},
 		Retention:         Retention{Sandboxes: 168 * time.Hour, Operations: 168 * time.Hour},
 		MetricsBudgetKeys: 100,
-		Overload:          Overload{MaxInFlight: 64, MaxQueued: 1024, MaxQueuedPerClient: 32, MaxQueueWait: time.Second, MaxConnections: 10000},
+		Overload:          Overload{MaxInFlight: 32, MaxQueued: 1024, MaxQueuedPerClient: 32, MaxQueueWait: time.Second, MaxConnections: 10000},
 		Kubernetes:        Kubernetes{ReadyTimeout: 2 * time.Minute, QPS: 50, Burst: 100, MountPath: "/workspace"},
 	}
 	if got := Default(); !reflect.DeepEqual(got, want) {
@@ -60,6 +61,15 @@ func TestCoalescingDefaultsAreAdmissions(t *testing.T) {
 	if d.PipelineAbove != admission.DefaultPipelineAbove || d.BatchAbove != admission.DefaultBatchAbove {
 		t.Fatalf("SPACE_REDIS_PIPELINE_ABOVE and SPACE_REDIS_BATCH_ABOVE default to %d and %d, admission's defaults are %d and %d",
 			d.PipelineAbove, d.BatchAbove, admission.DefaultPipelineAbove, admission.DefaultBatchAbove)
+	}
+}
+
+// The overload gate's seats are as many as the Postgres pool's connections by default
+// (DefaultMaxInFlight says why).
+func TestSeatsAreThePoolsConnections(t *testing.T) {
+	t.Parallel()
+	if DefaultMaxInFlight != store.DefaultMaxConns {
+		t.Fatalf("SPACE_MAX_IN_FLIGHT defaults to %d, the Postgres pool to %d connections", DefaultMaxInFlight, store.DefaultMaxConns)
 	}
 }
 

@@ -103,6 +103,10 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 
 	if slot != nil {
 		s.opts.OnClaim()
+		// The start waits on the substrate, at no cost to this replica: the
+		// request's seat of the overload gate goes to the next in turn
+		// (space.WithIdle). What is left after it is the finish, one write.
+		space.Idle(ctx)
 		ref, err := a.start(ctx, spec, slot.Ref)
 		if err == nil {
 			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
@@ -125,6 +129,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	spec.SoftBreach = charged.SoftBreach
 
 	coldBegan := s.opts.Now()
+	space.Idle(ctx) // as above: the seat goes on while the substrate starts it
 	ref, err := a.start(ctx, spec, "")
 	if space.ErrorCode(err) == space.EUNPROCESSABLE {
 		// The substrate refused what it was asked to run (the API server's validation

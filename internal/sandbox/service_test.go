@@ -246,6 +246,30 @@ func TestCreate(t *testing.T) {
 		}
 	})
 
+	t.Run("an activation is idle (space.Idle) only once it waits on the substrate: after its charge, before the start", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx := space.WithIdle(b.ctx, func() { b.events.add("idle") })
+		b.addReadySlots(t, python, 1)
+		if _, err := create(b.svc, ctx, acme(), sandbox.CreateRequest{Shape: python}); err != nil {
+			t.Fatal(err)
+		}
+		sb, err := create(b.svc, ctx, acme(), sandbox.CreateRequest{Shape: python})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.svc.Pause(b.ctx, space.Caller{ID: "acme", Key: "acme"}, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.svc.Restore(ctx, acme(), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"idle", "adopt", "charge:acme", "idle", "start_cold", "snapshot", "charge:acme", "idle", "restore"}
+		if got := b.events.list(); !equal(got, want) {
+			t.Fatalf("events = %v, want %v", got, want)
+		}
+	})
+
 	t.Run("a shape that does not resolve is refused without a charge or a sandbox", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
