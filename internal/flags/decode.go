@@ -200,14 +200,11 @@ func (d *decoder) extent() int {
 }
 
 func (d *decoder) object() (any, bool) {
-	d.pos++ // {
-	base := len(d.members)
-	d.space()
-	if d.pos < len(d.data) && d.data[d.pos] == '}' {
-		d.pos++
+	if d.open('}') {
 		return map[string]any{}, true
 	}
-	for {
+	base := len(d.members)
+	for more := true; more; {
 		d.space()
 		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
 			return nil, false
@@ -226,18 +223,9 @@ func (d *decoder) object() (any, bool) {
 			return nil, false
 		}
 		d.members = append(d.members, member{k, v})
-		d.space()
-		if d.pos >= len(d.data) {
+		if more, ok = d.next('}'); !ok {
 			return nil, false
 		}
-		if c := d.data[d.pos]; c == ',' {
-			d.pos++
-			continue
-		} else if c != '}' {
-			return nil, false
-		}
-		d.pos++
-		break
 	}
 	ms := d.members[base:]
 	m := make(map[string]any, len(ms))
@@ -250,31 +238,19 @@ func (d *decoder) object() (any, bool) {
 }
 
 func (d *decoder) array() (any, bool) {
-	d.pos++ // [
-	base := len(d.elems)
-	d.space()
-	if d.pos < len(d.data) && d.data[d.pos] == ']' {
-		d.pos++
+	if d.open(']') {
 		return []any{}, true
 	}
-	for {
+	base := len(d.elems)
+	for more := true; more; {
 		v, ok := d.value()
 		if !ok {
 			return nil, false
 		}
 		d.elems = append(d.elems, v)
-		d.space()
-		if d.pos >= len(d.data) {
+		if more, ok = d.next(']'); !ok {
 			return nil, false
 		}
-		if c := d.data[d.pos]; c == ',' {
-			d.pos++
-			continue
-		} else if c != ']' {
-			return nil, false
-		}
-		d.pos++
-		break
 	}
 	es := d.elems[base:]
 	a := make([]any, len(es))
@@ -282,6 +258,35 @@ func (d *decoder) array() (any, bool) {
 	clear(es)
 	d.elems = d.elems[:base]
 	return a, true
+}
+
+// open steps over the opening bracket at d.pos, and reports whether the closing one,
+// end, follows at once (stepped over too).
+func (d *decoder) open(end byte) bool {
+	d.pos++
+	d.space()
+	if d.pos < len(d.data) && d.data[d.pos] == end {
+		d.pos++
+		return true
+	}
+	return false
+}
+
+// next steps over what follows a member or an element: a comma (more) or the closing
+// bracket end; ok is false for anything else.
+func (d *decoder) next(end byte) (more, ok bool) {
+	d.space()
+	if d.pos < len(d.data) {
+		switch d.data[d.pos] {
+		case ',':
+			d.pos++
+			return true, true
+		case end:
+			d.pos++
+			return false, true
+		}
+	}
+	return false, false
 }
 
 // str decodes the string at d.pos (its opening quote).
