@@ -27,7 +27,8 @@ type idleContextKey struct{}
 // The API's overload gate puts there the release of the request's seat, so that the
 // seats (SPACE_MAX_IN_FLIGHT) bound the work a replica does at once, not the starts it
 // waits on: a seat held through a 300 ms start would cap a replica of 32 seats at 107
-// cold creates a second, whatever its CPU.
+// cold creates a second, whatever its CPU. (The sandbox service calls Idle once a start
+// has run 10 ms: one that returns sooner is work-like, and keeps its seat.)
 func WithIdle(ctx context.Context, idle func()) context.Context {
 	return context.WithValue(ctx, idleContextKey{}, idle)
 }

@@ -203,7 +203,7 @@ func TestOverload(t *testing.T) {
 		g := setupGated(t, GateOptions{Seats: 1, MaxWait: time.Minute})
 		starting := make(chan struct{}, 2)
 		g.sandboxes.starting = func(ctx context.Context) {
-			space.Idle(ctx) // as the service does just before the substrate's start
+			space.Idle(ctx) // as the service does once a start has waited on the substrate
 			starting <- struct{}{}
 			<-g.hold("starts")
 		}

@@ -67,9 +67,10 @@ const (
 	// held equal by a test): a request at work beyond them waits for a connection in
 	// the pool's first-come line, where a quiet client waits behind a flooder's, instead
 	// of in the gate's turns. Measured beside a flood of 5×C (docs/benchmarks.md,
-	// "Seats as many as the pool's connections"): the quiet client's p99 halved against
-	// 64 seats, at the same capacity. A create holds no seat while its sandbox starts
-	// (space.WithIdle), so the seats bound the work, not the starts waited on.
+	// "Seats as many as the pool's connections"): the quiet client's p99 71–98 ms against
+	// 133–142 at 64 seats, at the same capacity. A create whose sandbox takes over 10 ms to start
+	// gives its seat back meanwhile (space.WithIdle), so the seats bound the work, not
+	// the starts waited on.
 	DefaultMaxInFlight        = 32
 	DefaultMaxQueued          = 1024
 	DefaultMaxQueuedPerClient = 32
@@ -126,7 +127,7 @@ func declare(c *Config) []Var {
 	)...)
 	vars = append(vars, group("Overload",
 		Var{Name: "SPACE_MAX_IN_FLIGHT", Default: strconv.Itoa(DefaultMaxInFlight), parse: into(&c.Overload.MaxInFlight, atLeast(0)),
-			Help: "Public requests at work at once on a replica, by default as many as its Postgres connections; the rest wait their turn, round robin between budget keys, or are answered 503 `overloaded`. A create or restore waiting for its sandbox to start holds none. 0: no bound. Health checks and the internal listener are never held."},
+			Help: "Public requests at work at once on a replica, by default as many as its Postgres connections; the rest wait their turn, round robin between budget keys, or are answered 503 `overloaded`. A create or restore waiting over 10 ms for its sandbox to start gives its seat back. 0: no bound. Health checks and the internal listener are never held."},
 		Var{Name: "SPACE_MAX_QUEUED", Default: strconv.Itoa(DefaultMaxQueued), parse: into(&c.Overload.MaxQueued, atLeast(1)),
 			Help: "Public requests that may wait for their turn, all budget keys together; one more is answered 503 at once."},
 		Var{Name: "SPACE_MAX_QUEUED_PER_CLIENT", Default: strconv.Itoa(DefaultMaxQueuedPerClient), parse: into(&c.Overload.MaxQueuedPerClient, atLeast(1)),

@@ -246,10 +246,11 @@ func TestCreate(t *testing.T) {
 		}
 	})
 
-	t.Run("an activation is idle (space.Idle) only once it waits on the substrate: after its charge, before the start", func(t *testing.T) {
+	t.Run("a start that waits on the substrate is idle (space.Idle); one that returns at once is not", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		ctx := space.WithIdle(b.ctx, func() { b.events.add("idle") })
+		// The simulated substrate's starts return at once: warm, cold, restore.
 		b.addReadySlots(t, python, 1)
 		if _, err := create(b.svc, ctx, acme(), sandbox.CreateRequest{Shape: python}); err != nil {
 			t.Fatal(err)
@@ -264,8 +265,27 @@ func TestCreate(t *testing.T) {
 		if _, err := b.svc.Restore(ctx, acme(), sb.ID); err != nil {
 			t.Fatal(err)
 		}
-		want := []string{"idle", "adopt", "charge:acme", "idle", "start_cold", "snapshot", "charge:acme", "idle", "restore"}
+		want := []string{"adopt", "charge:acme", "start_cold", "snapshot", "charge:acme", "restore"}
 		if got := b.events.list(); !equal(got, want) {
+			t.Fatalf("events = %v, want %v and never idle", got, want)
+		}
+
+		// A cold start held at the substrate: idle once it has waited, after the
+		// charge, and the create still ends well once the start returns.
+		b2 := setup(t)
+		ctx2 := space.WithIdle(b2.ctx, func() { b2.events.add("idle") })
+		release := b2.holdColdStarts()
+		created := make(chan error, 1)
+		go func() {
+			_, err := create(b2.svc, ctx2, acme(), sandbox.CreateRequest{Shape: python})
+			created <- err
+		}()
+		waitFor(t, "the held start to be idle", func() bool { return len(b2.events.list()) == 3 })
+		close(release)
+		if err := <-created; err != nil {
+			t.Fatalf("create after an idle start = %v", err)
+		}
+		if want, got := []string{"charge:acme", "start_cold", "idle"}, b2.events.list(); !equal(got, want) {
 			t.Fatalf("events = %v, want %v", got, want)
 		}
 	})
