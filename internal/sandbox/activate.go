@@ -103,7 +103,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 
 	if slot != nil {
 		s.opts.OnClaim()
-		ref, err := startIdle(ctx, func() (string, error) { return a.start(ctx, spec, slot.Ref) })
+		ref, err := startIdle(ctx, a, spec, slot.Ref)
 		if err == nil {
 			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
 				s.logger.WarnContext(ctx, "consume adopted slot", "slot", slot.ID, "err", cerr)
@@ -125,7 +125,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	spec.SoftBreach = charged.SoftBreach
 
 	coldBegan := s.opts.Now()
-	ref, err := startIdle(ctx, func() (string, error) { return a.start(ctx, spec, "") })
+	ref, err := startIdle(ctx, a, spec, "")
 	if space.ErrorCode(err) == space.EUNPROCESSABLE {
 		// The substrate refused what it was asked to run (the API server's validation
 		// of a template's pod): no retry can serve it, so it is the caller's 422 and
@@ -165,11 +165,11 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 // connections").
 const idleAfter = 10 * time.Millisecond
 
-// startIdle runs start, calling space.Idle on ctx once it has run idleAfter.
-func startIdle(ctx context.Context, start func() (string, error)) (string, error) {
+// startIdle is a.start, calling space.Idle on ctx once it has run idleAfter.
+func startIdle(ctx context.Context, a activation, spec substrate.Spec, slotRef string) (string, error) {
 	t := time.AfterFunc(idleAfter, func() { space.Idle(ctx) })
 	defer t.Stop()
-	return start()
+	return a.start(ctx, spec, slotRef)
 }
 
 // bookTx is an activation's booking in a transaction, for one whose row must be
