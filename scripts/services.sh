@@ -181,13 +181,18 @@ on_exit() {
 # ---------------------------------------------------------------- ports
 
 # port_taken says whether a server could not listen on 127.0.0.1:$1: something
-# accepts connections there, or any TCP socket of the machine has it as its local
-# port. The defaults lie inside the kernel's ephemeral range, so an outgoing
-# connection (a test's, to Redis) may hold one, or leave it in TIME-WAIT, with no
-# listener to show it; Postgres then failed to bind ("Address already in use", in its
-# log only) although no other server was there.
+# accepts connections there, or, when $2 is "any", a TCP socket of the machine has it
+# as its local port. The defaults lie inside the kernel's ephemeral range, so an
+# outgoing connection (a test's, to Redis) may hold one, or leave it in TIME-WAIT, with
+# no listener to show it; Postgres then failed to bind ("Address already in use", in
+# its log only) although no other server was there. Only a port up chooses itself is
+# held to "any": a socket may also be the last server's own on that very port (its
+# connections closing as it stops: TIME-WAIT, FIN-WAIT), which the next server binds
+# past (SO_REUSEADDR), and /proc does not say which side it was; an explicit port is
+# tried unless something listens there.
 port_taken() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+  [ "${2:-}" = any ] || return 1
   local hex
   hex=$(printf ':%04X' "$1")
   awk -v p="$hex" 'FNR > 1 && substr($2, length($2) - 4) == p { found = 1; exit } END { exit !found }' \
@@ -207,7 +212,7 @@ free_ports() {
     base=$((12000 + RANDOM % span))
     ok=1
     for i in $(seq 0 $((n - 1))); do
-      if port_taken $((base + i)) || port_taken $((base + i + 10000)); then ok=0; break; fi
+      if port_taken $((base + i)) any || port_taken $((base + i + 10000)) any; then ok=0; break; fi
     done
     if [ $ok -eq 1 ]; then
       seq "$base" $((base + n - 1)) | tr '\n' ' '
@@ -218,12 +223,16 @@ free_ports() {
 }
 
 # choose_port VAR NAME EXPLICIT: when the port in VAR is held by another process and
-# was not set explicitly, move VAR to a free one.
+# was not set explicitly, move VAR to a free one (away from any socket on it: moving
+# costs nothing). An explicit port is tried unless something listens there.
 choose_port() {
   local var=$1 name=$2 explicit=$3 port
   port=${!var}
-  port_taken "$port" || return 0
-  [ -z "$explicit" ] || die "$name: port $port is taken (set explicitly); free it or choose another"
+  if [ -n "$explicit" ]; then
+    port_taken "$port" || return 0
+    die "$name: port $port is taken (set explicitly); free it or choose another"
+  fi
+  port_taken "$port" any || return 0
   local free
   free=$(free_ports 1)
   free=${free% }
@@ -626,12 +635,14 @@ cluster_ok() {
 }
 
 cluster_up() {
-  local p d name taken=() adopted=()
+  local p d name taken=() adopted=() any=any
   # A port is free for the cluster unless something other than this checkout's node
-  # for it holds the port or its bus port (+10000).
+  # for it holds the port or its bus port (+10000); explicit ports are tried unless
+  # something listens there (port_taken).
+  [ -z "${SPACE_SERVICES_CLUSTER_PORTS:-}" ] || any=
   for p in "${cluster_ports[@]}"; do
     own_pid "cluster-$p" >/dev/null && continue
-    if port_taken "$p" || port_taken $((p + 10000)); then taken+=("$p"); fi
+    if port_taken "$p" $any || port_taken $((p + 10000)) $any; then taken+=("$p"); fi
   done
   if [ ${#taken[@]} -gt 0 ]; then
     local which="ports ${taken[*]}"
