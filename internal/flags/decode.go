@@ -86,8 +86,7 @@ type member struct {
 }
 
 func (d *decoder) document() (map[string]any, bool) {
-	d.space()
-	if d.pos >= len(d.data) || d.data[d.pos] != '{' {
+	if !d.at('{') {
 		return nil, false
 	}
 	v, ok := d.composite()
@@ -99,6 +98,12 @@ func (d *decoder) document() (map[string]any, bool) {
 		return nil, false
 	}
 	return v.(map[string]any), true
+}
+
+// at steps over white space and reports whether c comes next (not stepped over).
+func (d *decoder) at(c byte) bool {
+	d.space()
+	return d.pos < len(d.data) && d.data[d.pos] == c
 }
 
 func (d *decoder) space() {
@@ -205,16 +210,14 @@ func (d *decoder) object() (any, bool) {
 	}
 	base := len(d.members)
 	for more := true; more; {
-		d.space()
-		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
+		if !d.at('"') {
 			return nil, false
 		}
 		k, ok := d.str()
 		if !ok {
 			return nil, false
 		}
-		d.space()
-		if d.pos >= len(d.data) || d.data[d.pos] != ':' {
+		if !d.at(':') {
 			return nil, false
 		}
 		d.pos++
