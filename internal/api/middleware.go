@@ -2,15 +2,17 @@ package api
 
 import (
 	"context"
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -27,7 +29,8 @@ type requestStateKey struct{}
 // once by requestID: its id, and the caller identify resolved. Each handler step reads
 // and fills it in place, so that a request is copied (http.Request.WithContext) once
 // on its way in, not at every step; the request log written after the handler reads
-// it from the outer context. Only the request's own goroutine touches it.
+// it from the outer context. Only the request's own goroutine touches it, but for
+// seatHeld.
 type requestState struct {
 	id         string
 	caller     space.Caller
@@ -35,17 +38,36 @@ type requestState struct {
 	// answered is when the answer was flushed before the handler returned (see
 	// keptUntilAnswered); zero when it ends with the handler.
 	answered time.Time
-	// seat gives back the request's seat of the overload gate (admitSeat) before the
-	// handler ends, once; nil when it holds none.
-	seat func()
+	// seatOf is the overload gate whose seat the request holds (admitSeat), nil when
+	// it holds none; seatHeld is true until giveSeat gives it back, once, from
+	// whichever goroutine comes first (the handler's, or the one waiting on a start:
+	// seatGoesOnIdle).
+	seatOf   *gate
+	seatHeld atomic.Bool
+	// idHeader is the X-Request-Id header's value slice, kept here so that setting
+	// the header costs no allocation of its own.
+	idHeader [1]string
 }
 
 // giveSeatBack gives the request's seat of the overload gate back now, to the next
 // request in turn, when the rest of its work is no work at all: a refusal from memory
 // waiting out its pace. Once; nothing when the request holds no seat.
 func giveSeatBack(ctx context.Context) {
-	if st := stateFrom(ctx); st != nil && st.seat != nil {
-		st.seat()
+	if st := stateFrom(ctx); st != nil {
+		st.giveSeat()
+	}
+}
+
+// holdSeat records the seat of g the request was given.
+func (st *requestState) holdSeat(g *gate) {
+	st.seatOf = g
+	st.seatHeld.Store(true)
+}
+
+// giveSeat gives the request's seat back to its gate, once; nothing when it holds none.
+func (st *requestState) giveSeat() {
+	if st.seatHeld.CompareAndSwap(true, false) {
+		st.seatOf.release()
 	}
 }
 
@@ -54,8 +76,8 @@ func giveSeatBack(ctx context.Context) {
 // seats bound the work a replica does at once, not the starts it waits on. ctx itself
 // when the request holds no seat.
 func seatGoesOnIdle(ctx context.Context) context.Context {
-	if st := stateFrom(ctx); st != nil && st.seat != nil {
-		return space.WithIdle(ctx, st.seat)
+	if st := stateFrom(ctx); st != nil && st.seatHeld.Load() {
+		return space.WithIdle(ctx, st.giveSeat)
 	}
 	return ctx
 }
@@ -82,14 +104,25 @@ func requestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get(headerRequestID)
 		if !saneToken(id, 64) {
-			var b [8]byte
-			_, _ = rand.Read(b[:])
-			id = hex.EncodeToString(b[:])
+			id = newRequestID()
 		}
-		w.Header()[headerRequestID] = []string{id}
 		st := &requestState{id: id}
+		st.idHeader[0] = id
+		w.Header()[headerRequestID] = st.idHeader[:]
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestStateKey{}, st)))
 	})
+}
+
+// newRequestID is 16 hex digits of the runtime's generator (math/rand/v2: ChaCha8,
+// seeded from the kernel, per thread, no lock): an id must be unique among a
+// replica's and its peers' requests, not secret, and crypto/rand's Read was 1% of a
+// refusal's CPU (docs/benchmarks.md, "A refusal's chain").
+func newRequestID() string {
+	var raw [8]byte
+	binary.BigEndian.PutUint64(raw[:], rand.Uint64())
+	var b [16]byte
+	hex.Encode(b[:], raw[:])
+	return string(b[:])
 }
 
 // saneToken reports whether s is 1..max characters of [A-Za-z0-9._-], the only shape of

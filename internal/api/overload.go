@@ -117,19 +117,19 @@ func newGate(opts GateOptions, reg prometheus.Registerer) *gate {
 	return g
 }
 
-// acquire takes a seat for a request of key, waiting its turn when none is free. It
-// returns the release to call once the request's work is done, or the reason the
-// request is shed.
-func (g *gate) acquire(ctx context.Context, key space.ClientKey) (func(), string) {
+// acquire takes a seat for a request of key, waiting its turn when none is free: ""
+// when it has one, to give back with release once the request's work is done, or the
+// reason the request is shed.
+func (g *gate) acquire(ctx context.Context, key space.ClientKey) string {
 	g.mu.Lock()
 	if g.inUse < g.opts.Seats && g.queued == 0 {
 		g.inUse++
 		g.mu.Unlock()
-		return g.release, ""
+		return ""
 	}
 	if g.queued >= g.opts.MaxQueue || len(g.waiting[key]) >= g.opts.MaxQueuePerKey {
 		g.mu.Unlock()
-		return nil, shedQueueFull
+		return shedQueueFull
 	}
 	w := &waiter{given: make(chan struct{})}
 	if len(g.waiting[key]) == 0 {
@@ -146,7 +146,7 @@ func (g *gate) acquire(ctx context.Context, key space.ClientKey) (func(), string
 	select {
 	case <-w.given:
 		g.waited.Observe(time.Since(began).Seconds())
-		return g.release, ""
+		return ""
 	case <-timer.C:
 		reason = shedQueueWait
 	case <-ctx.Done():
@@ -158,10 +158,10 @@ func (g *gate) acquire(ctx context.Context, key space.ClientKey) (func(), string
 	if w.done {
 		// Handed a seat as it gave up: the seat goes on to the next in turn.
 		g.handOn()
-		return nil, reason
+		return reason
 	}
 	g.remove(key, w)
-	return nil, reason
+	return reason
 }
 
 // release gives a seat back: to the next key in turn when any waits.
@@ -224,7 +224,7 @@ func (s *Server) admitSeat(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		release, shed := s.gate.acquire(r.Context(), callerFrom(r.Context()).Key)
+		shed := s.gate.acquire(r.Context(), callerFrom(r.Context()).Key)
 		if shed != "" {
 			s.gate.shed.WithLabelValues(shed).Inc()
 			if shed == shedCallerGone {
@@ -238,13 +238,14 @@ func (s *Server) admitSeat(next http.Handler) http.Handler {
 			})
 			return
 		}
-		// The handler may give the seat back before it ends (giveSeatBack): once.
-		var once sync.Once
-		back := func() { once.Do(release) }
-		if st := stateFrom(r.Context()); st != nil {
-			st.seat = back
+		// The handler may give the seat back before it ends (giveSeatBack, space.Idle
+		// from the goroutine that waits on a start): once.
+		st := stateFrom(r.Context())
+		if st == nil {
+			st = &requestState{}
 		}
-		defer back()
+		st.holdSeat(s.gate)
+		defer st.giveSeat()
 		next.ServeHTTP(w, r)
 	})
 }

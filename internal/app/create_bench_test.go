@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -102,3 +103,56 @@ func BenchmarkCreate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRefusalHandler is one refusal from memory through the public handler alone,
+// no socket and no net/http server: the CPU and allocations of the chain itself
+// (request id, metrics, identity, seat, body, the known refusal, the 429's headers and
+// body), which BenchmarkCreate/rejected's figures spread among loopback and the client.
+//
+//	go test -run '^$' -bench RefusalHandler -benchmem -cpuprofile cpu.out ./internal/app/
+func BenchmarkRefusalHandler(b *testing.B) {
+	const quota = `{"clients": {"bench": {"concurrency": 0, "live_sandboxes": 0}}, "rate": {"bench": {"refill_rps": 0, "burst": 1}}}`
+	cfg := config.Default()
+	cfg.HTTPAddr, cfg.InternalHTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.DatabaseURL = testenv.DatabaseURL(b)
+	cfg.Redis.Addrs = []string{testenv.RedisAddr(b)}
+	cfg.Sandbox.TemplatesFile = testenv.WriteFile(b, "templates.json", testTemplates)
+	cfg.Auth.Mode = config.AuthTrustedHeader
+	cfg.Auth.TrustedProxyCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	cfg.Flags.File = testenv.WriteFile(b, "flags.json", quotaFlags(quota, ""))
+	cfg.Admission.Cluster = space.Rate{RefillRPS: 1e6, Burst: 1e6}
+	m := NewMain(cfg, NewLogger(io.Discard, "info"))
+	m.RedisPrefix = testenv.Prefix(b)
+	if err := m.Run(testenv.Context(b)); err != nil {
+		m.Close()
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m.Close() })
+	h := m.API.Public()
+	create := func() int {
+		req := httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(`{"template":"python-3.12","cpu_millis":500,"memory_mib":1024,"disk_gib":5}`))
+		req.RemoteAddr = "127.0.0.1:40000"
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Client-ID", "bench")
+		w := &statusWriter{h: http.Header{}}
+		h.ServeHTTP(w, req)
+		return w.status
+	}
+	create() // the client's one token
+	b.ReportAllocs()
+	for b.Loop() {
+		if status := create(); status != http.StatusTooManyRequests {
+			b.Fatalf("status %d, want 429", status)
+		}
+	}
+}
+
+// statusWriter is a ResponseWriter that keeps the status and drops the body.
+type statusWriter struct {
+	h      http.Header
+	status int
+}
+
+func (w *statusWriter) Header() http.Header         { return w.h }
+func (w *statusWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *statusWriter) WriteHeader(status int)      { w.status = status }

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"fmt"
 	"math"
-	"regexp"
 	"strings"
 	"unicode/utf8"
 
@@ -59,7 +58,18 @@ const (
 	maxMetadataValLen = 256
 )
 
-var templateName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+// templateName reports whether s is a template's name: a letter or digit, then
+// letters, digits, '.', '_' or '-' (^[A-Za-z0-9][A-Za-z0-9._-]*$, which a regexp
+// matched in a tenth of a microsecond more on every create: TestTemplateName).
+func templateName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || i > 0 && (c == '.' || c == '_' || c == '-')) {
+			return false
+		}
+	}
+	return s != ""
+}
 
 // ValidateCreate checks a create request's shape and metadata, the first check of a create:
 // an EINVALID error naming the field, before any limit or bucket is touched. Whether
@@ -68,7 +78,7 @@ func ValidateCreate(shape space.Shape, metadata map[string]string) error {
 	switch {
 	case shape.Template == "":
 		return space.FieldError(space.EINVALID, "template", "is required")
-	case len(shape.Template) > maxTemplateLen || !templateName.MatchString(shape.Template):
+	case len(shape.Template) > maxTemplateLen || !templateName(shape.Template):
 		return space.FieldError(space.EINVALID, "template", "must be 1-%d letters, digits, '.', '_' or '-'", maxTemplateLen)
 	}
 	for _, f := range []struct {

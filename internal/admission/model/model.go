@@ -733,6 +733,11 @@ func (o *Outage) Decide(lim Limits, c space.Charge, now float64) Decision {
 // lim (rules 5 and 6): every source it may draw on full, less what each keeps. A cost
 // above it is refused for ever; the activation flow answers it 422 at once instead.
 func Most(lim Limits, tier string) float64 {
+	if lim.Reservations == nil {
+		// plan's one source, the cluster bucket, of which a charge without a floor
+		// keeps nothing: no state to build, as every create asks this.
+		return RateOf(lim.Cluster).Burst
+	}
 	return plan(NewState(), lim, space.Charge{Tier: tier}, 0).most()
 }
 

@@ -124,6 +124,39 @@ func TestBuckets(t *testing.T) {
 	})
 }
 
+// TestMost holds Most to what Decide admits on a fresh state: the largest cost is
+// admitted, one more is refused for ever, with reserves and without (whose answer
+// Most gives without building a state).
+func TestMost(t *testing.T) {
+	t.Parallel()
+
+	for _, c := range []struct {
+		name string
+		lim  Limits
+		tier string
+	}{
+		{"without reservations, the cluster bucket's burst", Limits{Cluster: space.Rate{RefillRPS: 10, Burst: 7}}, ""},
+		{"without reservations, whatever the tier", Limits{Cluster: space.Rate{RefillRPS: 0, Burst: 3}}, "pro"},
+		{"with reserves, what the tier may draw", tiers(), "pro"},
+		{"with reserves, for a tier with none of its own", tiers(), "free"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			most := Most(c.lim, c.tier)
+			if most != math.Trunc(most) || most < 1 {
+				t.Fatalf("Most = %v, want a whole cost of at least 1", most)
+			}
+			now := 1000 * second
+			if d := Decide(NewState(), c.lim, space.Charge{Tier: c.tier, Cost: int(most)}, true, now); !d.Admitted {
+				t.Errorf("a cost of Most (%v) on a fresh state = %+v, want admitted", most, d)
+			}
+			if d := Decide(NewState(), c.lim, space.Charge{Tier: c.tier, Cost: int(most) + 1}, true, now); d.Admitted || !math.IsInf(d.RetryAfter, 1) {
+				t.Errorf("a cost of Most+1 (%v) on a fresh state = %+v, want refused for ever", most+1, d)
+			}
+		})
+	}
+}
+
 func TestSoftLimits(t *testing.T) {
 	t.Parallel()
 
