@@ -65,26 +65,47 @@ func (b *bundle) flood() *flood {
 	return f
 }
 
+// proAsk is one of paced's charges: when it was sent, when it was answered, and
+// whether it was admitted.
+type proAsk struct {
+	sent, answered time.Time
+	admitted       bool
+}
+
 // paced charges n times as a pro client, one ask at each tick of gap, and returns
-// when each ask was made and whether it was admitted. A count, not a duration: a
-// loaded machine drops ticks, and asks slower than gap are still within pro's rate.
-func (b *bundle) paced(gap time.Duration, n int) (at []time.Time, admitted []bool) {
+// each ask. A count, not a duration: a loaded machine drops ticks, and asks slower
+// than gap are still within pro's rate.
+func (b *bundle) paced(gap time.Duration, n int) []proAsk {
 	b.t.Helper()
 	proRate := &space.Rate{RefillRPS: 100, Burst: 100}
 	tick := time.NewTicker(gap)
 	defer tick.Stop()
+	var asks []proAsk
 	for i := 0; i < n; i++ {
 		if i > 0 {
 			<-tick.C
 		}
+		sent := time.Now()
 		_, err := b.adm.Charge(b.ctx, space.Charge{Key: "pro-client", Rate: proRate, Tier: "pro", Cost: 1})
 		var le *space.LimitError
 		if err != nil && !errors.As(err, &le) {
 			b.t.Fatal(err)
 		}
-		at, admitted = append(at, time.Now()), append(admitted, err == nil)
+		asks = append(asks, proAsk{sent: sent, answered: time.Now(), admitted: err == nil})
 	}
-	return at, admitted
+	return asks
+}
+
+// proInterval is pro's reserve interval (burst/rate): a tier with no ask for that long
+// is idle (model rule 7), and the flood may borrow its whole reserve meanwhile.
+var proInterval = time.Duration(float64(time.Second) * float64(floodReserve.Reserves[0].Rate.Burst) / floodReserve.Reserves[0].Rate.RefillRPS)
+
+// afterIdle reports whether pro may have been idle when asks[i] was decided: the
+// ask before it was sent at least proInterval before this one was answered. Only a
+// machine that stalls the asking goroutine for that long makes such a gap; the first
+// ask after it may find the reserve lent out, which the model allows.
+func afterIdle(asks []proAsk, i int) bool {
+	return i > 0 && asks[i].answered.Sub(asks[i-1].sent) >= proInterval
 }
 
 func TestReservedCapacityUnderFlood(t *testing.T) {
@@ -110,25 +131,31 @@ func TestReservedCapacityUnderFlood(t *testing.T) {
 		topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
 			b := reservedSetupRefilling(t, rdb)
 			start := time.Now()
-			at, admitted := b.paced(proGap, 1) // one ask: pro is active before the flood
+			asks := b.paced(proGap, 1) // one ask: pro is active before the flood
 			f := b.flood()
-			more, moreAdmitted := b.paced(proGap, 24) // 3.3 s and more
+			asks = append(asks, b.paced(proGap, 24)...) // 3.3 s and more
 			f.stop()
 			elapsed := time.Since(start)
-			at, admitted = append(at, more...), append(admitted, moreAdmitted...)
-			refused := 0
-			for _, ok := range admitted {
-				if !ok {
-					refused++
+			atRate := 0
+			for i, a := range asks {
+				switch {
+				case afterIdle(asks, i):
+					if !a.admitted {
+						t.Logf("pro's ask %d, %v after the one before was sent, refused: pro was idle", i, a.answered.Sub(asks[i-1].sent))
+					}
+				case !a.admitted:
+					t.Fatalf("pro's ask %d, %v after the one before was sent, refused: want every ask at its reserved rate admitted", i, a.answered.Sub(asks[i-1].sent))
+				default:
+					atRate++
 				}
 			}
-			if refused > 0 {
-				t.Fatalf("pro: %d of its %d asks refused, want none", refused, len(at))
+			if atRate < len(asks)/2 {
+				t.Fatalf("only %d of pro's %d asks came at its rate: the machine stalled the test", atRate, len(asks))
 			}
 			if f.admitted.Load() < 30 {
 				t.Fatalf("the flood was admitted %d times in %v: it did not flood", f.admitted.Load(), elapsed)
 			}
-			within(t, f.admitted.Load()+int64(len(at)), elapsed)
+			within(t, f.admitted.Load()+int64(len(asks)), elapsed)
 		})
 	})
 
@@ -153,15 +180,14 @@ func TestReservedCapacityUnderFlood(t *testing.T) {
 					got, window, shared, cluster)
 			}
 
-			at, admitted := b.paced(proGap, 24)
+			asks := b.paced(proGap, 24)
 			f.stop()
-			interval := time.Duration(float64(time.Second) * float64(floodReserve.Reserves[0].Rate.Burst) / floodReserve.Reserves[0].Rate.RefillRPS)
 			late := 0
-			for i := range at {
-				if at[i].Sub(at[0]) > interval {
+			for i, a := range asks {
+				if a.answered.Sub(asks[0].answered) > proInterval && !afterIdle(asks, i) {
 					late++
-					if !admitted[i] {
-						t.Fatalf("pro's ask %v after its first was refused: want its reserved rate back within %v", at[i].Sub(at[0]), interval)
+					if !a.admitted {
+						t.Fatalf("pro's ask %v after its first was refused: want its reserved rate back within %v", a.answered.Sub(asks[0].answered), proInterval)
 					}
 				}
 			}
