@@ -19,7 +19,7 @@ var goBenchmarks = []struct{ Pkg, Pattern string }{
 	{"./internal/flags", "^BenchmarkResolve$"},
 	{"./internal/admission", "^(BenchmarkAdmit|BenchmarkConcurrencyAcquire)$"},
 	{"./internal/sandbox", "^BenchmarkCreate$"},
-	{"./internal/app", "^BenchmarkCreate$"},
+	{"./internal/app", "^(BenchmarkCreate|BenchmarkRefusalHandler)$"},
 	// Not a hot path: the queue's fairness scenario, one run of seconds (see its doc).
 	{"./internal/dispatcher", "^BenchmarkFairQueue$"},
 }
