@@ -48,24 +48,7 @@ func BenchmarkCreate(b *testing.B) {
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
-			cfg := config.Default()
-			cfg.HTTPAddr, cfg.InternalHTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
-			cfg.DatabaseURL = testenv.DatabaseURL(b)
-			cfg.Redis.Addrs = []string{testenv.RedisAddr(b)}
-			cfg.Sandbox.TemplatesFile = testenv.WriteFile(b, "templates.json", testTemplates)
-			cfg.Auth.Mode = config.AuthTrustedHeader
-			cfg.Auth.TrustedProxyCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
-			cfg.Flags.File = testenv.WriteFile(b, "flags.json", quotaFlags(c.quota, ""))
-			cfg.Flags.FallbackTier = "free"
-			cfg.Admission.Enabled = c.admission
-			cfg.Admission.Cluster = space.Rate{RefillRPS: 1e6, Burst: 1e6}
-			m := NewMain(cfg, NewLogger(io.Discard, "info"))
-			m.RedisPrefix = testenv.Prefix(b)
-			if err := m.Run(testenv.Context(b)); err != nil {
-				m.Close()
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { m.Close() })
+			m := benchMain(b, c.quota, c.admission)
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
 			create := func() (int, error) {
 				req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, m.PublicURL()+"/v1/sandboxes", strings.NewReader(`{"template":"python-3.12","cpu_millis":500,"memory_mib":1024,"disk_gib":5}`))
@@ -112,23 +95,7 @@ func BenchmarkCreate(b *testing.B) {
 //	go test -run '^$' -bench RefusalHandler -benchmem -cpuprofile cpu.out ./internal/app/
 func BenchmarkRefusalHandler(b *testing.B) {
 	const quota = `{"clients": {"bench": {"concurrency": 0, "live_sandboxes": 0}}, "rate": {"bench": {"refill_rps": 0, "burst": 1}}}`
-	cfg := config.Default()
-	cfg.HTTPAddr, cfg.InternalHTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.DatabaseURL = testenv.DatabaseURL(b)
-	cfg.Redis.Addrs = []string{testenv.RedisAddr(b)}
-	cfg.Sandbox.TemplatesFile = testenv.WriteFile(b, "templates.json", testTemplates)
-	cfg.Auth.Mode = config.AuthTrustedHeader
-	cfg.Auth.TrustedProxyCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
-	cfg.Flags.File = testenv.WriteFile(b, "flags.json", quotaFlags(quota, ""))
-	cfg.Admission.Cluster = space.Rate{RefillRPS: 1e6, Burst: 1e6}
-	m := NewMain(cfg, NewLogger(io.Discard, "info"))
-	m.RedisPrefix = testenv.Prefix(b)
-	if err := m.Run(testenv.Context(b)); err != nil {
-		m.Close()
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { m.Close() })
-	h := m.API.Public()
+	h := benchMain(b, quota, true).API.Public()
 	create := func() int {
 		req := httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(`{"template":"python-3.12","cpu_millis":500,"memory_mib":1024,"disk_gib":5}`))
 		req.RemoteAddr = "127.0.0.1:40000"
@@ -145,6 +112,31 @@ func BenchmarkRefusalHandler(b *testing.B) {
 			b.Fatalf("status %d, want 429", status)
 		}
 	}
+}
+
+// benchMain starts a Main for the create benchmarks: trusted_header identity from
+// loopback, the quota flag given, the floor tier "free", a cluster bucket no run
+// empties, admission on or off.
+func benchMain(b *testing.B, quota string, admission bool) *Main {
+	cfg := config.Default()
+	cfg.HTTPAddr, cfg.InternalHTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.DatabaseURL = testenv.DatabaseURL(b)
+	cfg.Redis.Addrs = []string{testenv.RedisAddr(b)}
+	cfg.Sandbox.TemplatesFile = testenv.WriteFile(b, "templates.json", testTemplates)
+	cfg.Auth.Mode = config.AuthTrustedHeader
+	cfg.Auth.TrustedProxyCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	cfg.Flags.File = testenv.WriteFile(b, "flags.json", quotaFlags(quota, ""))
+	cfg.Flags.FallbackTier = "free"
+	cfg.Admission.Enabled = admission
+	cfg.Admission.Cluster = space.Rate{RefillRPS: 1e6, Burst: 1e6}
+	m := NewMain(cfg, NewLogger(io.Discard, "info"))
+	m.RedisPrefix = testenv.Prefix(b)
+	if err := m.Run(testenv.Context(b)); err != nil {
+		m.Close()
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m.Close() })
+	return m
 }
 
 // statusWriter is a ResponseWriter that keeps the status and drops the body.
