@@ -136,8 +136,11 @@ func TestIdempotencyKeyOnASynchronousCreate(t *testing.T) {
 
 	t.Run("a create refused for its rate is tried again by its retry, and charged once it is admitted", func(t *testing.T) {
 		t.Parallel()
+		// A token every 4 s: the keyed create is refused unless the machine stalls the
+		// test that long between the two (make test-stress once stalled it past the
+		// half second of a 2/s rate); the retry waits for the next token.
 		s := startServer(t, e2eOptions{quota: `{"clients": {"acme": {"concurrency": 50, "live_sandboxes": 100}},
-			"rate": {"acme": {"refill_rps": 2, "burst": 1}}}`})
+			"rate": {"acme": {"refill_rps": 0.25, "burst": 1}}}`})
 		s.create("acme", pythonBody) // the one token
 		r := s.keyed("acme", pythonBody, "retry-me")
 		if r.StatusCode != http.StatusTooManyRequests || r.Header.Get("Retry-After") == "" {
