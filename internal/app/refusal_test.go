@@ -55,7 +55,7 @@ func TestRefusalsWithoutRedis(t *testing.T) {
 		}
 	})
 
-	t.Run("a flag raising the rate admits the client as soon as the new rate is in service", func(t *testing.T) {
+	t.Run("a flag raising the rate admits the client at once", func(t *testing.T) {
 		t.Parallel()
 		reloaded := make(chan flags.ReloadResult, 8)
 		cfg := testConfig(t)
@@ -79,15 +79,9 @@ func TestRefusalsWithoutRedis(t *testing.T) {
 		if r := <-reloaded; r.Err != nil {
 			t.Fatal(r.Err)
 		}
-		// The reload's signal comes as the file is swapped in; the new quota value is
-		// parsed on the OpenFeature event's goroutine, and a request meeting it
-		// meanwhile is served the value parsed last (flags.Resolver's parse). In
-		// service is what /v1/limits says: from then on, no refusal in memory and no
-		// bucket of the old rate may hold the client back.
-		testenv.Eventually(t, 10*time.Second, "the raised rate in /v1/limits", func() bool {
-			l := s.limits("acme")
-			return l.ClientRate.BucketBody != nil && l.ClientRate.RefillRPS == 100000
-		})
+		// The reload's signal comes once the new quota value is parsed
+		// (flags.Resolver.Prepare): the next create meets the raised rate, and no
+		// refusal in memory nor bucket of the old rate may hold the client back.
 		if n, p := s.admitted("acme", 1); n != 1 {
 			t.Fatalf("after the rate was raised: refused %+v", p)
 		}

@@ -48,9 +48,13 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 	}
 	m.Templates = templates
 
-	flagClient, version, err := m.flags(ctx)
+	flagClient, provider, err := m.flags(ctx)
 	if err != nil {
 		return opts, err
+	}
+	var version func() uint64
+	if provider != nil {
+		version = provider.Version
 	}
 	m.Resolver = flags.NewResolver(flags.ResolverOptions{
 		Client:     flagClient,
@@ -59,6 +63,11 @@ func (m *Main) domain(ctx context.Context) (api.Options, error) {
 		Logger:     m.Logger,
 		Registerer: m.Registry,
 	})
+	if provider != nil {
+		// A new quota flag is parsed before the file is in service, so that a reload's
+		// signal (OnFlagsReload) means its limits are what requests meet.
+		provider.Prepare(m.Resolver.Prepare)
+	}
 
 	// The roster of live replicas, in Postgres: how many share the cluster bucket, so
 	// that while Redis cannot decide each fails open within its share of it.
@@ -224,8 +233,8 @@ func (m *Main) flagsEnv() flags.Env {
 
 // flags sets up the OpenFeature provider of SPACE_FLAGS_FILE under a domain of this
 // Main's own (several Mains share a process in tests) and returns its client and the
-// version of the flags it serves; nil when no file is configured.
-func (m *Main) flags(ctx context.Context) (*openfeature.Client, func() uint64, error) {
+// provider; nil when no file is configured.
+func (m *Main) flags(ctx context.Context) (*openfeature.Client, *flags.FileProvider, error) {
 	if m.Config.Flags.File == "" {
 		return nil, nil, nil
 	}
@@ -250,7 +259,7 @@ func (m *Main) flags(ctx context.Context) (*openfeature.Client, func() uint64, e
 		provider.Shutdown()
 		return nil
 	})
-	return openfeature.NewClient(domain), provider.Version, nil
+	return openfeature.NewClient(domain), provider, nil
 }
 
 func (m *Main) poolTargets(ctx context.Context) ([]pool.Target, error) {

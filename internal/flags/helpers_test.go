@@ -36,6 +36,7 @@ type config struct {
 	poll       time.Duration // 0: testPoll
 	validators map[string]func(any) error
 	provider   openfeature.FeatureProvider // replaces the file provider in the API
+	unprepared bool                        // the file provider does not prepare values for the resolver
 }
 
 type option func(*config)
@@ -44,6 +45,7 @@ func withEnv(env Env) option                            { return func(c *config)
 func asConfigMap() option                               { return func(c *config) { c.configMap = true } }
 func withPoll(d time.Duration) option                   { return func(c *config) { c.poll = d } }
 func withProvider(p openfeature.FeatureProvider) option { return func(c *config) { c.provider = p } }
+func unprepared() option                                { return func(c *config) { c.unprepared = true } }
 
 // fixture is one test's flags file, provider, OpenFeature API of its own (isolated:
 // nothing global, so tests run in parallel), resolver, logs, clock and metrics.
@@ -140,6 +142,9 @@ func setup(t testing.TB, file string, opts ...option) *fixture {
 		ropts.Version = p.Version
 	}
 	f.resolver = NewResolver(ropts)
+	if c.provider == nil && !c.unprepared {
+		p.Prepare(f.resolver.Prepare) // as space-api builds it
+	}
 	return f
 }
 

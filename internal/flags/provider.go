@@ -107,6 +107,8 @@ type FileProvider struct {
 	events chan openfeature.Event
 	// version counts the flag sets served: it moves on after each new set is in service.
 	version atomic.Uint64
+	// prepare is Prepare's function; nil when none.
+	prepare atomic.Pointer[func(key string, value any)]
 
 	reloadMu sync.Mutex // serializes Reload's check and its report
 
@@ -151,7 +153,11 @@ func NewFileProvider(opts FileProviderOptions) (*FileProvider, error) {
 	p.file, err = reload.Open(reload.Options[map[string]*flag]{
 		Path: p.path, What: "flags file", Metric: "space_flags", Registerer: opts.Registerer, Logger: p.log,
 		Parse: func(data []byte) (map[string]*flag, error) {
-			return parseFlagsFile(data, p.validators, func(msg string) { p.log.Warn("flags file: "+msg, "path", p.path) })
+			fs, err := parseFlagsFile(data, p.validators, func(msg string) { p.log.Warn("flags file: "+msg, "path", p.path) })
+			if err == nil {
+				p.prepareAll(fs)
+			}
+			return fs, err
 		},
 	})
 	if err != nil {
@@ -163,6 +169,36 @@ func NewFileProvider(opts FileProviderOptions) (*FileProvider, error) {
 func (p *FileProvider) flags() map[string]*flag {
 	f, _ := p.file.Current()
 	return f
+}
+
+// Prepare has fn given the value each enabled flag of every new flags file will serve,
+// on the reload's goroutine, once the file has passed every check and before it is
+// put in service: Version, OnReload and the configuration-changed event all come after
+// fn has returned. It is for Resolver.Prepare, so that a new quota flag is parsed
+// before any request meets it and a reload's signal means its limits are in service.
+// fn must not block for long (the next poll waits for it) nor call Reload. A later
+// call replaces fn; nil removes it. A file loaded before Prepare is called (the first,
+// by NewFileProvider) is not given to it.
+func (p *FileProvider) Prepare(fn func(key string, value any)) {
+	if fn == nil {
+		p.prepare.Store(nil)
+		return
+	}
+	p.prepare.Store(&fn)
+}
+
+// prepareAll gives Prepare's function the value of every enabled flag of fs, a set of
+// flags about to be put in service.
+func (p *FileProvider) prepareAll(fs map[string]*flag) {
+	fn := p.prepare.Load()
+	if fn == nil {
+		return
+	}
+	for key, f := range fs {
+		if f.enabled && f.variant != "" {
+			(*fn)(key, f.value)
+		}
+	}
 }
 
 // Version is the version of the flags in service: it changes once a reload has put a

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -283,6 +284,50 @@ func TestFileProviderReload(t *testing.T) {
 		}
 		if got := f.acmeBurst(); got != 40 {
 			t.Errorf("burst = %d, want the last good 40", got)
+		}
+	})
+
+	t.Run("a new file's served values are prepared before the file is in service, a refused file's never", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, quotaFile(goodQuota), unprepared())
+		type prepared struct {
+			key     string
+			value   any
+			version uint64 // the provider's version as the value was prepared
+		}
+		var mu sync.Mutex
+		var got []prepared
+		f.provider.Prepare(func(key string, value any) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, prepared{key, value, f.provider.Version()})
+		})
+		before := f.provider.Version()
+		content := `{"flags": {
+			"` + QuotaFlag + `": {"state": "ENABLED", "variants": {"on": ` + otherQuota + `}, "defaultVariant": "on"},
+			"off": {"state": "DISABLED", "variants": {"on": true}, "defaultVariant": "on"},
+			"bare": {"state": "ENABLED", "variants": {"on": true}}}}`
+		f.writeAtomic(content)
+		f.waitLoaded(content)
+		mu.Lock()
+		if len(got) != 1 || got[0].key != QuotaFlag || got[0].version != before {
+			t.Fatalf("prepared %+v, want the quota flag alone (not the disabled flag, nor one serving no value), at version %d", got, before)
+		}
+		served, err := f.client.ObjectValue(context.Background(), QuotaFlag, nil, openfeature.EvaluationContext{})
+		if err != nil || identity(served) != identity(got[0].value) {
+			t.Errorf("prepared a value other than the one served (%v)", err)
+		}
+		mu.Unlock()
+		if after := f.provider.Version(); after != before+1 {
+			t.Errorf("version %d after the reload, want %d", after, before+1)
+		}
+
+		f.writeAtomic(quotaFile(`{"clients": ["acme"]}`))
+		f.waitFailed()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) != 1 {
+			t.Errorf("a refused file was prepared: %+v", got[1:])
 		}
 	})
 

@@ -124,6 +124,7 @@ type Resolver struct {
 	metrics  resolverMetrics
 
 	seen    atomic.Pointer[parsedQuotas] // the last value the provider returned, parsed
+	next    atomic.Pointer[parsedQuotas] // the last value Prepare parsed before it was served
 	parsing sync.Mutex                   // held by the one goroutine parsing a new value
 	good    atomic.Pointer[parsedQuotas] // the last good value; never nil
 
@@ -652,8 +653,9 @@ func (r *Resolver) quotas(ctx context.Context, id space.ClientID) (*parsedQuotas
 }
 
 // Refresh evaluates the quota flag and parses its value now, so that no request has to:
-// space-api calls it when the flags file has been reloaded, from the reload's own
-// goroutine. It is an optimisation only; a value nobody refreshed is parsed by the
+// the Resolver calls it on a provider's configuration-changed event, on the event's
+// goroutine, for a provider that cannot have its values prepared (Prepare) before it
+// serves them. It is an optimisation only; a value nobody refreshed is parsed by the
 // first request that meets it.
 func (r *Resolver) Refresh(ctx context.Context) {
 	r.quotas(ctx, "")
@@ -676,12 +678,16 @@ func (r *Resolver) keep(p *parsedQuotas) {
 // tens of milliseconds; every request in flight parsing it at once would stall a
 // replica for a second). While one does, the others are served the value parsed last,
 // and told so (current false) so that nothing resolved from it is kept; only the very
-// first parse is waited for.
+// first parse is waited for. A value Prepare parsed before it was served is never
+// parsed again: the file provider's reloads reach requests parsed.
 func (r *Resolver) parse(v any) (p *parsedQuotas, current bool) {
 	id := identity(v)
 	if id != nil {
 		if s := r.seen.Load(); s != nil && s.id == id {
 			return s, true
+		}
+		if p := r.prepared(id); p != nil {
+			return p, true
 		}
 		if !r.parsing.TryLock() {
 			if s := r.seen.Load(); s != nil {
@@ -693,8 +699,30 @@ func (r *Resolver) parse(v any) (p *parsedQuotas, current bool) {
 		if s := r.seen.Load(); s != nil && s.id == id {
 			return s, true
 		}
+		if p := r.prepared(id); p != nil {
+			return p, true
+		}
 	}
-	p = &parsedQuotas{src: v, id: id}
+	p = r.build(v, id)
+	if id != nil {
+		r.seen.Store(p)
+	}
+	return p, true
+}
+
+// prepared returns the value of identity id when Prepare parsed it before the provider
+// served it, and makes it the value last met.
+func (r *Resolver) prepared(id unsafe.Pointer) *parsedQuotas {
+	if n := r.next.Load(); n != nil && n.id == id {
+		r.seen.Store(n)
+		return n
+	}
+	return nil
+}
+
+// build parses v, of identity id, and logs the warnings of its tier table.
+func (r *Resolver) build(v any, id unsafe.Pointer) *parsedQuotas {
+	p := &parsedQuotas{src: v, id: id}
 	p.q, p.reservations, p.warnings, p.err = parseInForce(v, r.env)
 	for _, w := range p.warnings {
 		if r.warn("table:" + w) {
@@ -704,10 +732,27 @@ func (r *Resolver) parse(v any) (p *parsedQuotas, current bool) {
 	for key := range p.q.Clients {
 		p.maxKeyLen = max(p.maxKeyLen, len(key))
 	}
-	if id != nil {
-		r.seen.Store(p)
+	return p
+}
+
+// Prepare parses value when key is the quota flag's, a value its provider is about to
+// serve, so that no request has to: the requests that meet it find it parsed, and are
+// never served the value parsed last because a parse of the new one is under way (see
+// parse). FileProvider.Prepare takes it, and calls it on the reload's goroutine before
+// the new file is put in service, so that the reload's signal (OnReload, a new
+// Version) means the new limits are in service. Any other key, and a value that is not
+// an object, is ignored; a value that never gets served only costs its parse.
+func (r *Resolver) Prepare(key string, value any) {
+	if key != QuotaFlag {
+		return
 	}
-	return p, true
+	id := identity(value)
+	if id == nil {
+		return
+	}
+	r.parsing.Lock()
+	defer r.parsing.Unlock()
+	r.next.Store(r.build(value, id))
 }
 
 // identity is the address of v's map, which names the value as long as it is alive; nil

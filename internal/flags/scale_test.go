@@ -126,9 +126,31 @@ func TestReloadAtSize(t *testing.T) {
 	// burstOf is tenant-7's burst (tier-7's) under the largeQuota of generation g.
 	burstOf := func(g int) int64 { return int64(5 + 7 + g) }
 
-	t.Run("a reloaded flag is parsed on the event, before a request meets it", func(t *testing.T) {
+	t.Run("a reloaded flag is in service when its reload is signalled", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, quotaFile(largeQuota(10_000, 20, 0)), withEnv(largeEnv()))
+		if c := f.resolver.Resolve(ctx, "tenant-7"); c.ClientRate == nil || c.ClientRate.Burst != burstOf(0) {
+			t.Fatalf("tenant-7 resolved to %+v", c.ClientRate)
+		}
+		f.update(largeQuota(10_000, 20, 1))
+		// No request parses from here: one that had to would be served the value
+		// parsed last (the next test's case).
+		f.resolver.parsing.Lock()
+		defer f.resolver.parsing.Unlock()
+		var wg sync.WaitGroup
+		for range 32 {
+			wg.Go(func() {
+				if c := f.resolver.Resolve(ctx, "tenant-7"); c.ClientRate == nil || c.ClientRate.Burst != burstOf(1) {
+					t.Errorf("after the reload's signal tenant-7 resolved to %+v, want the new burst %d", c.ClientRate, burstOf(1))
+				}
+			})
+		}
+		wg.Wait()
+	})
+
+	t.Run("a value nobody prepared is parsed on the event, before a request meets it", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, quotaFile(largeQuota(10_000, 20, 0)), withEnv(largeEnv()), unprepared())
 		if c := f.resolver.Resolve(ctx, "tenant-7"); c.ClientRate == nil || c.ClientRate.Burst != burstOf(0) {
 			t.Fatalf("tenant-7 resolved to %+v", c.ClientRate)
 		}
@@ -149,9 +171,9 @@ func TestReloadAtSize(t *testing.T) {
 		}
 	})
 
-	t.Run("while a new value is parsed, requests get the last one and nothing of it is kept", func(t *testing.T) {
+	t.Run("while a value nobody prepared is parsed, requests get the last one and nothing of it is kept", func(t *testing.T) {
 		t.Parallel()
-		f := setup(t, quotaFile(largeQuota(10_000, 20, 0)), withEnv(largeEnv()), withPoll(time.Hour))
+		f := setup(t, quotaFile(largeQuota(10_000, 20, 0)), withEnv(largeEnv()), withPoll(time.Hour), unprepared())
 		f.resolver.Resolve(ctx, "tenant-7")
 		f.resolver.parsing.Lock() // a parse of the new value under way, as far as requests can tell
 		f.writeAtomic(quotaFile(largeQuota(10_000, 20, 1)))
