@@ -152,8 +152,12 @@ func (p *coalescer) run(ctx context.Context, script *redis.Script, keys []string
 	return cmd
 }
 
-// lead sends q (nil: none) and the queued calls as one round trip, answers the
-// others, and hands the round trip on.
+// lead sends q (nil: none) and the queued calls as one round trip, hands the round
+// trip on, and then wakes the others with their answers. The next leader is woken
+// first so that the next round trip does not wait behind the riders of this one
+// (BenchmarkAdmission at 32 goroutines: a median of 119,437 decisions/s against
+// 112,651 with the riders woken first, ten alternating runs, eight of them faster;
+// docs/benchmarks.md).
 func (p *coalescer) lead(q *queuedScript) {
 	p.mu.Lock()
 	n := min(len(p.queue), maxBatch)
@@ -167,6 +171,11 @@ func (p *coalescer) lead(q *queuedScript) {
 	p.send(batch)
 	p.mu.Lock()
 	p.handOn()
+	for _, r := range batch {
+		if r.done != nil && !r.lead {
+			r.done <- struct{}{}
+		}
+	}
 }
 
 // handOn hands a round trip that came back to the call that has waited longest,
@@ -186,7 +195,7 @@ func (p *coalescer) handOn() {
 }
 
 // send sends batch's live calls as one round trip, under the context of the first
-// live call, and answers every call but the leader's (the first, when it leads): the
+// live call, and puts every call's answer in its cmd (lead wakes the callers): the
 // decisions sharing a hash tag as one batch script, any other call on its own, all of
 // it one pipeline when it is more than one call (planCalls).
 func (p *coalescer) send(batch []*queuedScript) {
@@ -208,11 +217,6 @@ func (p *coalescer) send(batch []*queuedScript) {
 		sendCalls(ctx, p.rdb, calls)
 		for _, c := range calls {
 			c.answer()
-		}
-	}
-	for _, q := range batch {
-		if q.done != nil && !q.lead {
-			q.done <- struct{}{}
 		}
 	}
 }
