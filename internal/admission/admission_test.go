@@ -504,16 +504,19 @@ func TestConcurrentConsumers(t *testing.T) {
 func TestRefill(t *testing.T) {
 	t.Parallel()
 
-	t.Run("after waiting for k tokens exactly k more are admitted", func(t *testing.T) {
+	t.Run("after waiting for k tokens the k refilled are admitted and no more", func(t *testing.T) {
 		t.Parallel()
-		// 3 tokens/s: after a wait for k+½ tokens, the admissions have half a token
-		// (167ms) of slack on either side, and the wait stays under a second.
-		const rps, k = 3.0, 2
+		// 3 tokens/s, a wait for k+½ tokens. Each decision after it is checked against
+		// the tokens refilled by its own Redis time, from the refusal that emptied the
+		// bucket, less one a take, capped at the burst: a machine that stalls the drain
+		// (make test-stress did, 167 ms and more) refills more, and the bucket admits
+		// exactly what it refilled.
+		const rps, burst, k = 3.0, 3, 2
 		b := setup(t, testenv.Redis(t), enabled(space.Rate{RefillRPS: 1000, Burst: 1000}))
-		acme := rate(rps, 3)
+		acme := rate(rps, burst)
 		n, d := b.drain("acme", acme)
-		if n != 3 {
-			t.Fatalf("drained %d, want the burst 3", n)
+		if n != burst {
+			t.Fatalf("drained %d, want the burst %d", n, burst)
 		}
 		left := d.Client.Remaining
 		if want := time.Duration((1 - left) / rps * float64(time.Second)); d.Client.Refill < want-time.Millisecond || d.Client.Refill > want+time.Millisecond {
@@ -522,8 +525,27 @@ func TestRefill(t *testing.T) {
 
 		time.Sleep(time.Duration((k + 0.5 - left) / rps * float64(time.Second)))
 
-		if n, _ := b.drain("acme", acme); n != k {
-			t.Fatalf("admitted %d after waiting for %d tokens", n, k)
+		tokens, at, admitted := left, d.redisNow, 0
+		for {
+			d := b.admit("acme", acme)
+			tokens = min(burst, tokens+rps*(d.redisNow-at)/1e6)
+			at = d.redisNow
+			if d.Admitted != (tokens >= 1) && !near(tokens, 1, 1e-6) {
+				t.Fatalf("after %d admitted, admitted %v with %v tokens refilled", admitted, d.Admitted, tokens)
+			}
+			if d.Admitted {
+				tokens--
+				admitted++
+			}
+			if !near(d.Client.Remaining, tokens, 1e-6) {
+				t.Fatalf("after %d admitted, %v left, want the %v refilled less one a take", admitted, d.Client.Remaining, tokens)
+			}
+			if !d.Admitted {
+				break
+			}
+		}
+		if admitted < k {
+			t.Fatalf("admitted %d after waiting for %d tokens", admitted, k)
 		}
 	})
 
