@@ -121,6 +121,14 @@ func (s *server) request(base, method, path, client, body string, header ...stri
 	return response{resp, b}
 }
 
+// retryAtLeast is the least Retry-After, in whole seconds, of a refusal by a bucket
+// that was empty at emptied and needs refill for its next token: the refill left since
+// (a loaded machine can take seconds between two requests), a hundredth of a second
+// less for Redis's clock against this one.
+func retryAtLeast(refill time.Duration, emptied time.Time) int {
+	return int(math.Ceil((refill - time.Since(emptied)).Seconds() - 0.01))
+}
+
 func (s *server) do(method, path, client, body string, header ...string) response {
 	s.t.Helper()
 	return s.request(s.m.PublicURL(), method, path, client, body, header...)
@@ -429,11 +437,9 @@ func TestSandboxAPI(t *testing.T) {
 		if r.StatusCode != 429 || p.Bucket != space.BucketClientActivation || p.Client != "globex" || !strings.Contains(p.Detail, `"globex"`) || !strings.Contains(p.Detail, "slow down") {
 			t.Fatalf("429 = %d %+v", r.StatusCode, p)
 		}
-		// No earlier than the refill left: 4 s less the time since the bucket emptied
-		// (a loaded machine can take a second between the two requests; a hundredth
-		// more for Redis's clock against this one).
+		// No earlier than the refill left since the bucket emptied (retryAtLeast).
 		retry, err := strconv.Atoi(r.Header.Get("Retry-After"))
-		if least := int(math.Ceil(4 - time.Since(emptied).Seconds() - 0.01)); err != nil || retry < least {
+		if least := retryAtLeast(4*time.Second, emptied); err != nil || retry < least {
 			t.Fatalf("Retry-After = %q, want whole seconds >= the %d s of the 4 s refill left", r.Header.Get("Retry-After"), least)
 		}
 		if pol := r.Header.Get("RateLimit-Policy"); pol != `"client_activation";q=1;w=4` {
