@@ -91,26 +91,38 @@ func BenchmarkCreate(b *testing.B) {
 // no socket and no net/http server: the CPU and allocations of the chain itself
 // (request id, metrics, identity, seat, body, the known refusal, the 429's headers and
 // body), which BenchmarkCreate/rejected's figures spread among loopback and the client.
+// untiered: a client with a rate of its own; tiered: the same refusal for a client on
+// a tier of a tier table, which must cost no more.
 //
 //	go test -run '^$' -bench RefusalHandler -benchmem -cpuprofile cpu.out ./internal/app/
 func BenchmarkRefusalHandler(b *testing.B) {
-	const quota = `{"clients": {"bench": {"concurrency": 0, "live_sandboxes": 0}}, "rate": {"bench": {"refill_rps": 0, "burst": 1}}}`
-	h := benchMain(b, quota, true).API.Public()
-	create := func() int {
-		req := httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(`{"template":"python-3.12","cpu_millis":500,"memory_mib":1024,"disk_gib":5}`))
-		req.RemoteAddr = "127.0.0.1:40000"
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Client-ID", "bench")
-		w := &statusWriter{h: http.Header{}}
-		h.ServeHTTP(w, req)
-		return w.status
+	cases := []struct{ name, quota string }{
+		{"untiered", `{"clients": {"bench": {"concurrency": 0, "live_sandboxes": 0}}, "rate": {"bench": {"refill_rps": 0, "burst": 1}}}`},
+		{"tiered", `{"tiers": {
+			"free": {"refill_rps": 0, "burst": 1, "concurrency": 10, "live_sandboxes": 50},
+			"pro":  {"refill_rps": 0, "burst": 1, "concurrency": 0, "live_sandboxes": 0}},
+		"clients": {"bench": {"tier": "pro"}}}`},
 	}
-	create() // the client's one token
-	b.ReportAllocs()
-	for b.Loop() {
-		if status := create(); status != http.StatusTooManyRequests {
-			b.Fatalf("status %d, want 429", status)
-		}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			h := benchMain(b, c.quota, true).API.Public()
+			create := func() int {
+				req := httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(`{"template":"python-3.12","cpu_millis":500,"memory_mib":1024,"disk_gib":5}`))
+				req.RemoteAddr = "127.0.0.1:40000"
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Client-ID", "bench")
+				w := &statusWriter{h: http.Header{}}
+				h.ServeHTTP(w, req)
+				return w.status
+			}
+			create() // the client's one token
+			b.ReportAllocs()
+			for b.Loop() {
+				if status := create(); status != http.StatusTooManyRequests {
+					b.Fatalf("status %d, want 429", status)
+				}
+			}
+		})
 	}
 }
 
