@@ -48,14 +48,17 @@ type KeysResult struct {
 	ExpiryGoneAfter time.Duration
 }
 
-// keysClientRate is every scale-test client's rate: a bucket no run can empty (so
-// every decision of every key count takes the same path, the allow path, and
-// writes), which refills completely in 1000 s, so that a key lives longer than the
-// scenario.
-var keysClientRate = space.Rate{RefillRPS: 1000, Burst: 1_000_000}
+// keysClientRate is every scale-test client's rate, and the cluster rate of their
+// Admitters: a bucket no run can empty (so every decision of every key count takes
+// the same path, the allow path, and writes), which refills completely in 1000 s, so
+// that a key lives longer than the scenario. The cluster bucket takes every decision
+// of every arm and run: a hundred million tokens are a few hundred runs at today's
+// rates (a burst of a million emptied in the third run of the scale scenario's four
+// arms once one key passed 65k decisions/s).
+var keysClientRate = space.Rate{RefillRPS: 100_000, Burst: 100_000_000}
 
 // peerKeysLimit is redis_rate's equivalent of keysClientRate.
-var peerKeysLimit = redis_rate.Limit{Rate: 1000, Burst: 1_000_000, Period: time.Second}
+var peerKeysLimit = redis_rate.Limit{Rate: 100_000, Burst: 100_000_000, Period: time.Second}
 
 // runKeys measures, on a private redis-server with one logical database per key
 // count (so the runs of every count can be interleaved): the memory of an idle
