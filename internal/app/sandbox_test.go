@@ -124,9 +124,10 @@ func (s *server) request(base, method, path, client, body string, header ...stri
 // retryAtLeast is the least Retry-After, in whole seconds, of a refusal by a bucket
 // that was empty at emptied and needs refill for its next token: the refill left since
 // (a loaded machine can take seconds between two requests), a hundredth of a second
-// less for Redis's clock against this one.
+// less for Redis's clock against this one, and never under the one second every
+// Retry-After is at least (admission.RetryAfter), however long the machine stalled.
 func retryAtLeast(refill time.Duration, emptied time.Time) int {
-	return int(math.Ceil((refill - time.Since(emptied)).Seconds() - 0.01))
+	return max(1, int(math.Ceil((refill-time.Since(emptied)).Seconds()-0.01)))
 }
 
 func (s *server) do(method, path, client, body string, header ...string) response {
