@@ -2,6 +2,7 @@ package keyed
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -218,7 +219,7 @@ func TestIdleFor(t *testing.T) {
 		}
 		wg.Wait()
 		held := 0
-		m.m.Range(func(any, any) bool { held++; return true })
+		m.m.Range(func(string, *entry[atomic.Int64]) bool { held++; return true })
 		if m.Len() != held {
 			t.Fatalf("the map counts %d keys and holds %d", m.Len(), held)
 		}
@@ -229,4 +230,51 @@ func TestIdleFor(t *testing.T) {
 			t.Fatalf("%d idled, %d evicted: the test did not make both run", m.Idled(), m.Evicted())
 		}
 	})
+}
+
+// spreadKeys are n budget keys' bucket names, as the Admitter's memory holds them.
+func spreadKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "{space:cluster_admission:sandbox_activation}:client:c" + fmt.Sprint(i)
+	}
+	return keys
+}
+
+// BenchmarkLoadSpread reads keys drawn from 100,000, as a replica over that many
+// tenants does on every decision.
+func BenchmarkLoadSpread(b *testing.B) {
+	keys := spreadKeys(100_000)
+	m := New(Options[int]{Max: len(keys)})
+	for _, k := range keys {
+		m.LoadOrNew(k, nil)
+	}
+	var seed atomic.Uint64
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		x := seed.Add(0x9e3779b97f4a7c15) // each goroutine its own walk over the keys
+		for pb.Next() {
+			x = x*6364136223846793005 + 1442695040888963407
+			m.Load(keys[(x>>33)%uint64(len(keys))])
+		}
+	})
+}
+
+// BenchmarkBytesPerKey is the live heap a key costs the map itself, beyond the key's
+// string and its state: what a replica pays per tenant in each of its keyed maps.
+func BenchmarkBytesPerKey(b *testing.B) {
+	keys := spreadKeys(100_000)
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		m := New(Options[int]{Max: len(keys)})
+		for _, k := range keys {
+			m.LoadOrNew(k, nil)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(len(keys))-8, "B/key")
+		runtime.KeepAlive(m)
+	}
 }
