@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/space-sandbox/space/internal/config"
 )
 
 // OverloadResult is the overload scenario: what space-api and the peer (chi +
@@ -508,7 +510,7 @@ func (res *OverloadResult) summary(b *strings.Builder) {
 func (res *OverloadResult) markdown(b *strings.Builder) {
 	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	w("### 9. Overload\n\n")
-	w("space-api (its defaults: %s) and the peer (chi + redis_rate, each client its own limit of the same rate and burst, and no bound on its work), on one private Redis and one database. ", overloadDefaults)
+	w("space-api (its defaults: %s) and the peer (chi + redis_rate, each client its own limit of the same rate and burst, and no bound on its work), on one private Redis and one database. ", overloadDefaults())
 	w("**Capacity C**: creates answered 201 a second under wrk (1 thread, %d connections, closed loop, %s), from a client whose bucket no run empties. ", res.CapConns, res.CapDuration)
 	w("Then `bench-flood` (bucket %g/s, burst %d) floods the server **open loop** at %s: a plain HTTP/1.1 client (bench/bench/raw.go) in a process of its own, sending each create when it is due whatever the answers take, over as many connections as carry the rate at 100 ms an answer (at most %d); a create it could not send by the flood's end is not sent. It runs at the servers' CPU priority, not at nice 19 as the floods of section 4: there it got too little of a busy machine to offer 5C, and it costs about 25 µs of CPU a create, taken from the same 2 cores (the driver's cores below). ",
 		res.FloodRate, res.FloodBurst, res.multiples(), res.MaxConns)
@@ -587,8 +589,22 @@ func (res *OverloadResult) markdown(b *strings.Builder) {
 	w("\n")
 }
 
-// overloadDefaults are the overload settings space-api runs with in the scenario.
-const overloadDefaults = "64 requests at work, 32 waiting per budget key and 1,024 in all, a wait of 1 s at most"
+// overloadDefaults are the overload settings space-api runs with in the scenario: its
+// defaults, read from the product (a constant here still said 64 requests at work
+// after the default became 32).
+func overloadDefaults() string {
+	return fmt.Sprintf("%d requests at work, %d waiting per budget key and %s in all, a wait of %s at most",
+		config.DefaultMaxInFlight, config.DefaultMaxQueuedPerClient, thousands(config.DefaultMaxQueued), config.DefaultMaxQueueWait)
+}
+
+// thousands renders n with a comma between each three digits: 1,024.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
 
 func (res *OverloadResult) multiples() string {
 	var parts []string
