@@ -17,6 +17,7 @@ var goBenchmarks = []struct{ Pkg, Pattern string }{
 	{"./internal/api", "^BenchmarkIdentify$"},
 	{"./internal/apikey", "^BenchmarkLookup$"},
 	{"./internal/flags", "^BenchmarkResolve$"},
+	{"./internal/keyed", "^(BenchmarkLoadSpread|BenchmarkBytesPerKey)$"},
 	{"./internal/admission", "^(BenchmarkAdmit|BenchmarkConcurrencyAcquire)$"},
 	{"./internal/sandbox", "^BenchmarkCreate$"},
 	{"./internal/app", "^(BenchmarkCreate|BenchmarkRefusalHandler)$"},
