@@ -597,15 +597,6 @@ func overloadDefaults() string {
 		config.DefaultMaxInFlight, config.DefaultMaxQueuedPerClient, thousands(config.DefaultMaxQueued), config.DefaultMaxQueueWait)
 }
 
-// thousands renders n with a comma between each three digits: 1,024.
-func thousands(n int) string {
-	s := strconv.Itoa(n)
-	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
-		s = s[:i] + "," + s[i:]
-	}
-	return s
-}
-
 func (res *OverloadResult) multiples() string {
 	var parts []string
 	for _, m := range res.Multiples {

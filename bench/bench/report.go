@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -250,6 +251,15 @@ func (l *GoBenchLine) brief() string {
 		parts = append(parts, st.format(verb)+" "+u)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// thousands renders n with a comma between each three digits: 1,024.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 // count renders a key count as 10, 10k, 1M.
