@@ -25,11 +25,11 @@ import (
 // requestStateKey is the context key of a request's requestState.
 type requestStateKey struct{}
 
-// requestState is what the middleware learns of one request, in one context value set
-// once by requestID: its id, and the caller identify resolved. Each handler step reads
-// and fills it in place, so that a request is copied (http.Request.WithContext) once
-// on its way in, not at every step; the request log written after the handler reads
-// it from the outer context. Only the request's own goroutine touches it, but for
+// requestState is what the middleware learns of one request, in its context from the
+// first step (requestContext): its id, and the caller identify resolved. Each handler
+// step reads and fills it in place, so that a request is copied
+// (http.Request.WithContext) once on its way in, not at every step; the request log
+// written after the handler reads it from the outer context. Only the request's own goroutine touches it, but for
 // seatHeld.
 type requestState struct {
 	id         string
@@ -100,16 +100,50 @@ func RequestID(ctx context.Context) string {
 // by: set directly, it is not canonicalised (an allocation) per request.
 const headerRequestID = "X-Request-Id"
 
-func requestID(next http.Handler) http.Handler {
+// requestContext is a request's context as the listeners' handlers see it: its
+// parent's values, and two of its own in one object, the request's state and chi's
+// routing context. withRequestState makes it once a request, before the router, which
+// finds its routing context there and does not copy the request again: chi's
+// context.WithValue and http.Request.WithContext, and ours beside them, were four of
+// a refusal's allocations (docs/benchmarks.md, "One routing tree").
+type requestContext struct {
+	context.Context
+	st   requestState
+	rctx *chi.Context
+}
+
+// Value is the request's state, chi's routing context, or its parent's value of key.
+func (c *requestContext) Value(key any) any {
+	switch key {
+	case requestStateKey{}:
+		return &c.st
+	case chi.RouteCtxKey:
+		return c.rctx
+	}
+	return c.Context.Value(key)
+}
+
+// withRequestState serves mux with the request's state in its context (stateFrom)
+// from the first step: its id, the caller's X-Request-ID when it is a sane token,
+// otherwise one made here, echoed in the answer and written in every log line. The
+// routing context is mux's to use until the request is served, then kept for the
+// next, as chi keeps the ones it makes.
+func withRequestState(mux *chi.Mux) http.Handler {
+	routing := sync.Pool{New: func() any { return chi.NewRouteContext() }}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get(headerRequestID)
 		if !saneToken(id, 64) {
 			id = newRequestID()
 		}
-		st := &requestState{id: id}
-		st.idHeader[0] = id
-		w.Header()[headerRequestID] = st.idHeader[:]
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestStateKey{}, st)))
+		rctx := routing.Get().(*chi.Context)
+		rctx.Reset()
+		rctx.Routes = mux
+		c := &requestContext{Context: r.Context(), rctx: rctx}
+		c.st.id = id
+		c.st.idHeader[0] = id
+		w.Header()[headerRequestID] = c.st.idHeader[:]
+		mux.ServeHTTP(w, r.WithContext(c))
+		routing.Put(rctx)
 	})
 }
 
@@ -207,8 +241,8 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
-			// requestID, which runs first on both listeners, made the request's state;
-			// without it the log line still has what observe saw.
+			// withRequestState, before the router of both listeners, made the
+			// request's state; without it the log line still has what observe saw.
 			st := stateFrom(r.Context())
 			if st == nil {
 				st = &requestState{}

@@ -3,7 +3,6 @@ package api
 import (
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space"
-	"github.com/space-sandbox/space/internal/admission"
 )
 
 // benchRefusals are the two kinds of 429 the headers describe: a rate bucket (policy
@@ -34,6 +32,7 @@ func BenchmarkSetLimitHeaders(b *testing.B) {
 		set  func(http.Header, *space.LimitError, func() float64)
 	}{
 		{"setLimitHeaders", setLimitHeaders},
+		{"a string each", setLimitHeadersEach},
 		{"fixed buffer", setLimitHeadersBuffer},
 		{"fmt", setLimitHeadersFmt},
 	}
@@ -84,17 +83,18 @@ func (w *discardWriter) WriteHeader(int)             {}
 
 // limitNumbers are the numbers every variant writes, computed as setLimitHeaders does,
 // so that the variants differ only in how they write them.
-func limitNumbers(le *space.LimitError, rnd func() float64) (retry, window, remaining int64) {
-	if le.RetryAfter == time.Duration(math.MaxInt64) {
-		retry = int64(NeverRetryAfter / time.Second)
-	} else {
-		retry = int64(admission.RetryAfter(le.RetryAfter, rnd) / time.Second)
+// setLimitHeadersEach is the alternative before it: a string made and Set for each field.
+func setLimitHeadersEach(h http.Header, le *space.LimitError, rnd func() float64) {
+	retry, window, remaining := limitNumbers(le, rnd)
+	h.Set("Retry-After", strconv.FormatInt(retry, 10))
+	name := strconv.Quote(string(le.Bucket))
+	switch {
+	case le.Limit != nil:
+		h.Set(rateLimitPolicy, name+";q="+strconv.FormatInt(le.Limit.Burst, 10)+";w="+strconv.FormatInt(window, 10))
+	case le.Cap > 0:
+		h.Set(rateLimitPolicy, name+";q="+strconv.Itoa(le.Cap))
 	}
-	window = 1
-	if le.Limit != nil && le.Limit.RefillRPS > 0 {
-		window = int64(math.Max(1, math.Ceil(float64(le.Limit.Burst)/le.Limit.RefillRPS)))
-	}
-	return retry, window, int64(math.Max(0, math.Floor(le.Remaining)))
+	h.Set(rateLimit, name+";r="+strconv.FormatInt(remaining, 10)+";t="+strconv.FormatInt(retry, 10))
 }
 
 // setLimitHeadersBuffer is the rejected alternative: each field appended into one

@@ -85,6 +85,42 @@ func TestLimitHeaders(t *testing.T) {
 		if got := h.Get("RateLimit-Policy"); got != `"live_sandbox_cap";q=50` {
 			t.Errorf("RateLimit-Policy = %q", got)
 		}
+		if got := h.Get("RateLimit"); got != `"live_sandbox_cap";r=0;t=1` {
+			t.Errorf("RateLimit = %q", got)
+		}
+	})
+
+	t.Run("a refusal with neither a rate nor a cap states no policy", func(t *testing.T) {
+		t.Parallel()
+		h := http.Header{}
+		setLimitHeaders(h, &space.LimitError{Bucket: space.BucketAuthFailures, RetryAfter: 12 * time.Second, Remaining: 2}, func() float64 { return 0 })
+		if _, ok := h["Ratelimit-Policy"]; ok {
+			t.Errorf("RateLimit-Policy = %q, want none", h.Values("RateLimit-Policy"))
+		}
+		if got := h.Get("RateLimit"); got != `"auth_failures";r=2;t=12` {
+			t.Errorf("RateLimit = %q", got)
+		}
+		if got := h.Get("Retry-After"); got != "12" {
+			t.Errorf("Retry-After = %q", got)
+		}
+	})
+
+	t.Run("a value added to one field leaves the others as they were", func(t *testing.T) {
+		t.Parallel()
+		h := http.Header{}
+		setLimitHeaders(h, &space.LimitError{Bucket: space.BucketClientActivation, RetryAfter: 3 * time.Second,
+			Limit: &space.Rate{RefillRPS: 10, Burst: 40}}, func() float64 { return 0 })
+		h.Add("Retry-After", "9")
+		h.Add("RateLimit-Policy", `"other";q=1`)
+		if got := h.Values("Retry-After"); len(got) != 2 || got[0] != "3" || got[1] != "9" {
+			t.Errorf("Retry-After = %q", got)
+		}
+		if got := h.Values("RateLimit-Policy"); len(got) != 2 || got[0] != `"client_activation";q=40;w=4` {
+			t.Errorf("RateLimit-Policy = %q", got)
+		}
+		if got := h.Values("RateLimit"); len(got) != 1 || got[0] != `"client_activation";r=0;t=3` {
+			t.Errorf("RateLimit = %q", got)
+		}
 	})
 }
 

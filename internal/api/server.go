@@ -163,41 +163,58 @@ func (s *Server) Drain() { s.draining.Store(true) }
 // Public is the handler of the public listener (SPACE_HTTP_ADDR).
 func (s *Server) Public() http.Handler {
 	r := chi.NewRouter()
-	r.Use(requestID, s.observe("public"), s.limitHeaders, s.limitBody)
-	r.NotFound(s.notFound)
-	r.MethodNotAllowed(s.methodNotAllowed(r))
+	r.Use(s.observe("public"), s.limitHeaders, s.limitBody)
+	// Under /v1 the caller is authenticated first, even on a path or with a method no
+	// route serves: who is asking comes before what the API has.
+	r.NotFound(s.identifiedUnderV1(s.notFound))
+	r.MethodNotAllowed(s.identifiedUnderV1(s.methodNotAllowed(r)))
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz(false))
-	r.Route("/v1", func(r chi.Router) {
-		r.Use(s.identify)
-		// The caller's limits are a read of what is enforced, answerable when the
-		// concurrency cap is full or its store is down: exactly when they matter.
-		r.Get("/limits", s.getLimits)
-		r.Get("/tiers", s.getTiers)
-		// Every other route waits for a seat of the replica's (admitSeat) before its
-		// body is read, or is shed: past its capacity the replica serves in turn
-		// between budget keys rather than piling work up.
-		r = r.With(s.admitSeat)
-		// A create takes its concurrency place itself, after it has checked whether
-		// its refusal is already known (createSandbox).
-		r.Post("/sandboxes", s.createSandbox)
-		r = r.With(s.limitConcurrency)
-		r.Get("/sandboxes", s.listSandboxes)
-		r.Get("/sandboxes/{id}", s.getSandbox)
-		r.Delete("/sandboxes/{id}", s.deleteSandbox)
-		r.Post("/sandboxes/{id}/pause", s.pauseSandbox)
-		r.Post("/sandboxes/{id}/keepalive", s.keepaliveSandbox)
-		r.Post("/sandboxes/{id}/restore", s.restoreSandbox)
-		r.Get("/operations/{id}", s.getOperation)
-	})
-	return r
+	// The /v1 routes sit on the one routing tree with their middleware chained
+	// (chi's With), not on a router mounted at /v1: a mounted router routes every
+	// request twice and gives it a path value and a route pattern more, about a
+	// tenth of a refusal from memory (docs/benchmarks.md, "One routing tree").
+	v1 := r.With(s.identify)
+	// The caller's limits are a read of what is enforced, answerable when the
+	// concurrency cap is full or its store is down: exactly when they matter.
+	v1.Get("/v1/limits", s.getLimits)
+	v1.Get("/v1/tiers", s.getTiers)
+	// Every other route waits for a seat of the replica's (admitSeat) before its
+	// body is read, or is shed: past its capacity the replica serves in turn
+	// between budget keys rather than piling work up.
+	seated := v1.With(s.admitSeat)
+	// A create takes its concurrency place itself, after it has checked whether
+	// its refusal is already known (createSandbox).
+	seated.Post("/v1/sandboxes", s.createSandbox)
+	placed := seated.With(s.limitConcurrency)
+	placed.Get("/v1/sandboxes", s.listSandboxes)
+	placed.Get("/v1/sandboxes/{id}", s.getSandbox)
+	placed.Delete("/v1/sandboxes/{id}", s.deleteSandbox)
+	placed.Post("/v1/sandboxes/{id}/pause", s.pauseSandbox)
+	placed.Post("/v1/sandboxes/{id}/keepalive", s.keepaliveSandbox)
+	placed.Post("/v1/sandboxes/{id}/restore", s.restoreSandbox)
+	placed.Get("/v1/operations/{id}", s.getOperation)
+	return withRequestState(r)
+}
+
+// identifiedUnderV1 is h, after the caller's identity (identify) when the path is
+// /v1 or under it.
+func (s *Server) identifiedUnderV1(h http.HandlerFunc) http.HandlerFunc {
+	identified := s.identify(h)
+	return func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.Path; p == "/v1" || strings.HasPrefix(p, "/v1/") {
+			identified.ServeHTTP(w, r)
+			return
+		}
+		h(w, r)
+	}
 }
 
 // Internal is the handler of the internal listener (SPACE_INTERNAL_HTTP_ADDR): the
 // /internal/v1 API, /metrics and the profiler (/debug/pprof/), which must never be reachable by clients.
 func (s *Server) Internal() http.Handler {
 	r := chi.NewRouter()
-	r.Use(requestID, s.observe("internal"), s.limitHeaders, s.limitBody)
+	r.Use(s.observe("internal"), s.limitHeaders, s.limitBody)
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed(r))
 	r.Get("/healthz", s.healthz)
@@ -223,7 +240,7 @@ func (s *Server) Internal() http.Handler {
 	// (go tool pprof http://<internal>/debug/pprof/profile?seconds=10): on the
 	// internal listener only, like /metrics.
 	r.Mount("/debug", middleware.Profiler())
-	return r
+	return withRequestState(r)
 }
 
 // serveOpenAPI answers GET /openapi.yaml (internal listener) with the OpenAPI document

@@ -134,12 +134,16 @@ func TestHostileInput(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		// A method chi does not route: 405 problem+json, not net/http's text.
-		fmt.Fprintf(conn, "BREW /v1/sandboxes HTTP/1.1\r\nHost: x\r\n\r\n")
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		// A method chi does not route: 405 problem+json, not net/http's text, to a
+		// caller it knows (under /v1 the caller is authenticated first, whatever the
+		// method: the openapi test's requests that match no operation).
+		fmt.Fprintf(conn, "BREW /v1/sandboxes HTTP/1.1\r\nHost: x\r\n%s: acme\r\n\r\n", api.HeaderClientID)
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
+		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 405 || resp.Header.Get("Content-Type") != "application/problem+json" {
 			t.Fatalf("BREW = %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
@@ -147,6 +151,16 @@ func TestHostileInput(t *testing.T) {
 		// RFC 9110: a 405 lists the methods the path is served with.
 		if allow := resp.Header.Get("Allow"); allow != "GET, POST" {
 			t.Fatalf("BREW /v1/sandboxes: Allow %q, want \"GET, POST\"", allow)
+		}
+		// A caller it does not know is told that first, not the path's methods.
+		fmt.Fprintf(conn, "BREW /v1/sandboxes HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err = http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 401 || resp.Header.Get("Allow") != "" {
+			t.Fatalf("BREW /v1/sandboxes with no identity = %d, Allow %q; want 401 and no Allow", resp.StatusCode, resp.Header.Get("Allow"))
 		}
 	})
 }
