@@ -29,8 +29,8 @@ type requestStateKey struct{}
 // first step (requestContext): its id, and the caller identify resolved. Each handler
 // step reads and fills it in place, so that a request is copied
 // (http.Request.WithContext) once on its way in, not at every step; the request log
-// written after the handler reads it from the outer context. Only the request's own goroutine touches it, but for
-// seatHeld.
+// written after the handler reads it from the outer context. Only the request's own
+// goroutine touches it, but for seatHeld.
 type requestState struct {
 	id         string
 	caller     space.Caller

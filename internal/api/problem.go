@@ -222,9 +222,11 @@ func setLimitHeaders(h http.Header, le *space.LimitError, rnd func() float64) {
 	retry, window, remaining := limitNumbers(le, rnd)
 	// The three values are cut from one string, rendered in a buffer on the stack, and
 	// their slices from one array: two allocations, where a string and a Set each made
-	// six (BenchmarkSetLimitHeaders keeps the alternatives; fmt costs two more). Each
+	// five (BenchmarkSetLimitHeaders keeps the alternatives; fmt costs two more). Each
 	// field's slice has its length for capacity: an append to one copies, never
-	// writing over the next. The keys are canonical forms, set directly.
+	// writing over the next. The keys are canonical forms, set directly. The quoted
+	// bucket name is rendered once, after Retry-After, and copied for RateLimit; with
+	// no policy the copy lands where it already is.
 	var buf [128]byte
 	b := strconv.AppendInt(buf[:0], retry, 10)
 	endRetry := len(b)

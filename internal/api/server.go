@@ -172,8 +172,9 @@ func (s *Server) Public() http.Handler {
 	r.Get("/readyz", s.readyz(false))
 	// The /v1 routes sit on the one routing tree with their middleware chained
 	// (chi's With), not on a router mounted at /v1: a mounted router routes every
-	// request twice and gives it a path value and a route pattern more, about a
-	// tenth of a refusal from memory (docs/benchmarks.md, "One routing tree").
+	// request twice and gives it a path value and a route pattern more, with the
+	// request copies a tenth of a refusal's time in process (docs/benchmarks.md, "One
+	// routing tree").
 	v1 := r.With(s.identify)
 	// The caller's limits are a read of what is enforced, answerable when the
 	// concurrency cap is full or its store is down: exactly when they matter.
