@@ -177,6 +177,9 @@ type sizes struct {
 	replicaWorkers int
 	goBenchTime    string
 	goBenchCount   int
+	// goPairTime is the -benchtime of each run of goBenchPairs: longer than
+	// goBenchTime, as one run of each is all a pair's ratio has.
+	goPairTime string
 	// The lifecycle's table: live sandboxes, how many of them are due (a divisor of
 	// live), and how many clients own them.
 	lifecycleLive, lifecycleDue, lifecycleClients int
@@ -225,7 +228,7 @@ func sizesFor(quick bool) sizes {
 			overSlowConns: 50, overMultiples: []int{2, 5}, overMaxConns: 256,
 			keyCounts: []int{10, 1000}, keysDur: 100 * time.Millisecond, memoryKeys: 500, expiryKeys: 200,
 			replicaDur: 600 * time.Millisecond, replicaBurst: 20, replicaRefill: 5, replicaWorkers: 2,
-			goBenchTime: "1x", goBenchCount: 1,
+			goBenchTime: "1x", goBenchCount: 1, goPairTime: "1x",
 			lifecycleLive: 2000, lifecycleDue: 20, lifecycleClients: 20,
 			migrationSandboxes: 20_000, migrationOperations: 20_000, migrationClients: 200,
 			migrationCreateRate: 20, migrationOpRate: 10, migrationBaseline: time.Second, migrationHold: 3 * time.Second,
@@ -244,7 +247,7 @@ func sizesFor(quick bool) sizes {
 		overSlowConns: 1000, overMultiples: []int{2, 5}, overMaxConns: 2048,
 		keyCounts: []int{10, 10_000, 1_000_000}, keysDur: 1500 * time.Millisecond, memoryKeys: 10_000, expiryKeys: 10_000,
 		replicaDur: 4 * time.Second, replicaBurst: 200, replicaRefill: 50, replicaWorkers: 4,
-		goBenchTime: "1s", goBenchCount: 3,
+		goBenchTime: "1s", goBenchCount: 3, goPairTime: "3s",
 		lifecycleLive: 100_000, lifecycleDue: 1000, lifecycleClients: 1000,
 		migrationSandboxes: 1_000_000, migrationOperations: 1_000_000, migrationClients: 10_000,
 		migrationCreateRate: 50, migrationOpRate: 20, migrationBaseline: 10 * time.Second, migrationHold: 12 * time.Second,

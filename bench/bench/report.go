@@ -565,7 +565,12 @@ func (r *Report) Markdown(command string) string {
 	r.fleetMarkdown(&b)
 	if g := r.GoBench; g != nil {
 		w("### Go benchmarks of the hot paths\n\n")
-		w("`%s`, median [min–max] over the runs. Each package says what its benchmark measures; those with Postgres or Redis in them use the services.\n\n", g.Command)
+		w("`%s`, median [min–max] over the runs. Each package says what its benchmark measures; those with Postgres or Redis in them use the services.", g.Command)
+		for _, p := range goBenchPairs {
+			w(" `%s/%s` and `%s/%s` (`%s`), whose ratio is a target, are each run a `go test` of its own with `-count 1` and `-benchtime %s`, the two one after the other and the first of them alternating from run to run, so that each run of one is beside a run of the other; with `-count`, go test runs one sub-benchmark's repetitions in a block and the second block meets what the machine does later.",
+				strings.TrimPrefix(p.Bench, "Benchmark"), p.Subs[0], strings.TrimPrefix(p.Bench, "Benchmark"), p.Subs[1], p.Pkg, g.PairTime)
+		}
+		w("\n\n")
 		w("| package | benchmark | figures |\n|---|---|---|\n")
 		for _, l := range g.Lines {
 			w("| `%s` | `%s` | %s |\n", l.Pkg, strings.TrimPrefix(l.Name, "Benchmark"), l.brief())

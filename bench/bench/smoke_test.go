@@ -583,6 +583,28 @@ PASS
 	}
 }
 
+func TestMergeGoBench(t *testing.T) {
+	t.Parallel()
+	first := parseGoBench("./x", []byte("BenchmarkCreate/cold-2 100 10 ns/op 5 creates/s\n"))
+	more := parseGoBench("./x", []byte("BenchmarkCreate/rejected-2 100 20 ns/op 7 creates/s\n"))
+	again := parseGoBench("./x", []byte("BenchmarkCreate/rejected-2 100 30 ns/op 9 creates/s 2 allocs/op\n"))
+	other := parseGoBench("./y", []byte("BenchmarkCreate/rejected-2 100 40 ns/op\n"))
+	lines := mergeGoBench(mergeGoBench(mergeGoBench(first, more), again), other)
+	if len(lines) != 3 {
+		t.Fatalf("%d lines, want 3 (one per package and name): %+v", len(lines), lines)
+	}
+	r := lines[1]
+	if r.Name != "BenchmarkCreate/rejected" || !slices.Equal(r.Metrics["creates/s"], []float64{7, 9}) || !slices.Equal(r.Metrics["ns/op"], []float64{20, 30}) {
+		t.Errorf("the runs of one benchmark were not merged in order: %+v", r.Metrics)
+	}
+	if !slices.Equal(r.Units, []string{"ns/op", "creates/s", "allocs/op"}) {
+		t.Errorf("units %v: a unit a later run adds goes after the others", r.Units)
+	}
+	if !slices.Equal(lines[0].Metrics["ns/op"], []float64{10}) || lines[2].Pkg != "./y" {
+		t.Errorf("another benchmark or package was merged into: %+v, %+v", lines[0].Metrics, lines[2])
+	}
+}
+
 func TestParseWrk(t *testing.T) {
 	t.Parallel()
 
