@@ -13,17 +13,41 @@ import (
 )
 
 // goBenchmarks are the hot-path benchmarks the report includes, by package: the
-// create path's layers, each with allocations reported.
-var goBenchmarks = []struct{ Pkg, Pattern string }{
-	{"./internal/api", "^BenchmarkIdentify$"},
-	{"./internal/apikey", "^BenchmarkLookup$"},
-	{"./internal/flags", "^BenchmarkResolve$"},
-	{"./internal/keyed", "^(BenchmarkLoadSpread|BenchmarkBytesPerKey)$"},
-	{"./internal/admission", "^(BenchmarkAdmit|BenchmarkConcurrencyAcquire)$"},
-	{"./internal/sandbox", "^BenchmarkCreate$"},
-	{"./internal/app", "^(BenchmarkCreate|BenchmarkRefusalHandler)$"},
+// create path's layers, each with allocations reported. A package's Pair, when set,
+// is two sub-benchmarks whose ratio is a target (report.go), run apart (goBenchPair).
+var goBenchmarks = []struct {
+	Pkg, Pattern string
+	Pair         *goBenchPair
+}{
+	{"./internal/api", "^BenchmarkIdentify$", nil},
+	{"./internal/apikey", "^BenchmarkLookup$", nil},
+	{"./internal/flags", "^BenchmarkResolve$", nil},
+	{"./internal/keyed", "^(BenchmarkLoadSpread|BenchmarkBytesPerKey)$", nil},
+	{"./internal/admission", "^(BenchmarkAdmit|BenchmarkConcurrencyAcquire)$", nil},
+	{"./internal/sandbox", "^BenchmarkCreate$", nil},
+	{"./internal/app", "^(BenchmarkCreate|BenchmarkRefusalHandler)$", &goBenchPair{"BenchmarkCreate", [2]string{"rejected", "rejected_tiered"}}},
 	// Not a hot path: the queue's fairness scenario, one run of seconds (see its doc).
-	{"./internal/dispatcher", "^BenchmarkFairQueue$"},
+	{"./internal/dispatcher", "^BenchmarkFairQueue$", nil},
+}
+
+// goBenchPair is two sub-benchmarks of Bench whose ratio is a target. Each run of
+// either is a go test of its own (-count 1, -benchtime sizes.goPairTime), the two one
+// after the other and the first of them alternating from run to run, so that run i of
+// each is taken beside run i of the other; the package's run with -count skips them.
+// go test's -count runs one sub-benchmark's repetitions in a block, and the block that
+// ran second met whatever the machine did later: in process the two refusals cost the
+// same (BenchmarkRefusalHandler), while over loopback the later block read 0.88–0.99×
+// the earlier one, whichever went first (measured 2026-12-07).
+type goBenchPair struct {
+	Bench string
+	Subs  [2]string
+}
+
+// names are the pair's two sub-benchmarks as the report names them: Create/rejected
+// and Create/rejected_tiered.
+func (p *goBenchPair) names() (string, string) {
+	b := strings.TrimPrefix(p.Bench, "Benchmark")
+	return b + "/" + p.Subs[0], b + "/" + p.Subs[1]
 }
 
 // GoBenchLine is one benchmark's figures over its -count runs.
@@ -38,7 +62,7 @@ type GoBenchLine struct {
 // GoBenchResult is the go test -bench part.
 type GoBenchResult struct {
 	Command  string
-	PairTime string // the -benchtime of goBenchPairs' runs
+	PairTime string // the -benchtime of the pairs' runs (goBenchPair)
 	Lines    []*GoBenchLine
 }
 
@@ -52,56 +76,44 @@ func (r *GoBenchResult) line(pkg, name string) *GoBenchLine {
 	return nil
 }
 
-// goBenchPairs are the sub-benchmarks whose ratio is a target (report.go). Each run
-// of a pair is a go test of its own (-count 1, -benchtime sizes.goPairTime), the two
-// one after the other and the first of them alternating from run to run, so that run
-// i of each is taken beside run i of the other. go test's -count runs one
-// sub-benchmark's repetitions in a block, and the block that ran second met whatever
-// the machine did later: in process the two refusals cost the same
-// (BenchmarkRefusalHandler), while over loopback the later block read 0.88–0.99× the
-// earlier one, whichever went first (measured 2026-12-07).
-var goBenchPairs = []struct {
-	Pkg, Bench string
-	Subs       [2]string
-}{
-	{"./internal/app", "BenchmarkCreate", [2]string{"rejected", "rejected_tiered"}},
-}
-
 // runGoBench runs the hot-path benchmarks in the module and parses their output: each
-// package's with -count, then its pairs' runs (goBenchPairs), left out of the first.
+// package's with -count, then its pair's runs (goBenchPair), which the first skips.
 func runGoBench(ctx context.Context, env *Env, sz sizes) (*GoBenchResult, error) {
 	res := &GoBenchResult{Command: fmt.Sprintf("go test -run '^$' -bench <pattern> -benchmem -benchtime %s -count %d <package>", sz.goBenchTime, sz.goBenchCount),
 		PairTime: sz.goPairTime}
 	for _, gb := range goBenchmarks {
-		var skip []string
-		for _, p := range goBenchPairs {
-			if p.Pkg == gb.Pkg {
-				skip = append(skip, "^"+p.Bench+"$/^("+p.Subs[0]+"|"+p.Subs[1]+")$")
-			}
+		p, skip := gb.Pair, ""
+		if p != nil {
+			skip = "^" + p.Bench + "$/^(" + p.Subs[0] + "|" + p.Subs[1] + ")$"
 		}
-		lines, err := goTest(ctx, env, gb.Pkg, gb.Pattern, strings.Join(skip, "|"), sz.goBenchTime, sz.goBenchCount)
+		lines, err := goTest(ctx, env, gb.Pkg, gb.Pattern, skip, sz.goBenchTime, sz.goBenchCount)
 		if err != nil {
 			return nil, err
 		}
-		for _, p := range goBenchPairs {
-			if p.Pkg != gb.Pkg {
-				continue
-			}
-			for run := range sz.goBenchCount {
-				for i := range 2 {
-					sub := p.Subs[(run+i)%2]
-					more, err := goTest(ctx, env, p.Pkg, "^"+p.Bench+"$/^"+sub+"$", "", sz.goPairTime, 1)
-					if err != nil {
-						return nil, err
-					}
-					lines = mergeGoBench(lines, more)
-				}
+		if p != nil {
+			if lines, err = p.run(ctx, env, gb.Pkg, sz, lines); err != nil {
+				return nil, err
 			}
 		}
 		res.Lines = append(res.Lines, lines...)
 		env.logf("gobench: %s done", gb.Pkg)
 	}
 	return res, nil
+}
+
+// run runs the pair's sub-benchmarks of pkg sz.goBenchCount times each, in turns,
+// and adds their lines to lines.
+func (p *goBenchPair) run(ctx context.Context, env *Env, pkg string, sz sizes, lines []*GoBenchLine) ([]*GoBenchLine, error) {
+	for run := range sz.goBenchCount {
+		for i := range 2 {
+			more, err := goTest(ctx, env, pkg, "^"+p.Bench+"$/^"+p.Subs[(run+i)%2]+"$", "", sz.goPairTime, 1)
+			if err != nil {
+				return nil, err
+			}
+			lines = mergeGoBench(lines, more)
+		}
+	}
+	return lines, nil
 }
 
 // goTest runs go test's benchmarks matching pattern, less those matching skip (none

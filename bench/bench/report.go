@@ -566,9 +566,13 @@ func (r *Report) Markdown(command string) string {
 	if g := r.GoBench; g != nil {
 		w("### Go benchmarks of the hot paths\n\n")
 		w("`%s`, median [min–max] over the runs. Each package says what its benchmark measures; those with Postgres or Redis in them use the services.", g.Command)
-		for _, p := range goBenchPairs {
-			w(" `%s/%s` and `%s/%s` (`%s`), whose ratio is a target, are each run a `go test` of its own with `-count 1` and `-benchtime %s`, the two one after the other and the first of them alternating from run to run, so that each run of one is beside a run of the other; with `-count`, go test runs one sub-benchmark's repetitions in a block and the second block meets what the machine does later.",
-				strings.TrimPrefix(p.Bench, "Benchmark"), p.Subs[0], strings.TrimPrefix(p.Bench, "Benchmark"), p.Subs[1], p.Pkg, g.PairTime)
+		for _, gb := range goBenchmarks {
+			if gb.Pair == nil {
+				continue
+			}
+			a, b := gb.Pair.names()
+			w(" `%s` and `%s` (`%s`), whose ratio is a target, are each run a `go test` of its own with `-count 1` and `-benchtime %s`, the two one after the other and the first of them alternating from run to run, so that each run of one is beside a run of the other; with `-count`, go test runs one sub-benchmark's repetitions in a block and the second block meets what the machine does later.",
+				a, b, gb.Pkg, g.PairTime)
 		}
 		w("\n\n")
 		w("| package | benchmark | figures |\n|---|---|---|\n")
