@@ -25,7 +25,9 @@ var goBenchmarks = []struct {
 	{"./internal/keyed", "^(BenchmarkLoadSpread|BenchmarkBytesPerKey)$", nil},
 	{"./internal/admission", "^(BenchmarkAdmit|BenchmarkConcurrencyAcquire)$", nil},
 	{"./internal/sandbox", "^BenchmarkCreate$", nil},
-	{"./internal/app", "^(BenchmarkCreate|BenchmarkRefusalHandler)$", &goBenchPair{"BenchmarkCreate", [2]string{"rejected", "rejected_tiered"}}},
+	{"./internal/app", "^(BenchmarkCreate|BenchmarkRefusalHandler)$", &goBenchPair{
+		Bench: "BenchmarkCreate", Subs: [2]string{"rejected", "rejected_tiered"}, Unit: "creates/s", AtLeast: 0.95,
+		Target: "a tiered client's refused creates/s ≥ 0.95× an untiered one's (in process, same run)"}},
 	// Not a hot path: the queue's fairness scenario, one run of seconds (see its doc).
 	{"./internal/dispatcher", "^BenchmarkFairQueue$", nil},
 }
@@ -41,6 +43,21 @@ var goBenchmarks = []struct {
 type goBenchPair struct {
 	Bench string
 	Subs  [2]string
+	// The target: Subs[1]'s Unit over Subs[0]'s, run by run, at least AtLeast at the
+	// median; Target says so in the report.
+	Unit    string
+	AtLeast float64
+	Target  string
+}
+
+// target is the pair's target as g measured it in pkg; false when either did not run.
+func (p *goBenchPair) target(g *GoBenchResult, pkg string) (Target, bool) {
+	base, other := g.line(pkg, p.Bench+"/"+p.Subs[0]), g.line(pkg, p.Bench+"/"+p.Subs[1])
+	if base == nil || other == nil {
+		return Target{}, false
+	}
+	st := ratioStats(other.Metrics[p.Unit], base.Metrics[p.Unit])
+	return Target{p.Target, st.format("%.2f×"), st.Median >= p.AtLeast}, true
 }
 
 // names are the pair's two sub-benchmarks as the report names them: Create/rejected

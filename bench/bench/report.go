@@ -106,10 +106,13 @@ func (r *Report) Targets() []Target {
 		ts = append(ts, o.targets()...)
 	}
 	if g := r.GoBench; g != nil {
-		plain, tiered := g.line("./internal/app", "BenchmarkCreate/rejected"), g.line("./internal/app", "BenchmarkCreate/rejected_tiered")
-		if plain != nil && tiered != nil {
-			st := ratioStats(tiered.Metrics["creates/s"], plain.Metrics["creates/s"])
-			ts = append(ts, Target{"a tiered client's refused creates/s ≥ 0.95× an untiered one's (in process, same run)", st.format("%.2f×"), st.Median >= 0.95})
+		for _, gb := range goBenchmarks {
+			if gb.Pair == nil {
+				continue
+			}
+			if t, ok := gb.Pair.target(g, gb.Pkg); ok {
+				ts = append(ts, t)
+			}
 		}
 	}
 	ts = append(ts, r.poolTargets()...)

@@ -605,6 +605,33 @@ func TestMergeGoBench(t *testing.T) {
 	}
 }
 
+func TestGoBenchPairTarget(t *testing.T) {
+	t.Parallel()
+	p := &goBenchPair{Bench: "BenchmarkCreate", Subs: [2]string{"a", "b"}, Unit: "creates/s", AtLeast: 0.95, Target: "b ≥ 0.95× a"}
+	lines := parseGoBench("./x", []byte("BenchmarkCreate/a-2 1 1 ns/op 100 creates/s\nBenchmarkCreate/b-2 1 1 ns/op 90 creates/s\n"+
+		"BenchmarkCreate/a-2 1 1 ns/op 100 creates/s\nBenchmarkCreate/b-2 1 1 ns/op 100 creates/s\n"+
+		"BenchmarkCreate/a-2 1 1 ns/op 50 creates/s\nBenchmarkCreate/b-2 1 1 ns/op 48 creates/s\n"))
+	g := &GoBenchResult{Lines: lines}
+
+	t.Run("the ratio is taken run by run, and its median judged", func(t *testing.T) {
+		got, ok := p.target(g, "./x")
+		if !ok || got.Name != "b ≥ 0.95× a" || !got.Met || !strings.HasPrefix(got.Measured, "0.96×") {
+			t.Errorf("target %+v, %v; want the median of 0.90, 1.00, 0.96 (0.96×), met", got, ok)
+		}
+		p2 := *p
+		p2.AtLeast = 0.97
+		if got, _ := p2.target(g, "./x"); got.Met {
+			t.Errorf("0.96× judged met at 0.97: %+v", got)
+		}
+	})
+
+	t.Run("a pair that did not run in the package states no target", func(t *testing.T) {
+		if got, ok := p.target(g, "./y"); ok {
+			t.Errorf("target %+v from another package", got)
+		}
+	})
+}
+
 func TestParseWrk(t *testing.T) {
 	t.Parallel()
 
