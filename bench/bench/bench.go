@@ -177,7 +177,7 @@ type sizes struct {
 	replicaWorkers int
 	goBenchTime    string
 	goBenchCount   int
-	// goPairTime is the -benchtime of each run of goBenchPairs: longer than
+	// goPairTime is the -benchtime of each run of a goBenchPair: longer than
 	// goBenchTime, as one run of each is all a pair's ratio has.
 	goPairTime string
 	// The lifecycle's table: live sandboxes, how many of them are due (a divisor of
