@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/coalesce"
 )
 
 // LimiterOptions configures a Limiter.
@@ -45,6 +46,14 @@ type Limiter struct {
 	prefix string
 	rate   space.Rate
 	args   bucketArgs
+	// peeks coalesces each key's Peeks (see Peek).
+	peeks coalesce.Reads[string, peeked]
+}
+
+// peeked is a Peek's answer.
+type peeked struct {
+	allowed bool
+	state   BucketState
 }
 
 // NewLimiter returns a Limiter, or an error naming the option that is wrong.
@@ -79,12 +88,25 @@ func (l *Limiter) Allow(ctx context.Context, key string) (allowed bool, state Bu
 
 // Peek reports whether key's bucket holds a token now, without taking it or writing
 // anything.
+//
+// One key's Peeks are coalesced (coalesce.Reads): while one is on its way to Redis,
+// the Peeks of the key asked for meanwhile wait together for the next, which begins
+// once that one is back, so each still reads what every take before it left. A
+// source address sending thousands of requests a second (each of which Peeks its
+// failures' bucket before its API key is looked up) then costs Redis one Peek at a
+// time, not one a request.
 func (l *Limiter) Peek(ctx context.Context, key string) (allowed bool, state BucketState, err error) {
-	allowed, state, err = l.decide(ctx, peek, key)
+	p, err := l.peeks.Do(ctx, key, func(ctx context.Context) (peeked, error) {
+		allowed, state, err := l.decide(ctx, peek, key)
+		return peeked{allowed, state}, err
+	})
 	if err != nil {
-		return false, state, fmt.Errorf("limiter peek: %w", err)
+		if !errors.Is(err, ErrUnavailable) {
+			err = unavailable(err) // its context ended while it waited
+		}
+		return false, BucketState{Rate: l.rate}, fmt.Errorf("limiter peek: %w", err)
 	}
-	return allowed, state, nil
+	return p.allowed, p.state, nil
 }
 
 func (l *Limiter) decide(ctx context.Context, cost, key string) (bool, BucketState, error) {

@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,6 +77,42 @@ func TestLimiter(t *testing.T) {
 		if ok, _, err := b.lim.Peek(b.ctx, "k"); err != nil || ok {
 			t.Fatalf("Peek on an empty bucket = %v, %v; want no token", ok, err)
 		}
+	})
+
+	t.Run("a peek made after a take emptied the bucket sees it empty, whatever peeks are on their way", func(t *testing.T) {
+		t.Parallel()
+		topologies(t, func(t *testing.T, rdb redis.UniversalClient) {
+			b := setupLimiter(t, rdb, space.Rate{RefillRPS: 0.001, Burst: 3})
+			const addr = "10.0.0.9"
+			// Peeks of the address all along, so that the ones below find one on its way.
+			ctx, stop := context.WithCancel(b.ctx)
+			var peekers sync.WaitGroup
+			for range 8 {
+				peekers.Go(func() {
+					for ctx.Err() == nil {
+						_, _, _ = b.lim.Peek(ctx, addr)
+					}
+				})
+			}
+			defer func() { stop(); peekers.Wait() }()
+			for round := range 3 {
+				if ok, _, err := b.lim.Peek(b.ctx, addr); err != nil || !ok {
+					t.Fatalf("peek before take %d: %v, %v; want a token left", round+1, ok, err)
+				}
+				if ok, _, err := b.lim.Allow(b.ctx, addr); err != nil || !ok {
+					t.Fatalf("take %d: %v, %v; want it taken", round+1, ok, err)
+				}
+			}
+			var after sync.WaitGroup
+			for i := range 16 {
+				after.Go(func() {
+					if ok, st, err := b.lim.Peek(b.ctx, addr); err != nil || ok {
+						t.Errorf("peek %d after the last take: %v, %+v, %v; want the bucket empty", i, ok, st, err)
+					}
+				})
+			}
+			after.Wait()
+		})
 	})
 
 	t.Run("a key expires once its bucket is full again", func(t *testing.T) {

@@ -6,8 +6,11 @@
 // with bcrypt or argon2; a random 256-bit key has nothing to brute-force, so its hash
 // is as good as irreversible, and a fast hash keeps the per-request lookup cheap.
 //
-// Keys are not cached: every request looks its key up by hash (an index probe), so a
-// revoked key is refused by the very next request on every replica.
+// Keys are not cached: every request's key is read by hash (an index probe) by a query
+// that began after the request arrived, so a revoked key is refused by the very next
+// request on every replica. The requests of one key that arrive while its read is on
+// its way share the next read (Store.Lookup), so that a flood by one valid key costs
+// Postgres one query at a time, not one a request.
 package apikey
 
 import (
@@ -30,6 +33,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/coalesce"
 	"github.com/space-sandbox/space/internal/keyed"
 	"github.com/space-sandbox/space/internal/store"
 )
@@ -78,6 +82,12 @@ type Store struct {
 	writing bool
 	// writes counts the UPDATE statements writeUses ran, for the tests.
 	writes atomic.Int64
+
+	// reads coalesces the lookups of each key (see Lookup); queries counts their
+	// queries, and queried, when set, runs as each has read: for the tests.
+	reads   coalesce.Reads[[sha256.Size]byte, Key]
+	queries atomic.Int64
+	queried func()
 }
 
 // TouchInterval is how stale last_used_at may be.
@@ -175,27 +185,53 @@ func WellFormed(secret string) bool {
 // Lookup returns the live key whose secret this is, or ErrInvalid. A Postgres outage is
 // an EUNAVAILABLE error, not ErrInvalid: a caller is not told its key is bad because
 // the database is down.
+//
+// The answer is always read by a query that began after Lookup was called, so a key
+// revoked before is refused. One key's lookups are coalesced (coalesce.Reads): while a
+// query of the key is on its way, the lookups of it that arrive wait together for the
+// next query, sent as that one comes back. A flood by one valid key then costs
+// Postgres one query at a time, each answering every request that arrived during the
+// one before, where it cost a query a request: the key's lookup is the one piece of a
+// request's work done before the overload gate, which has to know who is asking
+// (docs/benchmarks.md, "A flood by one API key"). A lookup whose context ends while
+// it waits returns at once.
 func (s *Store) Lookup(ctx context.Context, secret string) (Key, error) {
 	if !WellFormed(secret) {
 		return Key{}, ErrInvalid
 	}
 	sum := sha256.Sum256([]byte(secret))
+	k, err := s.reads.Do(ctx, sum, func(ctx context.Context) (Key, error) { return s.query(ctx, sum) })
+	if err != nil {
+		if errors.Is(err, ErrInvalid) {
+			return Key{}, err
+		}
+		return Key{}, fmt.Errorf("look up key: %w", store.Classify(err))
+	}
+	s.touch(k.ID)
+	return k, nil
+}
+
+// query reads the live key whose secret hashes to sum, or ErrInvalid.
+func (s *Store) query(ctx context.Context, sum [sha256.Size]byte) (Key, error) {
+	s.queries.Add(1)
 	var k Key
 	var stored []byte
 	err := s.db.QueryRow(ctx, `SELECT id::text, client, name, hash, created_at, revoked_at FROM api_keys WHERE hash = $1`,
 		sum[:]).Scan(&k.ID, &k.Client, &k.Name, &stored, &k.CreatedAt, &k.RevokedAt)
+	if s.queried != nil {
+		s.queried()
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Key{}, ErrInvalid
 	}
 	if err != nil {
-		return Key{}, fmt.Errorf("look up key: %w", err)
+		return Key{}, err
 	}
 	// The index found the row by hash; compare again in constant time so that no
 	// code path compares key material byte by byte with an early exit.
 	if subtle.ConstantTimeCompare(stored, sum[:]) != 1 || k.RevokedAt != nil {
 		return Key{}, ErrInvalid
 	}
-	s.touch(k.ID)
 	return k, nil
 }
 

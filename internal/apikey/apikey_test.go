@@ -1,8 +1,10 @@
 package apikey
 
 import (
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,6 +96,93 @@ func TestLastUse(t *testing.T) {
 		})
 		if w := b.store.writes.Load(); w != 1 {
 			t.Fatalf("%d statements for one key used 20 times within a minute, want 1", w)
+		}
+	})
+}
+
+func TestLookupCoalesced(t *testing.T) {
+	t.Parallel()
+
+	t.Run("lookups of a key made while its query is on its way share the next, which sees a revoke made before them", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids, secrets := b.issue(t, 1)
+		read, hold := make(chan struct{}, 1), make(chan struct{})
+		var queried atomic.Int64
+		b.store.queried = func() {
+			if queried.Add(1) == 1 { // the first query only; the others go on
+				read <- struct{}{}
+				<-hold
+			}
+		}
+		waiting := make(chan struct{}, 100)
+		b.store.reads.OnWait = func() { waiting <- struct{}{} }
+		lookup := func() <-chan error {
+			c := make(chan error, 1)
+			go func() {
+				_, err := b.store.Lookup(testenv.Context(t), secrets[0])
+				c <- err
+			}()
+			return c
+		}
+		within := func(c <-chan struct{}, what string) {
+			t.Helper()
+			select {
+			case <-c:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("waited 30s for %s", what)
+			}
+		}
+		onItsWay := lookup()
+		within(read, "the first query to read the key")
+		// The first query has read the key live; the revoke commits while it is on its
+		// way, before the lookups below are made.
+		if err := b.store.Revoke(testenv.Context(t), ids[0]); err != nil {
+			t.Fatal(err)
+		}
+		const n = 10
+		after := make([]<-chan error, n)
+		for i := range after {
+			after[i] = lookup()
+		}
+		for range n {
+			within(waiting, "the lookups made after the revoke to wait")
+		}
+		close(hold)
+		if err := <-onItsWay; err != nil {
+			t.Fatalf("the lookup made before the revoke: %v, want its key live", err)
+		}
+		for i, c := range after {
+			if err := <-c; !errors.Is(err, ErrInvalid) {
+				t.Fatalf("lookup %d made after the revoke: %v, want ErrInvalid", i, err)
+			}
+		}
+		if q := b.store.queries.Load(); q != 2 {
+			t.Fatalf("%d queries for %d lookups, want 2: the one on its way and the one the others waited for", q, n+1)
+		}
+	})
+
+	t.Run("lookups of other keys do not wait for a key's query on its way", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, secrets := b.issue(t, 2)
+		read, hold := make(chan struct{}, 1), make(chan struct{})
+		var queried atomic.Int64
+		b.store.queried = func() {
+			if queried.Add(1) == 1 { // the first query only; the others go on
+				read <- struct{}{}
+				<-hold
+			}
+		}
+		defer close(hold)
+		go func() { _, _ = b.store.Lookup(testenv.Context(t), secrets[0]) }()
+		select {
+		case <-read:
+		case <-time.After(30 * time.Second):
+			t.Fatal("waited 30s for the first query to read its key")
+		}
+		if _, err := b.store.Lookup(testenv.Context(t), secrets[1]); err != nil {
+			t.Fatalf("another key's lookup: %v", err)
 		}
 	})
 }
