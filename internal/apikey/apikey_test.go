@@ -12,7 +12,8 @@ import (
 )
 
 type bundle struct {
-	store *Store
+	store     *Store
+	firstRead chan struct{} // see holdFirstQuery
 }
 
 func setup(t *testing.T) *bundle {
@@ -100,6 +101,22 @@ func TestLastUse(t *testing.T) {
 	})
 }
 
+// holdFirstQuery holds the store's first query on its way once it has read its row,
+// signalling b.firstRead, until release is called; later queries go on.
+func (b *bundle) holdFirstQuery(t *testing.T) (release func()) {
+	t.Helper()
+	b.firstRead = make(chan struct{}, 1)
+	hold := make(chan struct{})
+	var queried atomic.Int64
+	b.store.queried = func() {
+		if queried.Add(1) == 1 {
+			b.firstRead <- struct{}{}
+			<-hold
+		}
+	}
+	return func() { close(hold) }
+}
+
 func TestLookupCoalesced(t *testing.T) {
 	t.Parallel()
 
@@ -107,14 +124,7 @@ func TestLookupCoalesced(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		ids, secrets := b.issue(t, 1)
-		read, hold := make(chan struct{}, 1), make(chan struct{})
-		var queried atomic.Int64
-		b.store.queried = func() {
-			if queried.Add(1) == 1 { // the first query only; the others go on
-				read <- struct{}{}
-				<-hold
-			}
-		}
+		release := b.holdFirstQuery(t)
 		waiting := make(chan struct{}, 100)
 		b.store.reads.OnWait = func() { waiting <- struct{}{} }
 		lookup := func() <-chan error {
@@ -125,16 +135,8 @@ func TestLookupCoalesced(t *testing.T) {
 			}()
 			return c
 		}
-		within := func(c <-chan struct{}, what string) {
-			t.Helper()
-			select {
-			case <-c:
-			case <-time.After(30 * time.Second):
-				t.Fatalf("waited 30s for %s", what)
-			}
-		}
 		onItsWay := lookup()
-		within(read, "the first query to read the key")
+		testenv.Await(t, b.firstRead, 1, 30*time.Second, "first queries having read the key")
 		// The first query has read the key live; the revoke commits while it is on its
 		// way, before the lookups below are made.
 		if err := b.store.Revoke(testenv.Context(t), ids[0]); err != nil {
@@ -145,10 +147,8 @@ func TestLookupCoalesced(t *testing.T) {
 		for i := range after {
 			after[i] = lookup()
 		}
-		for range n {
-			within(waiting, "the lookups made after the revoke to wait")
-		}
-		close(hold)
+		testenv.Await(t, waiting, n, 30*time.Second, "lookups made after the revoke waiting")
+		release()
 		if err := <-onItsWay; err != nil {
 			t.Fatalf("the lookup made before the revoke: %v, want its key live", err)
 		}
@@ -166,21 +166,10 @@ func TestLookupCoalesced(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		_, secrets := b.issue(t, 2)
-		read, hold := make(chan struct{}, 1), make(chan struct{})
-		var queried atomic.Int64
-		b.store.queried = func() {
-			if queried.Add(1) == 1 { // the first query only; the others go on
-				read <- struct{}{}
-				<-hold
-			}
-		}
-		defer close(hold)
+		release := b.holdFirstQuery(t)
+		defer release()
 		go func() { _, _ = b.store.Lookup(testenv.Context(t), secrets[0]) }()
-		select {
-		case <-read:
-		case <-time.After(30 * time.Second):
-			t.Fatal("waited 30s for the first query to read its key")
-		}
+		testenv.Await(t, b.firstRead, 1, 30*time.Second, "first queries having read the key")
 		if _, err := b.store.Lookup(testenv.Context(t), secrets[1]); err != nil {
 			t.Fatalf("another key's lookup: %v", err)
 		}

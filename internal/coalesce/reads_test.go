@@ -89,19 +89,6 @@ func setup(t *testing.T) *bundle {
 	return b
 }
 
-// await waits for n signals on c, failing the test after bound.
-func await[T any](t *testing.T, c <-chan T, n int, what string) {
-	t.Helper()
-	deadline := time.After(bound)
-	for i := range n {
-		select {
-		case <-c:
-		case <-deadline:
-			t.Fatalf("%d of %d %s after %v", i, n, what, bound)
-		}
-	}
-}
-
 type answer struct {
 	v   int
 	err error
@@ -158,7 +145,7 @@ func TestReads(t *testing.T) {
 		b.store.write("k")
 		release := b.store.hold("k")
 		first := b.ask(context.Background(), "k")
-		await(t, b.store.readDone, 1, "reads held")
+		testenv.Await(t, b.store.readDone, 1, bound, "reads held")
 		// Written after the first read read: only a read that began after the
 		// callers below asked can see it.
 		written := b.store.write("k")
@@ -167,7 +154,7 @@ func TestReads(t *testing.T) {
 		for i := range answers {
 			answers[i] = b.ask(context.Background(), "k")
 		}
-		await(t, b.waited, n, "callers waiting")
+		testenv.Await(t, b.waited, n, bound, "callers waiting")
 		release()
 		if a := receive(t, first); a.err != nil || a.v != written-1 {
 			t.Fatalf("the first caller got %d, %v; want %d, read before the write", a.v, a.err, written-1)
@@ -189,7 +176,7 @@ func TestReads(t *testing.T) {
 		release := b.store.hold("slow")
 		defer release()
 		slow := b.ask(context.Background(), "slow")
-		await(t, b.store.readDone, 1, "reads held")
+		testenv.Await(t, b.store.readDone, 1, bound, "reads held")
 		if a := receive(t, b.ask(context.Background(), "other")); a.err != nil {
 			t.Fatal(a.err)
 		}
@@ -205,11 +192,11 @@ func TestReads(t *testing.T) {
 		b := setup(t)
 		release := b.store.hold("k")
 		first := b.ask(context.Background(), "k")
-		await(t, b.store.readDone, 1, "reads held")
+		testenv.Await(t, b.store.readDone, 1, bound, "reads held")
 		ctx, cancel := context.WithCancel(context.Background())
 		gone := b.ask(ctx, "k")
 		stays := b.ask(context.Background(), "k")
-		await(t, b.waited, 2, "callers waiting")
+		testenv.Await(t, b.waited, 2, bound, "callers waiting")
 		cancel()
 		if a := receive(t, gone); !errors.Is(a.err, context.Canceled) {
 			t.Fatalf("the caller that gave up got %d, %v; want context.Canceled", a.v, a.err)
@@ -229,9 +216,9 @@ func TestReads(t *testing.T) {
 		b.reads.Timeout = 50 * time.Millisecond
 		release := b.store.hold("k")
 		first := b.ask(context.Background(), "k")
-		await(t, b.store.readDone, 1, "reads held")
+		testenv.Await(t, b.store.readDone, 1, bound, "reads held")
 		waiting := b.ask(context.Background(), "k")
-		await(t, b.waited, 1, "callers waiting")
+		testenv.Await(t, b.waited, 1, bound, "callers waiting")
 		// The first read is held until its caller's context ends, which it never does;
 		// let it go, then hold the next: only its timeout ends it.
 		second := b.store.hold("k")
@@ -239,7 +226,7 @@ func TestReads(t *testing.T) {
 		if a := receive(t, first); a.err != nil {
 			t.Fatal(a.err)
 		}
-		await(t, b.store.readDone, 1, "reads held")
+		testenv.Await(t, b.store.readDone, 1, bound, "reads held")
 		if a := receive(t, waiting); !errors.Is(a.err, context.DeadlineExceeded) {
 			t.Fatalf("the waiting caller got %d, %v; want the read's deadline", a.v, a.err)
 		}
