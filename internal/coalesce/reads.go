@@ -33,18 +33,14 @@ type Reads[K comparable, V any] struct {
 	// read: a signal for tests.
 	OnWait func()
 
+	// out holds the keys with a read on its way, each with its next read, which the
+	// callers arrived since wait for (nil while none waits).
 	mu  sync.Mutex
-	out map[K]*waiting[V] // the keys with a read on its way
+	out map[K]*result[V]
 }
 
 // DefaultTimeout is Reads.Timeout's default.
 const DefaultTimeout = 5 * time.Second
-
-// waiting is a key's next read, which the callers arrived since the read on its way
-// was sent wait for; nil while none waits.
-type waiting[V any] struct {
-	next *result[V]
-}
 
 // result is one read and its answer, for every caller waiting on it.
 type result[V any] struct {
@@ -61,20 +57,19 @@ type result[V any] struct {
 // returns ctx.Err() at once.
 func (r *Reads[K, V]) Do(ctx context.Context, key K, read func(context.Context) (V, error)) (V, error) {
 	r.mu.Lock()
-	w, onItsWay := r.out[key]
+	next, onItsWay := r.out[key]
 	if !onItsWay {
 		if r.out == nil {
-			r.out = map[K]*waiting[V]{}
+			r.out = map[K]*result[V]{}
 		}
-		r.out[key] = &waiting[V]{}
+		r.out[key] = nil
 		r.mu.Unlock()
 		defer r.landed(key)
 		return read(ctx)
 	}
-	next := w.next
 	if next == nil {
 		next = &result[V]{read: read, done: make(chan struct{})}
-		w.next = next
+		r.out[key] = next
 	}
 	r.mu.Unlock()
 	if r.OnWait != nil {
@@ -93,14 +88,13 @@ func (r *Reads[K, V]) Do(ctx context.Context, key K, read func(context.Context) 
 // goes next, or, when none waits, key has no read on its way.
 func (r *Reads[K, V]) landed(key K) {
 	r.mu.Lock()
-	w := r.out[key]
-	next := w.next
+	next := r.out[key]
 	if next == nil {
 		delete(r.out, key)
 		r.mu.Unlock()
 		return
 	}
-	w.next = nil
+	r.out[key] = nil // on its way now; the callers arriving next wait for another
 	r.mu.Unlock()
 	timeout := r.Timeout
 	if timeout <= 0 {
