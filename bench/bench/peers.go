@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/space-sandbox/space/internal/config"
-	"github.com/space-sandbox/space/internal/testenv"
 )
 
 // The peers of the refusal-ceiling comparison are main packages of this module
@@ -51,10 +50,13 @@ func (e *Env) startPeer(ctx context.Context, name, redisAddr string, extra ...st
 	if err != nil {
 		return nil, err
 	}
-	addr, err := testenv.FreeLoopbackAddr()
-	if err != nil {
-		return nil, err
-	}
+	return onFreePorts(1, func(addrs []string) (*apiServer, error) {
+		return e.startPeerOn(ctx, bin, addrs[0], name, redisAddr, extra...)
+	})
+}
+
+// startPeerOn starts the peer built at bin listening on addr.
+func (e *Env) startPeerOn(ctx context.Context, bin, addr, name, redisAddr string, extra ...string) (*apiServer, error) {
 	args := []string{"-addr", addr}
 	if redisAddr != "" {
 		args = append(args, "-redis", redisAddr)

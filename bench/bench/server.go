@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -171,14 +172,36 @@ func (e *Env) baseServerEnv() map[string]string {
 
 // startServer starts space-api serve and waits until /readyz answers 200.
 func (e *Env) startServer(ctx context.Context, c serverConfig) (*apiServer, error) {
-	public, err := testenv.FreeLoopbackAddr()
-	if err != nil {
-		return nil, err
+	return onFreePorts(2, func(addrs []string) (*apiServer, error) { return e.startServerOn(ctx, c, addrs[0], addrs[1]) })
+}
+
+// errAddrTaken marks a server that exited at start because its address was taken.
+var errAddrTaken = errors.New("its address was taken")
+
+// onFreePorts runs start on n free loopback addresses, and again on new ones, up to
+// five times in all, when the server exited because one was taken meanwhile. A port
+// is found free by listening on it and closing it, and once closed it may go to any
+// process's next socket, an outgoing connection's ephemeral port included, before the
+// server listens on it: rare, but one such start failed a clean clone's make test.
+func onFreePorts(n int, start func(addrs []string) (*apiServer, error)) (*apiServer, error) {
+	for try := 1; ; try++ {
+		addrs := make([]string, n)
+		for i := range addrs {
+			addr, err := testenv.FreeLoopbackAddr()
+			if err != nil {
+				return nil, err
+			}
+			addrs[i] = addr
+		}
+		s, err := start(addrs)
+		if !errors.Is(err, errAddrTaken) || try == 5 {
+			return s, err
+		}
 	}
-	internal, err := testenv.FreeLoopbackAddr()
-	if err != nil {
-		return nil, err
-	}
+}
+
+// startServerOn starts space-api serve listening on public and internal.
+func (e *Env) startServerOn(ctx context.Context, c serverConfig, public, internal string) (*apiServer, error) {
 	vars := e.baseServerEnv()
 	vars["SPACE_HTTP_ADDR"] = public
 	vars["SPACE_INTERNAL_HTTP_ADDR"] = internal
@@ -222,7 +245,11 @@ func (e *Env) startProcess(ctx context.Context, what, name string, cmd *exec.Cmd
 		select {
 		case <-s.done:
 			logFile.Close()
-			return nil, fmt.Errorf("%s exited at start:\n%s", what, tail(logPath, 20))
+			log := tail(logPath, 20)
+			if strings.Contains(log, "address already in use") {
+				return nil, fmt.Errorf("%s exited at start, %w:\n%s", what, errAddrTaken, log)
+			}
+			return nil, fmt.Errorf("%s exited at start:\n%s", what, log)
 		default:
 		}
 		if code, err := httpStatus(ctx, s.PublicURL+"/readyz"); err == nil && code == http.StatusOK {
