@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/space-sandbox/space/internal/config"
+	"github.com/space-sandbox/space/internal/testenv"
 )
 
 // The peers of the refusal-ceiling comparison are main packages of this module
@@ -50,7 +51,7 @@ func (e *Env) startPeer(ctx context.Context, name, redisAddr string, extra ...st
 	if err != nil {
 		return nil, err
 	}
-	return onFreePorts(1, func(addrs []string) (*apiServer, error) {
+	return testenv.OnFreePorts(1, 5, func(addrs []string) (*apiServer, error) {
 		return e.startPeerOn(ctx, bin, addrs[0], name, redisAddr, extra...)
 	})
 }

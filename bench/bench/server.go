@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -172,32 +171,7 @@ func (e *Env) baseServerEnv() map[string]string {
 
 // startServer starts space-api serve and waits until /readyz answers 200.
 func (e *Env) startServer(ctx context.Context, c serverConfig) (*apiServer, error) {
-	return onFreePorts(2, func(addrs []string) (*apiServer, error) { return e.startServerOn(ctx, c, addrs[0], addrs[1]) })
-}
-
-// errAddrTaken marks a server that exited at start because its address was taken.
-var errAddrTaken = errors.New("its address was taken")
-
-// onFreePorts runs start on n free loopback addresses, and again on new ones, up to
-// five times in all, when the server exited because one was taken meanwhile. A port
-// is found free by listening on it and closing it, and once closed it may go to any
-// process's next socket, an outgoing connection's ephemeral port included, before the
-// server listens on it: rare, but one such start failed a clean clone's make test.
-func onFreePorts(n int, start func(addrs []string) (*apiServer, error)) (*apiServer, error) {
-	for try := 1; ; try++ {
-		addrs := make([]string, n)
-		for i := range addrs {
-			addr, err := testenv.FreeLoopbackAddr()
-			if err != nil {
-				return nil, err
-			}
-			addrs[i] = addr
-		}
-		s, err := start(addrs)
-		if !errors.Is(err, errAddrTaken) || try == 5 {
-			return s, err
-		}
-	}
+	return testenv.OnFreePorts(2, 5, func(addrs []string) (*apiServer, error) { return e.startServerOn(ctx, c, addrs[0], addrs[1]) })
 }
 
 // startServerOn starts space-api serve listening on public and internal.
@@ -246,8 +220,8 @@ func (e *Env) startProcess(ctx context.Context, what, name string, cmd *exec.Cmd
 		case <-s.done:
 			logFile.Close()
 			log := tail(logPath, 20)
-			if strings.Contains(log, "address already in use") {
-				return nil, fmt.Errorf("%s exited at start, %w:\n%s", what, errAddrTaken, log)
+			if testenv.PortTaken(log) {
+				return nil, fmt.Errorf("%s exited at start, %w:\n%s", what, testenv.ErrPortTaken, log)
 			}
 			return nil, fmt.Errorf("%s exited at start:\n%s", what, log)
 		default:

@@ -71,24 +71,25 @@ func startReplica(t *testing.T, name string, env map[string]string) *replica {
 // too) is retried on other ports.
 func startReplicaCmd(t *testing.T, name string, newCmd func() *exec.Cmd, env map[string]string) *replica {
 	t.Helper()
-	for attempt := 1; ; attempt++ {
-		r, err := startReplicaOnce(t, name, newCmd(), env)
-		if err == nil {
-			return r
-		}
-		if attempt < 3 && strings.Contains(r.logs.String(), "address already in use") {
+	r, err := testenv.OnFreePorts(2, 3, func(addrs []string) (*replica, error) {
+		r, err := startReplicaOnce(t, name, newCmd(), env, addrs[0], addrs[1])
+		if err != nil && testenv.PortTaken(r.logs.String()) {
 			t.Logf("replica %s: a port was taken before it listened; again on others", name)
-			continue
+			return r, fmt.Errorf("%w: %w", testenv.ErrPortTaken, err)
 		}
+		return r, err
+	})
+	if err != nil {
 		t.Fatalf("replica %s exited before it was ready: %v\n%s", name, err, r.logs.String())
 	}
+	return r
 }
 
-// startReplicaOnce starts cmd as startReplicaCmd does, and returns the replica once it
-// is ready, or with the error it exited with before.
-func startReplicaOnce(t *testing.T, name string, cmd *exec.Cmd, env map[string]string) (*replica, error) {
+// startReplicaOnce starts cmd as startReplicaCmd does, listening on public and
+// internal, and returns the replica once it is ready, or with the error it exited with
+// before.
+func startReplicaOnce(t *testing.T, name string, cmd *exec.Cmd, env map[string]string, public, internal string) (*replica, error) {
 	t.Helper()
-	public, internal := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	cmd.Env = append(cmd.Env, "SPACE_HTTP_ADDR="+public, "SPACE_INTERNAL_HTTP_ADDR="+internal)
 	for _, k := range []string{"PATH", "HOME", "TMPDIR", "GORACE"} {
 		if v, ok := os.LookupEnv(k); ok {

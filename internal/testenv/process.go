@@ -2,11 +2,13 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -27,7 +29,8 @@ const redisStartTimeout = 10 * time.Second
 const wrappedStartTimeout = time.Minute
 
 // FreeLoopbackAddr returns a 127.0.0.1 address whose port nobody listened on a moment
-// ago. Another process may take it before the caller listens; callers that cannot
+// ago. Another process may take it before the caller listens: a server started on it
+// goes through OnFreePorts, which starts it again on others; callers that cannot
 // retry accept that small race.
 func FreeLoopbackAddr() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -227,5 +230,37 @@ func (p *RedisProcess) Resume() {
 	defer p.mu.Unlock()
 	if p.cmd != nil {
 		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
+// ErrPortTaken marks a server that exited at start because another socket took one
+// of its ports between FreeLoopbackAddr and its listen (PortTaken tells it from its
+// log).
+var ErrPortTaken = errors.New("a port was taken before the server listened on it")
+
+// PortTaken reports whether a server's log says it could not listen because its
+// address was in use.
+func PortTaken(log string) bool { return strings.Contains(log, "address already in use") }
+
+// OnFreePorts runs start on n free loopback addresses, and again on new ones, up to
+// tries times in all, while start fails with ErrPortTaken. A port is found free by
+// listening on it and closing it, and once closed it may go to any socket of the
+// machine, an outgoing connection's local port included, before the server listens on
+// it: rare, but one such start failed a clean clone's make test.
+func OnFreePorts[T any](n, tries int, start func(addrs []string) (T, error)) (T, error) {
+	for try := 1; ; try++ {
+		addrs := make([]string, n)
+		for i := range addrs {
+			addr, err := FreeLoopbackAddr()
+			if err != nil {
+				var zero T
+				return zero, err
+			}
+			addrs[i] = addr
+		}
+		v, err := start(addrs)
+		if !errors.Is(err, ErrPortTaken) || try >= tries {
+			return v, err
+		}
 	}
 }
