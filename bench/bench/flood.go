@@ -89,12 +89,34 @@ func runFlood(ctx context.Context, env *Env, runs int, sz sizes) (*FloodResult, 
 		return nil, err
 	}
 	defer peer.stop()
+	// The quiet neighbour's arms run a third time on space-api in api_key mode, the
+	// clients' API keys issued into the same database: there every request's key is
+	// read from Postgres before the overload gate, so a flood by one key must not
+	// become a flood of reads that the quiet client's own waits behind.
+	keyed, err := issueKeys(ctx, db, []string{"bench-flood", "bench-quiet"})
+	if err != nil {
+		return nil, err
+	}
+	apiKeys := map[string]string{}
+	for i, c := range keyed.clients {
+		apiKeys[c] = keyed.secrets[i]
+	}
+	keySrv, err := env.startServer(ctx, serverConfig{Name: "flood-api-key", DB: db, RedisAddr: rs.Addr, Flags: flags, Env: map[string]string{
+		"SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS": fmt.Sprint(cluster),
+		"SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST":      fmt.Sprint(int64(cluster)),
+		"SPACE_AUTH_MODE":                               "api_key",
+	}})
+	if err != nil {
+		return nil, err
+	}
+	defer keySrv.stop()
+	apiKeyed := neighbourServer{srv: keySrv, keys: apiKeys}
 
 	// Unmeasured first: a server that meets 1,000 creates/s cold (no Postgres or Redis
 	// connections yet, no prepared statements) falls behind, and an open loop only
 	// piles up from there. The peer is warmed alike.
-	for _, s := range []*apiServer{srv, peer} {
-		warm := load{URL: s.PublicURL, Client: "bench-flood", Body: coldBody, Rate: res.FloodSend / 2, Duration: sz.httpWarmUp}
+	for _, s := range []neighbourServer{{srv: srv}, {srv: peer}, apiKeyed} {
+		warm := load{URL: s.srv.PublicURL, Client: "bench-flood", Key: s.keys["bench-flood"], Body: coldBody, Rate: res.FloodSend / 2, Duration: sz.httpWarmUp}
 		warm.run(ctx)
 		warm.Rate = res.FloodSend
 		warm.run(ctx)
@@ -107,7 +129,7 @@ func runFlood(ctx context.Context, env *Env, runs int, sz sizes) (*FloodResult, 
 			return nil, err
 		}
 	}
-	if res.Neighbour, err = runNeighbour(ctx, env, srv, peer, st.redis.Pid(), runs, sz); err != nil {
+	if res.Neighbour, err = runNeighbour(ctx, env, srv, apiKeyed, peer, st.redis.Pid(), runs, sz); err != nil {
 		return nil, err
 	}
 	env.logf("flood: done")

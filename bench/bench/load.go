@@ -12,12 +12,25 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 )
 
+// identityHeader is the header that says who sends a stream of client's creates: its
+// API key's Authorization when it has one (api_key mode), or X-Client-ID, which a
+// server in trusted_header mode believes from loopback.
+func identityHeader(client, key string) (name, value string) {
+	if key != "" {
+		return "Authorization", "Bearer " + key
+	}
+	return "X-Client-ID", client
+}
+
 // load is one stream of creates from the load generator (the vegeta library, in this
 // process: it shares the machine's two cores with the servers, Postgres and Redis).
 type load struct {
 	Name   string
 	URL    string // the server's public base URL
-	Client string // X-Client-ID (trusted_header mode)
+	Client string // X-Client-ID (trusted_header mode), and the stream's name in the server's log
+	// Key, when set, is Client's API key, sent as its Authorization (api_key mode)
+	// instead of X-Client-ID (identityHeader).
+	Key string `json:",omitempty"`
 	// Clients, when not empty, replaces Client: request i is sent as Clients[i mod
 	// len(Clients)], a stream spread over many budget keys.
 	Clients []string
@@ -188,7 +201,8 @@ func (l load) run(ctx context.Context) *loadResult {
 		pacer = vegeta.Rate{Freq: 0}
 	}
 	atk := vegeta.NewAttacker(opts...)
-	header := http.Header{"Content-Type": {"application/json"}, "X-Client-ID": {l.Client}}
+	name, value := identityHeader(l.Client, l.Key)
+	header := http.Header{"Content-Type": {"application/json"}, name: {value}}
 	body := []byte(l.Body)
 	var sent atomic.Int64
 	targeter := func(t *vegeta.Target) error {

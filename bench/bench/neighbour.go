@@ -28,8 +28,16 @@ type NeighbourResult struct {
 	Settle      time.Duration
 
 	// What space-api and the peer (chi + redis_rate, the same limits per client, the
-	// same floods) did.
-	Space, Peer NeighbourArms
+	// same floods) did; APIKey is space-api in api_key mode, each client sending its
+	// API key (a flood by one key).
+	Space, APIKey, Peer NeighbourArms
+}
+
+// neighbourServer is a server of the quiet neighbour's arms, and the clients' API
+// keys when it identifies them by key (nil: by X-Client-ID).
+type neighbourServer struct {
+	srv  *apiServer
+	keys map[string]string
 }
 
 // NeighbourArms are one server's figures per run: the quiet client's p99 (ms) by arm,
@@ -158,15 +166,17 @@ const floodSlack = 2 * time.Second
 // runNeighbour measures the quiet neighbour on srv, whose flags give bench-quiet a
 // rate far above what it sends and bench-flood the flood scenario's rate, then the
 // same arms on peer (chi + redis_rate, with the same limits).
-func runNeighbour(ctx context.Context, env *Env, srv, peer *apiServer, redisPid, runs int, sz sizes) (*NeighbourResult, error) {
+func runNeighbour(ctx context.Context, env *Env, srv *apiServer, keyed neighbourServer, peer *apiServer, redisPid, runs int, sz sizes) (*NeighbourResult, error) {
 	res := &NeighbourResult{QuietSend: sz.quietSend, FixedFlood: sz.fixedFlood, FloodConns: sz.floodConns, Connections: sz.httpWorkers,
 		Duration: sz.quietDur.String(), Settle: sz.floodDur / 8}
 	for range runs {
-		if err := res.arms(ctx, env, srv, redisPid, sz, &res.Space); err != nil {
-			return nil, err
-		}
-		if err := res.arms(ctx, env, peer, redisPid, sz, &res.Peer); err != nil {
-			return nil, err
+		for _, s := range []struct {
+			on neighbourServer
+			to *NeighbourArms
+		}{{neighbourServer{srv: srv}, &res.Space}, {keyed, &res.APIKey}, {neighbourServer{srv: peer}, &res.Peer}} {
+			if err := res.arms(ctx, env, s.on, redisPid, sz, s.to); err != nil {
+				return nil, err
+			}
 		}
 	}
 	env.logf("flood: quiet neighbour done")
@@ -179,17 +189,18 @@ type namedArms struct {
 	arms NeighbourArms
 }
 
-// servers are space-api's arms and the peer's.
+// servers are space-api's arms, in api_key mode too, and the peer's.
 func (n *NeighbourResult) servers() []namedArms {
-	return []namedArms{{"space-api", n.Space}, {"peer: chi + redis_rate", n.Peer}}
+	return []namedArms{{"space-api", n.Space}, {"space-api, api_key", n.APIKey}, {"peer: chi + redis_rate", n.Peer}}
 }
 
 // arms runs the three arms once against srv: the quiet client alone, beside the fixed
 // flood (the quiet client's creates split at Settle), beside wrk's flood; and adds the
 // run's figures to to.
-func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, redisPid int, sz sizes, to *NeighbourArms) error {
+func (n *NeighbourResult) arms(ctx context.Context, env *Env, on neighbourServer, redisPid int, sz sizes, to *NeighbourArms) error {
+	srv := on.srv
 	users := cpuUsers(srv, redisPid)
-	quiet := load{Name: "quiet", URL: srv.PublicURL, Client: "bench-quiet", Body: coldBody, Rate: sz.quietSend, Duration: sz.quietDur}
+	quiet := load{Name: "quiet", URL: srv.PublicURL, Client: "bench-quiet", Key: on.keys["bench-quiet"], Body: coldBody, Rate: sz.quietSend, Duration: sz.quietDur}
 	succeeded := func(l *loadResult) float64 { return 100 * float64(l.count("201")) / float64(max(l.Requests, 1)) }
 	watch := watchArm(srv, users)
 	alone, err := quiet.runApart(ctx)
@@ -211,7 +222,7 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	var wg sync.WaitGroup
 	floodOn := make(chan struct{})
 	wg.Go(func() {
-		flood, floodErr = load{Name: "fixed flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody, Rate: sz.fixedFlood,
+		flood, floodErr = load{Name: "fixed flood", URL: srv.PublicURL, Client: "bench-flood", Key: on.keys["bench-flood"], Body: coldBody, Rate: sz.fixedFlood,
 			Duration: n.Settle + sz.quietDur + floodSlack, Conns: sz.floodConns, Raw: true, Yield: true}.runApartNotify(ctx, floodOn)
 	})
 	wg.Go(func() {
@@ -246,7 +257,7 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 	var saturatedFig armFigures
 	var saturatedErr error
 	wg.Go(func() {
-		wrk, wrkErr = env.runWrk(ctx, wrkLoad{Name: "saturating flood", URL: srv.PublicURL, Client: "bench-flood", Body: coldBody,
+		wrk, wrkErr = env.runWrk(ctx, wrkLoad{Name: "saturating flood", URL: srv.PublicURL, Client: "bench-flood", Key: on.keys["bench-flood"], Body: coldBody,
 			Connections: sz.httpWorkers, Duration: sz.quietDur + time.Second, Yield: true})
 	})
 	wg.Go(func() {
@@ -297,15 +308,18 @@ func (n *NeighbourResult) arms(ctx context.Context, env *Env, srv *apiServer, re
 }
 
 // targets are the quiet neighbour's goals: its p99 within 2× of its own alone under
-// the flood as fast as wrk goes, and every create answered 201. Beside the fixed flood
-// its p99 is reported with no goal: its ratio moved by 3× between runs of one build,
-// the peer's too; the overload scenario's goals, each read against the peer in the
-// same run, took its place.
+// the flood as fast as wrk goes, whether clients are named by a gateway's header or
+// by their API keys, and every create answered 201. Beside the fixed flood its p99 is
+// reported with no goal: its ratio moved by 3× between runs of one build, the peer's
+// too; the overload scenario's goals, each read against the peer in the same run,
+// took its place.
 func (n *NeighbourResult) targets() []Target {
 	saturated := ratioStats(n.Space.Saturated, n.Space.Alone)
-	success := summarize(n.Space.Success)
+	keyed := ratioStats(n.APIKey.Saturated, n.APIKey.Alone)
+	success := summarize(append(append([]float64{}, n.Space.Success...), n.APIKey.Success...))
 	return []Target{
 		{"a quiet neighbour's p99 ≤ 2× its own alone, beside a flood as fast as wrk goes", saturated.format("%.2f×"), saturated.Median <= 2},
-		{"the quiet neighbour keeps 100% success beside both floods", success.format("%.1f%%"), success.Min >= 100},
+		{"the same in api_key mode, the flood sent with one API key", keyed.format("%.2f×"), keyed.Median <= 2},
+		{"the quiet neighbour keeps 100% success beside both floods, in both modes", success.format("%.1f%%"), success.Min >= 100},
 	}
 }

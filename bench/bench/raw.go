@@ -36,7 +36,8 @@ func (l load) runRaw(ctx context.Context) (*loadResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", l.Name, err)
 	}
-	req := []byte("POST /v1/sandboxes HTTP/1.1\r\nHost: " + u.Host + "\r\nContent-Type: application/json\r\nX-Client-ID: " + l.Client +
+	name, value := identityHeader(l.Client, l.Key)
+	req := []byte("POST /v1/sandboxes HTTP/1.1\r\nHost: " + u.Host + "\r\nContent-Type: application/json\r\n" + name + ": " + value +
 		"\r\nContent-Length: " + strconv.Itoa(len(l.Body)) + "\r\n\r\n" + l.Body)
 	interval := time.Second / time.Duration(l.Rate)
 	total := int(l.Duration / interval)

@@ -476,7 +476,7 @@ func (r *Report) Markdown(command string) string {
 			outcomes(f.Space.GoodOutcomes), outcomes(f.Space.FloodOutcomes), outcomes(f.Peer.GoodOutcomes), outcomes(f.Peer.FloodOutcomes),
 			100*float64(f.Space.GoodTotal)/float64(max(f.Space.GoodTotal+f.Space.FloodSent, 1)))
 		if n := f.Neighbour; n != nil {
-			w("A quiet neighbour: `bench-quiet` sends %d creates/s (a quarter of its rate) for %s alone, then beside `bench-flood` sending %d/s (open loop over %d connections, as wrk2 -c %d -R %d), then beside `bench-flood` as fast as wrk goes (1 thread, %d connections, closed loop); the three back to back in each run, on the same server, then on the peer (chi + redis_rate, each client its own limit: the flooder's rate and burst, the quiet client's). Each client is a process of its own (the driver's binary, started again for one stream), as another client would be, on the same 2 cores; the floods' two generators (the fixed flood's process and wrk) run at the lowest CPU priority (nice %d), so that on cores they share with the server, Postgres and Redis they take only what nothing else wants, as a flooding client's own machine would, while the server's work for the flood keeps its priority. The fixed flood starts with the flooder's bucket full: the quiet client's creates of its first %s are beside the flooder's burst of admitted creates, reported apart; the arm's p99 is that of the %s after, beside the flood over its rate, reported with no target (section 9 has the goals of a flood past capacity).\n\n",
+			w("A quiet neighbour: `bench-quiet` sends %d creates/s (a quarter of its rate) for %s alone, then beside `bench-flood` sending %d/s (open loop over %d connections, as wrk2 -c %d -R %d), then beside `bench-flood` as fast as wrk goes (1 thread, %d connections, closed loop); the three back to back in each run, on the same server, then on space-api in api_key mode (a second replica on the same database and Redis; each request carries its client's API key, which space-api reads from Postgres before its overload gate, so the flood is one key's), then on the peer (chi + redis_rate, each client its own limit: the flooder's rate and burst, the quiet client's). Each client is a process of its own (the driver's binary, started again for one stream), as another client would be, on the same 2 cores; the floods' two generators (the fixed flood's process and wrk) run at the lowest CPU priority (nice %d), so that on cores they share with the server, Postgres and Redis they take only what nothing else wants, as a flooding client's own machine would, while the server's work for the flood keeps its priority. The fixed flood starts with the flooder's bucket full: the quiet client's creates of its first %s are beside the flooder's burst of admitted creates, reported apart; the arm's p99 is that of the %s after, beside the flood over its rate, reported with no target (section 9 has the goals of a flood past capacity).\n\n",
 				n.QuietSend, n.Duration, n.FixedFlood, n.FloodConns, n.FloodConns, n.FixedFlood, n.Connections, yieldNice, n.Settle, n.Duration)
 			w("| quiet client p99 ms | alone | beside %d/s | ratio | beside the flooder's burst (first %s) | beside wrk | ratio |\n|---|---:|---:|---:|---:|---:|---:|\n", n.FixedFlood, n.Settle)
 			for _, a := range n.servers() {
@@ -484,10 +484,27 @@ func (r *Report) Markdown(command string) string {
 					ratioStats(a.arms.Fixed, a.arms.Alone).format("%.2f×"), summarize(a.arms.Burst).format("%.2f"),
 					summarize(a.arms.Saturated).format("%.2f"), ratioStats(a.arms.Saturated, a.arms.Alone).format("%.2f×"))
 			}
-			w("\n| | space-api | peer: chi + redis_rate |\n|---|---:|---:|\n")
-			w("| flooder's answers/s, fixed flood | %s | %s |\n", summarize(n.Space.FixedFloodRPS).format("%.0f"), summarize(n.Peer.FixedFloodRPS).format("%.0f"))
-			w("| flooder's answers/s, wrk | %s | %s |\n", summarize(n.Space.SaturatedFloodRPS).format("%.0f"), summarize(n.Peer.SaturatedFloodRPS).format("%.0f"))
-			w("| quiet client's creates answered 201 (worst arm) | %s | %s |\n\n", summarize(n.Space.Success).format("%.1f%%"), summarize(n.Peer.Success).format("%.1f%%"))
+			servers := n.servers()
+			w("\n|")
+			for _, a := range servers {
+				w(" | %s", a.name)
+			}
+			w(" |\n|---|%s\n", strings.Repeat("---:|", len(servers)))
+			for _, row := range []struct {
+				name, verb string
+				of         func(a NeighbourArms) []float64
+			}{
+				{"flooder's answers/s, fixed flood", "%.0f", func(a NeighbourArms) []float64 { return a.FixedFloodRPS }},
+				{"flooder's answers/s, wrk", "%.0f", func(a NeighbourArms) []float64 { return a.SaturatedFloodRPS }},
+				{"quiet client's creates answered 201 (worst arm)", "%.1f%%", func(a NeighbourArms) []float64 { return a.Success }},
+			} {
+				w("| %s", row.name)
+				for _, a := range servers {
+					w(" | %s", summarize(row.of(a.arms)).format(row.verb))
+				}
+				w(" |\n")
+			}
+			w("\n")
 			type neighbourRow struct {
 				name, verb string
 				set        func(*NeighbourArms) ArmSet
@@ -505,11 +522,15 @@ func (r *Report) Markdown(command string) string {
 					return ArmSet{}
 				}})
 			}
-			w("| during the quiet client's arms | space-api: alone | beside %[1]d/s | beside wrk | peer: alone | beside %[1]d/s | beside wrk |\n|---|---:|---:|---:|---:|---:|---:|\n", n.FixedFlood)
+			w("| during the quiet client's arms")
+			for _, a := range servers {
+				w(" | %s: alone | beside %d/s | beside wrk", a.name, n.FixedFlood)
+			}
+			w(" |\n|---|%s\n", strings.Repeat("---:|", 3*len(servers)))
 			for _, row := range rows {
 				w("| %s", row.name)
-				for _, a := range []*NeighbourArms{&n.Space, &n.Peer} {
-					set := row.set(a)
+				for _, a := range servers {
+					set := row.set(&a.arms)
 					for _, v := range [][]float64{set.Alone, set.Fixed, set.Saturated} {
 						w(" | %s", summarize(v).format(row.verb))
 					}
@@ -518,7 +539,7 @@ func (r *Report) Markdown(command string) string {
 			}
 			w("\n")
 			w("Inside the server is from the request's first middleware to its answer written, as space-api logs it: without the driver's own queues, the kernel's or the loopback's (the peer logs no requests: n/a). Busy and stolen are shares of the machine's CPU time during each arm's measured part (`/proc/stat`): stolen is time a vCPU of this virtual machine was ready to run while the host ran another guest, latency no process here caused. Cores are each process's CPU seconds a second over the same part (`/proc/<pid>/stat`); the driver's are its own and its load streams' processes' (the fixed flood's plain HTTP client and the quiet client's vegeta), and wrk's are not counted.\n\n")
-			w("The quiet client's answers, every arm and run: from space-api %s; from the peer %s.\n\n", outcomes(n.Space.Outcomes), outcomes(n.Peer.Outcomes))
+			w("The quiet client's answers, every arm and run: from space-api %s; in api_key mode %s; from the peer %s.\n\n", outcomes(n.Space.Outcomes), outcomes(n.APIKey.Outcomes), outcomes(n.Peer.Outcomes))
 		}
 	}
 

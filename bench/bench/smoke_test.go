@@ -212,7 +212,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("the targets lack the ratio to chi + redis_rate: %+v", servers.Targets())
 		}
 	})
-	t.Run("the quiet neighbour is measured alone and beside both floods, every run, on space-api and the peer", func(t *testing.T) {
+	t.Run("the quiet neighbour is measured alone and beside both floods, every run, on space-api in both modes and the peer", func(t *testing.T) {
 		n := servers.Flood.Neighbour
 		if n == nil {
 			t.Fatal("the flood scenario has no quiet neighbour")
@@ -229,19 +229,30 @@ func TestSmoke(t *testing.T) {
 			"peer alone": n.Peer.Alone, "peer fixed": n.Peer.Fixed, "peer saturated": n.Peer.Saturated,
 			"sent alone": n.Space.Sent.Alone, "sent beside the fixed flood": n.Space.Sent.Fixed, "sent beside wrk": n.Space.Sent.Saturated,
 			"fixed flood rps": n.Space.FixedFloodRPS, "saturating flood rps": n.Space.SaturatedFloodRPS,
-			"peer fixed flood rps": n.Peer.FixedFloodRPS, "peer saturating flood rps": n.Peer.SaturatedFloodRPS} {
+			"peer fixed flood rps": n.Peer.FixedFloodRPS, "peer saturating flood rps": n.Peer.SaturatedFloodRPS,
+			"api_key alone": n.APIKey.Alone, "api_key fixed": n.APIKey.Fixed, "api_key saturated": n.APIKey.Saturated,
+			"api_key saturating flood rps": n.APIKey.SaturatedFloodRPS} {
 			if len(v) != 1 || !(v[0] > 0) {
 				t.Errorf("quiet neighbour %s: %v", name, v)
 			}
 		}
 		found := 0
 		for _, tg := range servers.Targets() {
-			if strings.HasPrefix(tg.Name, "a quiet neighbour's p99") && !strings.Contains(tg.Measured, "n/a") {
+			if (strings.HasPrefix(tg.Name, "a quiet neighbour's p99") || strings.HasPrefix(tg.Name, "the same in api_key mode")) && !strings.Contains(tg.Measured, "n/a") {
 				found++
 			}
 		}
-		if found != 1 {
-			t.Errorf("%d quiet-neighbour ratio targets, want 1 (beside wrk): %+v", found, servers.Targets())
+		if found != 2 {
+			t.Errorf("%d quiet-neighbour ratio targets, want 2 (beside wrk, in each mode): %+v", found, servers.Targets())
+		}
+		// The api_key arms were answered by key: quiet creates made, none unauthenticated.
+		if n.APIKey.Outcomes["201"] == 0 {
+			t.Errorf("the quiet client's answers in api_key mode: %v", n.APIKey.Outcomes)
+		}
+		for outcome := range n.APIKey.Outcomes {
+			if strings.HasPrefix(outcome, "401") {
+				t.Errorf("the quiet client's answers in api_key mode: %v", n.APIKey.Outcomes)
+			}
 		}
 	})
 	t.Run("the quiet neighbour's creates are read back from space-api's log and the machine's CPU is split by process", func(t *testing.T) {

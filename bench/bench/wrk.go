@@ -22,7 +22,7 @@ const wrkThreads = 1
 // wrkMarker starts the line the Lua script's done() prints with the figures.
 const wrkMarker = "space-bench-wrk "
 
-// wrkScript sets the request (method, body, Content-Type, X-Client-ID) and counts the
+// wrkScript sets the request (method, body, Content-Type, the client's identityHeader) and counts the
 // answers by status in response(); done() prints the counts, the requests, the
 // elapsed time and the latency percentiles (all in µs) as one JSON line after
 // wrkMarker. Counting in Lua costs wrk a little per answer, the same for every server.
@@ -30,7 +30,7 @@ const wrkScript = `-- written by space-bench: creates for one client, answers co
 wrk.method = "POST"
 wrk.body = [==[%s]==]
 wrk.headers["Content-Type"] = "application/json"
-wrk.headers["X-Client-ID"] = [==[%s]==]
+wrk.headers[ [==[%s]==] ] = [==[%s]==]
 
 local threads = {}
 function setup(thread) table.insert(threads, thread) end
@@ -54,7 +54,8 @@ end
 type wrkLoad struct {
 	Name        string
 	URL         string // the server's public base URL
-	Client      string // X-Client-ID
+	Client      string // X-Client-ID (trusted_header mode), and the script's name
+	Key         string // when set, Client's API key, sent as its Authorization (api_key mode)
 	Body        string
 	Connections int
 	Duration    time.Duration // whole seconds, at least 1: wrk's -d has no finer unit
@@ -92,7 +93,8 @@ func (e *Env) runWrk(ctx context.Context, l wrkLoad) (*wrkResult, error) {
 		return nil, fmt.Errorf("wrk is not on PATH: %s: %w", toolsHint, err)
 	}
 	script := filepath.Join(e.Dir, "wrk-"+l.Client+".lua")
-	if err := os.WriteFile(script, fmt.Appendf(nil, wrkScript, l.Body, l.Client, wrkMarker), 0o600); err != nil {
+	name, value := identityHeader(l.Client, l.Key)
+	if err := os.WriteFile(script, fmt.Appendf(nil, wrkScript, l.Body, name, value, wrkMarker), 0o600); err != nil {
 		return nil, fmt.Errorf("write the wrk script: %w", err)
 	}
 	args := []string{"-t", strconv.Itoa(wrkThreads), "-c", strconv.Itoa(l.Connections), "-d", wrkSeconds(l.Duration),
