@@ -54,7 +54,9 @@ type activation interface {
 //     crash loses nothing): the live-sandbox cap, checked under the budget key's
 //     advisory lock, then the sandbox's row, then a claim of a ready warm slot of
 //     exactly its shape and template version (a new create's in one round trip,
-//     bookNew; the others' in bookTx);
+//     bookNew; the others' in bookTx); a key found at its cap within the last second
+//     is counted first, without the lock, and refused with no booking while the count
+//     finds it there (liveCaps);
 //   - a warm hit is adopted and charges no bucket; a slot that cannot be adopted is
 //     discarded and the activation goes on cold, as if the pool had missed;
 //   - charge the template's cost from both activation buckets or neither: a refusal
@@ -72,6 +74,12 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	// A key this replica just found at its live cap is counted first, and refused
+	// without a booking while the count still finds it there.
+	if err := s.liveCaps.refuse(ctx, caller); err != nil {
+		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
+		return nil, err
+	}
 	// From the booking on, the activation runs to its end even if the caller
 	// hangs up, so that no sandbox is left half made. The substrate's own timeout
 	// bounds it, and the reconciler settles the sandbox after that bound should this
@@ -80,6 +88,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	defer cancel()
 	sb, tmpl, slot, err := a.book(ctx, caller)
 	if err != nil {
+		s.liveCaps.booked(caller, err)
 		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
 		return nil, err
 	}

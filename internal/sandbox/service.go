@@ -57,6 +57,9 @@ type Service struct {
 	db      *store.DB
 	logger  *slog.Logger
 	metrics *metrics
+	// liveCaps refuses the activations of a key found at its live cap without a
+	// booking while a count still finds it there (livecap.go).
+	liveCaps *liveCaps
 }
 
 // New returns a Service.
@@ -71,6 +74,7 @@ func New(opts Options) *Service {
 		opts.OutcomeWait = defaultOutcomeWait
 	}
 	s := &Service{opts: opts, db: store.Wrap(opts.DB), logger: opts.Logger, metrics: newMetrics(opts.Registerer)}
+	s.liveCaps = newLiveCaps(s.db, opts.Now, opts.Registerer)
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
