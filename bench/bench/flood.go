@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -70,10 +71,11 @@ func runFlood(ctx context.Context, env *Env, runs int, sz sizes) (*FloodResult, 
 	if err != nil {
 		return nil, err
 	}
-	srv, err := env.startServer(ctx, serverConfig{Name: "flood", DB: db, RedisAddr: rs.Addr, Flags: flags, Env: map[string]string{
+	clusterEnv := map[string]string{
 		"SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS": fmt.Sprint(cluster),
 		"SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST":      fmt.Sprint(int64(cluster)),
-	}})
+	}
+	srv, err := env.startServer(ctx, serverConfig{Name: "flood", DB: db, RedisAddr: rs.Addr, Flags: flags, Env: clusterEnv})
 	if err != nil {
 		return nil, err
 	}
@@ -101,11 +103,9 @@ func runFlood(ctx context.Context, env *Env, runs int, sz sizes) (*FloodResult, 
 	for i, c := range keyed.clients {
 		apiKeys[c] = keyed.secrets[i]
 	}
-	keySrv, err := env.startServer(ctx, serverConfig{Name: "flood-api-key", DB: db, RedisAddr: rs.Addr, Flags: flags, Env: map[string]string{
-		"SPACE_CLUSTER_ACTIVATION_ADMISSION_REFILL_RPS": fmt.Sprint(cluster),
-		"SPACE_CLUSTER_ACTIVATION_ADMISSION_BURST":      fmt.Sprint(int64(cluster)),
-		"SPACE_AUTH_MODE":                               "api_key",
-	}})
+	keyEnv := maps.Clone(clusterEnv)
+	keyEnv["SPACE_AUTH_MODE"] = "api_key"
+	keySrv, err := env.startServer(ctx, serverConfig{Name: "flood-api-key", DB: db, RedisAddr: rs.Addr, Flags: flags, Env: keyEnv})
 	if err != nil {
 		return nil, err
 	}
