@@ -132,6 +132,35 @@ func TestLiveCapCounted(t *testing.T) {
 		}
 	})
 
+	t.Run("a restore at the cap is counted as a create is, and goes once a place is free", func(t *testing.T) {
+		t.Parallel()
+		c := capped(t, 2)
+		paused := c.held[1]
+		if _, err := c.svc.Pause(c.ctx, space.Caller{ID: "acme", Key: "acme"}, paused.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := create(c.svc, c.ctx, c.caller, sandbox.CreateRequest{Shape: python}); err != nil {
+			t.Fatalf("a create into the place the pause freed = %v", err)
+		}
+		for i, want := range []float64{0, 1} { // refused by its booking, then by a count
+			if _, err := c.svc.Restore(c.ctx, c.caller, paused.ID); !refusedAtCap(err) {
+				t.Fatalf("restore %d at the cap = %v, want live_sandbox_cap", i, err)
+			}
+			if atCap, _ := counted(t, c); atCap != want {
+				t.Fatalf("after restore %d at the cap: counted %v at the cap, want %v", i, atCap, want)
+			}
+		}
+		if _, err := c.svc.Delete(c.ctx, "acme", c.held[0].ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.svc.Restore(c.ctx, c.caller, paused.ID); err != nil {
+			t.Fatalf("the restore after the delete = %v, want the freed place", err)
+		}
+		if _, below := counted(t, c); below != 1 {
+			t.Fatalf("counted %v below, want the one count that found the place", below)
+		}
+	})
+
 	t.Run("a key below its cap, and one with no cap, are never counted", func(t *testing.T) {
 		t.Parallel()
 		c := capped(t, 0)
