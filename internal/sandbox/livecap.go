@@ -76,7 +76,8 @@ func newLiveCaps(db *store.DB, now func() time.Time, reg prometheus.Registerer) 
 		db: db,
 		// A hint older than atCapFor is worth nothing: idle entries go after a second
 		// or two, so the map holds the keys at their cap now, not every key that ever was.
-		hints: keyed.New(keyed.Options[atomic.Int64]{IdleFor: atCapFor}),
+		// Their age is read on the hints' own clock.
+		hints: keyed.New(keyed.Options[atomic.Int64]{IdleFor: atCapFor, Now: func() int64 { return now().Unix() }}),
 		now:   now,
 		atCap: counts.WithLabelValues(countAtCap),
 		below: counts.WithLabelValues(countBelow),
