@@ -77,6 +77,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	// A key this replica just found at its live cap is counted first, and refused
 	// without a booking while the count still finds it there.
 	if err := s.liveCaps.refuse(ctx, caller); err != nil {
+		s.metrics.step(a.kind(), stepBook, s.opts.Now().Sub(began))
 		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
 		return nil, err
 	}
@@ -87,6 +88,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	ctx, cancel := s.detached(ctx)
 	defer cancel()
 	sb, tmpl, slot, err := a.book(ctx, caller)
+	s.metrics.step(a.kind(), stepBook, s.opts.Now().Sub(began))
 	if err != nil {
 		s.liveCaps.booked(caller, err)
 		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
@@ -112,18 +114,22 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 
 	if slot != nil {
 		s.opts.OnClaim()
+		startBegan := s.opts.Now()
 		ref, err := startIdle(ctx, a, spec, slot.Ref)
+		s.metrics.step(a.kind(), stepStart, s.opts.Now().Sub(startBegan))
 		if err == nil {
 			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
 				s.logger.WarnContext(ctx, "consume adopted slot", "slot", slot.ID, "err", cerr)
 			}
-			return s.finish(ctx, callerCtx, caller, a, sb, ref, true, false, began)
+			return s.timedFinish(ctx, callerCtx, caller, a, sb, ref, true, false, began)
 		}
 		s.logger.WarnContext(ctx, "warm slot adoption failed; starting cold", "sandbox", sb.ID, "slot", slot.ID, "err", err)
 		s.opts.Pool.Discard(ctx, slot)
 	}
 
+	chargeBegan := s.opts.Now()
 	charged, err := s.opts.Charger.Charge(ctx, caller.Charge(tmpl.ActivationCost()))
+	s.metrics.step(a.kind(), stepCharge, s.opts.Now().Sub(chargeBegan))
 	if err != nil {
 		if uerr := a.undo(ctx, sb); uerr != nil {
 			s.logger.ErrorContext(ctx, "undo refused activation", "sandbox", sb.ID, "err", uerr)
@@ -135,6 +141,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 
 	coldBegan := s.opts.Now()
 	ref, err := startIdle(ctx, a, spec, "")
+	s.metrics.step(a.kind(), stepStart, s.opts.Now().Sub(coldBegan))
 	if space.ErrorCode(err) == space.EUNPROCESSABLE {
 		// The substrate refused what it was asked to run (the API server's validation
 		// of a template's pod): no retry can serve it, so it is the caller's 422 and
@@ -161,7 +168,14 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 			Message: fmt.Sprintf("the substrate failed to %s sandbox %s; see GET /v1/sandboxes/%s", activateVerb(a.kind()), sb.ID, sb.ID)}
 	}
 	s.metrics.coldStart.WithLabelValues(a.kind()).Observe(s.opts.Now().Sub(coldBegan).Seconds())
-	return s.finish(ctx, callerCtx, caller, a, sb, ref, false, spec.SoftBreach, began)
+	return s.timedFinish(ctx, callerCtx, caller, a, sb, ref, false, spec.SoftBreach, began)
+}
+
+// timedFinish is finish, observed as the activation's finish step.
+func (s *Service) timedFinish(ctx, callerCtx context.Context, caller space.Caller, a activation, sb *space.Sandbox, ref string, warm, softBreach bool, began time.Time) (*space.Sandbox, error) {
+	finishBegan := s.opts.Now()
+	defer func() { s.metrics.step(a.kind(), stepFinish, s.opts.Now().Sub(finishBegan)) }()
+	return s.finish(ctx, callerCtx, caller, a, sb, ref, warm, softBreach, began)
 }
 
 // idleAfter is how long a start on the substrate runs before the activation counts

@@ -325,11 +325,12 @@ func (s *Service) create(ctx context.Context, caller space.Caller, req CreateReq
 
 	// 5. The concurrency place.
 	plain := req.ID == "" && req.IdempotencyKey == ""
+	placeBegan := s.opts.Now()
 	pl, err := s.takePlace(ctx, caller, places, plain && p.cold)
 	if err != nil {
 		return nil, space.Lease{}, err
 	}
-	c.place = pl
+	c.place, c.placeTook = pl, s.opts.Now().Sub(placeBegan)
 	handed := false
 	defer func() {
 		if !handed {
@@ -468,8 +469,10 @@ type creation struct {
 	unclaimable bool
 	// failedWith is a revived row's error, put back when the retry is refused.
 	failedWith string
-	// place is the create's concurrency place (takePlace).
-	place *place
+	// place is the create's concurrency place (takePlace), and placeTook what taking
+	// it took before the booking (next to nothing when it is taken alongside).
+	place     *place
+	placeTook time.Duration
 }
 
 func (c *creation) kind() string                  { return "create" }
@@ -494,8 +497,15 @@ func (c *creation) book(ctx context.Context, caller space.Caller) (*space.Sandbo
 	return c.sb, c.tmpl, slot, nil
 }
 
+// placed waits for the place taken alongside the booking, and observes the place
+// step: what taking it held the create up, before the booking and after it.
 func (c *creation) placed() error {
+	if c.place == nil {
+		return nil
+	}
+	began := c.s.opts.Now()
 	_, err := c.place.wait()
+	c.s.metrics.step(c.kind(), stepPlace, c.placeTook+c.s.opts.Now().Sub(began))
 	return err
 }
 

@@ -85,6 +85,56 @@ func TestActivationSignals(t *testing.T) {
 		}
 	})
 
+	t.Run("each step of a cold create is observed once, with what it waited", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		reg, clk := timed(b)
+		p := &places{asked: func() { clk.Advance(time.Second) }}
+		b.charger.mu.Lock()
+		b.charger.during = func() { clk.Advance(2 * time.Second) }
+		b.charger.mu.Unlock()
+		b.setFail(func(c substrate.Call) error {
+			if c.Op == substrate.OpStartCold {
+				clk.Advance(3 * time.Second)
+			}
+			return nil
+		})
+		_, lease, err := b.svc.Create(b.ctx, acme(), sandbox.CreateRequest{Shape: python}, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease.Release()
+		// The clock moves only in the place, the charge and the start: the booking and
+		// the finish are observed, at no time.
+		for step, want := range map[string]float64{"place": 1, "book": 0, "charge": 2, "start": 3, "finish": 0} {
+			if n, sum := histogram(t, reg, "space_sandbox_activation_step_seconds", map[string]string{"kind": "create", "step": step}); n != 1 || sum != want {
+				t.Errorf("step %s: %d observed, %vs in all; want 1 of %vs", step, n, sum, want)
+			}
+		}
+		if n, _ := histogram(t, reg, "space_sandbox_activation_step_seconds", map[string]string{"kind": "restore", "step": "book"}); n != 0 {
+			t.Errorf("%d restore bookings observed, want none", n)
+		}
+	})
+
+	t.Run("a warm hit is not charged, and a create with no cap takes no place", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		reg, _ := timed(b)
+		b.addReadySlots(t, python, 1)
+		sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sb.Warm {
+			t.Fatal("the create was not a warm hit")
+		}
+		for step, want := range map[string]uint64{"place": 0, "book": 1, "charge": 0, "start": 1, "finish": 1} {
+			if n, _ := histogram(t, reg, "space_sandbox_activation_step_seconds", map[string]string{"kind": "create", "step": step}); n != want {
+				t.Errorf("step %s: %d observed, want %d", step, n, want)
+			}
+		}
+	})
+
 	t.Run("a warm hit, a refusal and a failed start each land in their own outcome", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

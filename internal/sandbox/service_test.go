@@ -51,6 +51,8 @@ type charger struct {
 	mu     sync.Mutex
 	reject func(client space.ClientKey) bool
 	known  func(client space.ClientKey) bool
+	// during, when set, is called in each charge (a test's clock moved by it).
+	during func()
 	calls  map[space.ClientKey]int
 	// held counts the holds CachedRefusal gave and nobody released yet.
 	held atomic.Int64
@@ -84,6 +86,9 @@ func (c *charger) Charge(_ context.Context, ch space.Charge) (space.Charged, err
 	client, rate := ch.Key, ch.Rate
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.during != nil {
+		c.during()
+	}
 	if c.reject != nil && c.reject(client) {
 		c.events.add("reject:" + string(client))
 		return space.Charged{}, &space.LimitError{Bucket: space.BucketClientActivation, Client: client, RetryAfter: time.Second, Limit: rate}
