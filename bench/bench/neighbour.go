@@ -63,6 +63,53 @@ type NeighbourArms struct {
 	// those of them the server's log holds (space-api only): the smoke test's check
 	// that the log is read back whole.
 	Sent, Logged ArmSet
+	// Steps are the mean wait (ms) of each step of the activations space-api made
+	// during each arm (space_sandbox_activation_step_seconds), by activationSteps'
+	// index: where a create's time went, beside each flood. Space-api only.
+	Steps []ArmSet
+}
+
+// activationSteps are the steps of space_sandbox_activation_step_seconds that a
+// create takes, in its order.
+var activationSteps = []string{"place", "book", "charge", "start", "finish"}
+
+// stepWatch is the sums and counts of each activation step's histogram on a
+// space-api at a moment; nil for a server with no internal listener (the peers).
+type stepWatch struct {
+	sum, count []float64
+}
+
+// watchSteps reads srv's activation step histograms; nil when it has none to read.
+func watchSteps(srv *apiServer) *stepWatch {
+	if srv.InternalURL == "" {
+		return nil
+	}
+	body, err := httpGet(context.Background(), srv.InternalURL+"/metrics")
+	if err != nil {
+		return nil
+	}
+	w := &stepWatch{}
+	for _, st := range activationSteps {
+		w.sum = append(w.sum, sumMetric(body, "space_sandbox_activation_step_seconds_sum", "kind", "create", "step", st))
+		w.count = append(w.count, sumMetric(body, "space_sandbox_activation_step_seconds_count", "kind", "create", "step", st))
+	}
+	return w
+}
+
+// means returns each step's mean wait in ms since w, from srv's histograms now; nil
+// when either reading is missing. A step with no activation meanwhile reads 0.
+func (w *stepWatch) means(srv *apiServer) []float64 {
+	now := watchSteps(srv)
+	if w == nil || now == nil {
+		return nil
+	}
+	out := make([]float64, len(activationSteps))
+	for i := range activationSteps {
+		if n := now.count[i] - w.count[i]; n > 0 {
+			out[i] = 1000 * (now.sum[i] - w.sum[i]) / n
+		}
+	}
+	return out
 }
 
 // cpuUserNames name the processes whose CPU the quiet neighbour's arms report: what
@@ -92,6 +139,7 @@ type armFigures struct {
 	cpu       CPUShare
 	cores     []float64 // by cpuUserNames
 	cpuOK     bool
+	steps     []float64 // by activationSteps, ms; nil for a peer
 }
 
 // add appends one run's figures of the three arms.
@@ -108,6 +156,17 @@ func (a *NeighbourArms) add(alone, fixed, saturated armFigures) {
 	}
 	if a.Cores == nil {
 		a.Cores = make([]ArmSet, len(cpuUserNames))
+	}
+	if a.Steps == nil {
+		a.Steps = make([]ArmSet, len(activationSteps))
+	}
+	for i := range a.Steps {
+		figures = append(figures, figure{&a.Steps[i], func(f armFigures) (float64, bool) {
+			if i >= len(f.steps) {
+				return 0, false
+			}
+			return f.steps[i], true
+		}})
 	}
 	for i := range a.Cores {
 		figures = append(figures, figure{&a.Cores[i], func(f armFigures) (float64, bool) {
@@ -132,13 +191,15 @@ func (a *NeighbourArms) add(alone, fixed, saturated armFigures) {
 // armWatch is an arm's measured part begun: where the server's log was, the CPU
 // counters, and when.
 type armWatch struct {
+	srv   *apiServer
 	mark  logMark
 	cpu   cpuWatch
+	steps *stepWatch
 	start time.Time
 }
 
 func watchArm(srv *apiServer, users []cpuUser) armWatch {
-	return armWatch{mark: markLog(srv.LogPath), cpu: watchCPU(users...), start: time.Now()}
+	return armWatch{srv: srv, mark: markLog(srv.LogPath), cpu: watchCPU(users...), steps: watchSteps(srv), start: time.Now()}
 }
 
 // figures reads the arm's figures besides the driver's, once its measured part is
@@ -147,6 +208,7 @@ func watchArm(srv *apiServer, users []cpuUser) armWatch {
 func (w armWatch) figures() (armFigures, error) {
 	var f armFigures
 	f.cpu, f.cores, f.cpuOK = w.cpu.share()
+	f.steps = w.steps.means(w.srv)
 	ls, err := w.mark.serverLatencies("bench-quiet", w.start)
 	if err != nil {
 		return f, err

@@ -275,6 +275,28 @@ func TestSmoke(t *testing.T) {
 		if len(n.Space.Server.Fixed) != 1 || len(n.Peer.Server.Alone) != 0 {
 			t.Errorf("p99 inside the server beside the fixed flood %v; the peer, which logs no requests, %v", n.Space.Server.Fixed, n.Peer.Server.Alone)
 		}
+		// Every quiet create is booked, charged, started and finished: each of those
+		// steps waited a little in every arm of space-api, in both modes; the peer
+		// has no steps to read.
+		for _, a := range []struct {
+			name  string
+			steps []ArmSet
+		}{{"space-api", n.Space.Steps}, {"space-api, api_key", n.APIKey.Steps}} {
+			if len(a.steps) != len(activationSteps) {
+				t.Fatalf("%s: %d activation steps read, want %d", a.name, len(a.steps), len(activationSteps))
+			}
+			for i, step := range activationSteps[1:] {
+				set := a.steps[i+1]
+				for arm, v := range [][]float64{set.Alone, set.Fixed, set.Saturated} {
+					if len(v) != 1 || !(v[0] > 0) {
+						t.Errorf("%s: a create's mean wait on %s in arm %d: %v ms", a.name, step, arm, v)
+					}
+				}
+			}
+		}
+		if len(n.Peer.Steps) != len(activationSteps) || len(n.Peer.Steps[1].Alone) != 0 {
+			t.Errorf("the peer's activation steps %+v, want none read", n.Peer.Steps)
+		}
 		for _, a := range n.servers() {
 			for i, busy := range [][]float64{a.arms.Busy.Alone, a.arms.Busy.Fixed, a.arms.Busy.Saturated} {
 				steal := [][]float64{a.arms.Steal.Alone, a.arms.Steal.Fixed, a.arms.Steal.Saturated}[i]
