@@ -65,8 +65,9 @@ type NeighbourArms struct {
 	Sent, Logged ArmSet
 	// Steps are the mean wait (ms) of each step of the activations space-api made
 	// during each arm (space_sandbox_activation_step_seconds), by activationSteps'
-	// index: where a create's time went, beside each flood. Space-api only.
-	Steps []ArmSet
+	// index: where a create's time went, beside each flood; SlowSteps the share (%)
+	// of those waits over a millisecond, where the tail went. Space-api only.
+	Steps, SlowSteps []ArmSet
 }
 
 // activationSteps are the steps of space_sandbox_activation_step_seconds that a
@@ -76,8 +77,12 @@ var activationSteps = []string{"place", "book", "charge", "start", "finish"}
 // stepWatch is the sums and counts of each activation step's histogram on a
 // space-api at a moment; nil for a server with no internal listener (the peers).
 type stepWatch struct {
-	sum, count []float64
+	sum, count, fast []float64 // fast: the waits of at most slowStep
 }
+
+// slowStep is the wait past which a step counts as slow: a bucket bound of the
+// step histogram, and several times what a round trip takes on an idle machine.
+const slowStep = "0.001"
 
 // watchSteps reads srv's activation step histograms; nil when it has none to read.
 func watchSteps(srv *apiServer) *stepWatch {
@@ -92,24 +97,27 @@ func watchSteps(srv *apiServer) *stepWatch {
 	for _, st := range activationSteps {
 		w.sum = append(w.sum, sumMetric(body, "space_sandbox_activation_step_seconds_sum", "kind", "create", "step", st))
 		w.count = append(w.count, sumMetric(body, "space_sandbox_activation_step_seconds_count", "kind", "create", "step", st))
+		w.fast = append(w.fast, sumMetric(body, "space_sandbox_activation_step_seconds_bucket", "kind", "create", "step", st, "le", slowStep))
 	}
 	return w
 }
 
-// means returns each step's mean wait in ms since w, from srv's histograms now; nil
-// when either reading is missing. A step with no activation meanwhile reads 0.
-func (w *stepWatch) means(srv *apiServer) []float64 {
+// since returns each step's mean wait in ms since w, and the share (%) of its waits
+// over slowStep, from srv's histograms now; nil when either reading is missing. A
+// step with no activation meanwhile reads 0 in both.
+func (w *stepWatch) since(srv *apiServer) (means, slow []float64) {
 	now := watchSteps(srv)
 	if w == nil || now == nil {
-		return nil
+		return nil, nil
 	}
-	out := make([]float64, len(activationSteps))
+	means, slow = make([]float64, len(activationSteps)), make([]float64, len(activationSteps))
 	for i := range activationSteps {
 		if n := now.count[i] - w.count[i]; n > 0 {
-			out[i] = 1000 * (now.sum[i] - w.sum[i]) / n
+			means[i] = 1000 * (now.sum[i] - w.sum[i]) / n
+			slow[i] = max(0, 100*(n-(now.fast[i]-w.fast[i]))/n)
 		}
 	}
-	return out
+	return means, slow
 }
 
 // cpuUserNames name the processes whose CPU the quiet neighbour's arms report: what
@@ -140,6 +148,7 @@ type armFigures struct {
 	cores     []float64 // by cpuUserNames
 	cpuOK     bool
 	steps     []float64 // by activationSteps, ms; nil for a peer
+	slowSteps []float64 // by activationSteps, % over slowStep; nil for a peer
 }
 
 // add appends one run's figures of the three arms.
@@ -158,7 +167,7 @@ func (a *NeighbourArms) add(alone, fixed, saturated armFigures) {
 		a.Cores = make([]ArmSet, len(cpuUserNames))
 	}
 	if a.Steps == nil {
-		a.Steps = make([]ArmSet, len(activationSteps))
+		a.Steps, a.SlowSteps = make([]ArmSet, len(activationSteps)), make([]ArmSet, len(activationSteps))
 	}
 	for i := range a.Steps {
 		figures = append(figures, figure{&a.Steps[i], func(f armFigures) (float64, bool) {
@@ -166,6 +175,11 @@ func (a *NeighbourArms) add(alone, fixed, saturated armFigures) {
 				return 0, false
 			}
 			return f.steps[i], true
+		}}, figure{&a.SlowSteps[i], func(f armFigures) (float64, bool) {
+			if i >= len(f.slowSteps) {
+				return 0, false
+			}
+			return f.slowSteps[i], true
 		}})
 	}
 	for i := range a.Cores {
@@ -208,7 +222,7 @@ func watchArm(srv *apiServer, users []cpuUser) armWatch {
 func (w armWatch) figures() (armFigures, error) {
 	var f armFigures
 	f.cpu, f.cores, f.cpuOK = w.cpu.share()
-	f.steps = w.steps.means(w.srv)
+	f.steps, f.slowSteps = w.steps.since(w.srv)
 	ls, err := w.mark.serverLatencies("bench-quiet", w.start)
 	if err != nil {
 		return f, err

@@ -530,6 +530,14 @@ func (r *Report) Markdown(command string) string {
 					return ArmSet{}
 				}})
 			}
+			for i, step := range activationSteps {
+				rows = append(rows, neighbourRow{"a create's waits over 1 ms: " + step, "%.1f%%", func(a *NeighbourArms) ArmSet {
+					if i < len(a.SlowSteps) {
+						return a.SlowSteps[i]
+					}
+					return ArmSet{}
+				}})
+			}
 			w("| during the quiet client's arms")
 			for _, a := range servers {
 				w(" | %s: alone | beside %d/s | beside wrk", a.name, n.FixedFlood)
@@ -546,7 +554,7 @@ func (r *Report) Markdown(command string) string {
 				w(" |\n")
 			}
 			w("\n")
-			w("Inside the server is from the request's first middleware to its answer written, as space-api logs it: without the driver's own queues, the kernel's or the loopback's (the peer logs no requests: n/a). Busy and stolen are shares of the machine's CPU time during each arm's measured part (`/proc/stat`): stolen is time a vCPU of this virtual machine was ready to run while the host ran another guest, latency no process here caused. Cores are each process's CPU seconds a second over the same part (`/proc/<pid>/stat`); the driver's are its own and its load streams' processes' (the fixed flood's plain HTTP client and the quiet client's vegeta), and wrk's are not counted. A create's mean wait is each step of the creates space-api activated during the arm (`space_sandbox_activation_step_seconds`, its sum over its count; the quiet client's, and the flooder's admitted or refused by Redis, not those refused from memory, which take no step): its concurrency place and its charge in Redis, its booking and its finish in Postgres, its start on the simulated substrate.\n\n")
+			w("Inside the server is from the request's first middleware to its answer written, as space-api logs it: without the driver's own queues, the kernel's or the loopback's (the peer logs no requests: n/a). Busy and stolen are shares of the machine's CPU time during each arm's measured part (`/proc/stat`): stolen is time a vCPU of this virtual machine was ready to run while the host ran another guest, latency no process here caused. Cores are each process's CPU seconds a second over the same part (`/proc/<pid>/stat`); the driver's are its own and its load streams' processes' (the fixed flood's plain HTTP client and the quiet client's vegeta), and wrk's are not counted. A create's mean wait is each step of the creates space-api activated during the arm (`space_sandbox_activation_step_seconds`, its sum over its count; the quiet client's, and the flooder's admitted or refused by Redis, not those refused from memory, which take no step): its concurrency place and its charge in Redis, its booking and its finish in Postgres, its start on the simulated substrate; its waits over 1 ms are the share of each step's waits past the histogram's 1 ms bucket.\n\n")
 			w("The quiet client's answers, every arm and run: from space-api %s; in api_key mode %s; from the peer %s.\n\n", outcomes(n.Space.Outcomes), outcomes(n.APIKey.Outcomes), outcomes(n.Peer.Outcomes))
 		}
 	}

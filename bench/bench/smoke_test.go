@@ -279,11 +279,18 @@ func TestSmoke(t *testing.T) {
 		// steps waited a little in every arm of space-api, in both modes; the peer
 		// has no steps to read.
 		for _, a := range []struct {
-			name  string
-			steps []ArmSet
-		}{{"space-api", n.Space.Steps}, {"space-api, api_key", n.APIKey.Steps}} {
-			if len(a.steps) != len(activationSteps) {
-				t.Fatalf("%s: %d activation steps read, want %d", a.name, len(a.steps), len(activationSteps))
+			name        string
+			steps, slow []ArmSet
+		}{{"space-api", n.Space.Steps, n.Space.SlowSteps}, {"space-api, api_key", n.APIKey.Steps, n.APIKey.SlowSteps}} {
+			if len(a.steps) != len(activationSteps) || len(a.slow) != len(activationSteps) {
+				t.Fatalf("%s: %d activation steps read, %d shares of slow waits, want %d", a.name, len(a.steps), len(a.slow), len(activationSteps))
+			}
+			for i, set := range a.slow {
+				for arm, v := range [][]float64{set.Alone, set.Fixed, set.Saturated} {
+					if len(v) != 1 || v[0] < 0 || v[0] > 100 {
+						t.Errorf("%s: a create's waits over 1 ms on %s in arm %d: %v%%", a.name, activationSteps[i], arm, v)
+					}
+				}
 			}
 			for i, step := range activationSteps[1:] {
 				set := a.steps[i+1]
