@@ -203,7 +203,7 @@ func (a *NeighbourArms) add(alone, fixed, saturated armFigures) {
 }
 
 // armWatch is an arm's measured part begun: where the server's log was, the CPU
-// counters, and when.
+// counters, space-api's activation step histograms (nil for a peer), and when.
 type armWatch struct {
 	srv   *apiServer
 	mark  logMark

@@ -116,7 +116,7 @@ func TestActivationSignals(t *testing.T) {
 		}
 	})
 
-	t.Run("a warm hit is not charged, and a create with no cap takes no place", func(t *testing.T) {
+	t.Run("a warm hit is not charged, and a create given no concurrency cap has no place step", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		reg, _ := timed(b)
