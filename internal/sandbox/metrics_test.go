@@ -135,6 +135,47 @@ func TestActivationSignals(t *testing.T) {
 		}
 	})
 
+	t.Run("a restore's steps are its own kind's, with no place", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		reg, clk := timed(b)
+		sb, err := create(b.svc, b.ctx, acme(), sandbox.CreateRequest{Shape: python})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.svc.Pause(b.ctx, acme(), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		b.setFail(func(c substrate.Call) error {
+			if c.Op == substrate.OpRestore {
+				clk.Advance(4 * time.Second)
+			}
+			return nil
+		})
+		if _, err := b.svc.Restore(b.ctx, acme(), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		for step, want := range map[string]uint64{"book": 1, "charge": 1, "start": 1, "finish": 1} {
+			if n, _ := histogram(t, reg, "space_sandbox_activation_step_seconds", map[string]string{"kind": "restore", "step": step}); n != want {
+				t.Errorf("restore step %s: %d observed, want %d", step, n, want)
+			}
+		}
+		if _, sum := histogram(t, reg, "space_sandbox_activation_step_seconds", map[string]string{"kind": "restore", "step": "start"}); sum != 4 {
+			t.Errorf("the restore's start took %vs, want the substrate's 4s", sum)
+		}
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				if f.GetName() == "space_sandbox_activation_step_seconds" && matches(m, map[string]string{"kind": "restore", "step": "place"}) {
+					t.Error("a restore has a place step series; its place is the API's, not the service's")
+				}
+			}
+		}
+	})
+
 	t.Run("a warm hit, a refusal and a failed start each land in their own outcome", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
