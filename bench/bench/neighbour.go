@@ -169,25 +169,24 @@ func (a *NeighbourArms) add(alone, fixed, saturated armFigures) {
 	if a.Steps == nil {
 		a.Steps, a.SlowSteps = make([]ArmSet, len(activationSteps)), make([]ArmSet, len(activationSteps))
 	}
+	// at is xs's i-th figure, when the arm has it.
+	at := func(xs []float64, i int) (float64, bool) {
+		if i >= len(xs) {
+			return 0, false
+		}
+		return xs[i], true
+	}
 	for i := range a.Steps {
-		figures = append(figures, figure{&a.Steps[i], func(f armFigures) (float64, bool) {
-			if i >= len(f.steps) {
-				return 0, false
-			}
-			return f.steps[i], true
-		}}, figure{&a.SlowSteps[i], func(f armFigures) (float64, bool) {
-			if i >= len(f.slowSteps) {
-				return 0, false
-			}
-			return f.slowSteps[i], true
-		}})
+		figures = append(figures,
+			figure{&a.Steps[i], func(f armFigures) (float64, bool) { return at(f.steps, i) }},
+			figure{&a.SlowSteps[i], func(f armFigures) (float64, bool) { return at(f.slowSteps, i) }})
 	}
 	for i := range a.Cores {
 		figures = append(figures, figure{&a.Cores[i], func(f armFigures) (float64, bool) {
-			if !f.cpuOK || i >= len(f.cores) {
+			if !f.cpuOK {
 				return 0, false
 			}
-			return f.cores[i], true
+			return at(f.cores, i)
 		}})
 	}
 	for _, x := range figures {

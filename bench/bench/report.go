@@ -514,30 +514,20 @@ func (r *Report) Markdown(command string) string {
 				{"machine's CPU busy", "%.0f%%", func(a *NeighbourArms) ArmSet { return a.Busy }},
 				{"machine's CPU stolen by the hypervisor", "%.0f%%", func(a *NeighbourArms) ArmSet { return a.Steal }},
 			}
-			for i, name := range cpuUserNames {
-				rows = append(rows, neighbourRow{"cores used by " + name, "%.2f", func(a *NeighbourArms) ArmSet {
-					if i < len(a.Cores) {
-						return a.Cores[i]
-					}
-					return ArmSet{}
-				}})
+			// perIndex adds a row for each name, the i-th ArmSet of what sets picks.
+			perIndex := func(prefix string, names []string, verb string, sets func(*NeighbourArms) []ArmSet) {
+				for i, name := range names {
+					rows = append(rows, neighbourRow{prefix + name, verb, func(a *NeighbourArms) ArmSet {
+						if s := sets(a); i < len(s) {
+							return s[i]
+						}
+						return ArmSet{}
+					}})
+				}
 			}
-			for i, step := range activationSteps {
-				rows = append(rows, neighbourRow{"a create's mean wait, ms: " + step, "%.3f", func(a *NeighbourArms) ArmSet {
-					if i < len(a.Steps) {
-						return a.Steps[i]
-					}
-					return ArmSet{}
-				}})
-			}
-			for i, step := range activationSteps {
-				rows = append(rows, neighbourRow{"a create's waits over 1 ms: " + step, "%.1f%%", func(a *NeighbourArms) ArmSet {
-					if i < len(a.SlowSteps) {
-						return a.SlowSteps[i]
-					}
-					return ArmSet{}
-				}})
-			}
+			perIndex("cores used by ", cpuUserNames, "%.2f", func(a *NeighbourArms) []ArmSet { return a.Cores })
+			perIndex("a create's mean wait, ms: ", activationSteps, "%.3f", func(a *NeighbourArms) []ArmSet { return a.Steps })
+			perIndex("a create's waits over 1 ms: ", activationSteps, "%.1f%%", func(a *NeighbourArms) []ArmSet { return a.SlowSteps })
 			w("| during the quiet client's arms")
 			for _, a := range servers {
 				w(" | %s: alone | beside %d/s | beside wrk", a.name, n.FixedFlood)

@@ -77,8 +77,9 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	// A key this replica just found at its live cap is counted first, and refused
 	// without a booking while the count still finds it there.
 	if err := s.liveCaps.refuse(ctx, caller); err != nil {
-		s.metrics.step(a.kind(), stepBook, s.opts.Now().Sub(began))
-		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
+		took := s.opts.Now().Sub(began)
+		s.metrics.step(a.kind(), stepBook, took)
+		s.metrics.refused(a.kind(), err, took)
 		return nil, err
 	}
 	// From the booking on, the activation runs to its end even if the caller
@@ -88,10 +89,11 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 	ctx, cancel := s.detached(ctx)
 	defer cancel()
 	sb, tmpl, slot, err := a.book(ctx, caller)
-	s.metrics.step(a.kind(), stepBook, s.opts.Now().Sub(began))
+	booked := s.opts.Now().Sub(began)
+	s.metrics.step(a.kind(), stepBook, booked)
 	if err != nil {
 		s.liveCaps.booked(caller, err)
-		s.metrics.refused(a.kind(), err, s.opts.Now().Sub(began))
+		s.metrics.refused(a.kind(), err, booked)
 		return nil, err
 	}
 	if err := a.placed(); err != nil {
@@ -121,7 +123,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 			if cerr := s.opts.Pool.Consume(ctx, slot); cerr != nil {
 				s.logger.WarnContext(ctx, "consume adopted slot", "slot", slot.ID, "err", cerr)
 			}
-			return s.timedFinish(ctx, callerCtx, caller, a, sb, ref, true, false, began)
+			return s.finish(ctx, callerCtx, caller, a, sb, ref, true, false, began)
 		}
 		s.logger.WarnContext(ctx, "warm slot adoption failed; starting cold", "sandbox", sb.ID, "slot", slot.ID, "err", err)
 		s.opts.Pool.Discard(ctx, slot)
@@ -168,14 +170,7 @@ func (s *Service) activate(ctx context.Context, caller space.Caller, a activatio
 			Message: fmt.Sprintf("the substrate failed to %s sandbox %s; see GET /v1/sandboxes/%s", activateVerb(a.kind()), sb.ID, sb.ID)}
 	}
 	s.metrics.coldStart.WithLabelValues(a.kind()).Observe(s.opts.Now().Sub(coldBegan).Seconds())
-	return s.timedFinish(ctx, callerCtx, caller, a, sb, ref, false, spec.SoftBreach, began)
-}
-
-// timedFinish is finish, observed as the activation's finish step.
-func (s *Service) timedFinish(ctx, callerCtx context.Context, caller space.Caller, a activation, sb *space.Sandbox, ref string, warm, softBreach bool, began time.Time) (*space.Sandbox, error) {
-	finishBegan := s.opts.Now()
-	defer func() { s.metrics.step(a.kind(), stepFinish, s.opts.Now().Sub(finishBegan)) }()
-	return s.finish(ctx, callerCtx, caller, a, sb, ref, warm, softBreach, began)
+	return s.finish(ctx, callerCtx, caller, a, sb, ref, false, spec.SoftBreach, began)
 }
 
 // idleAfter is how long a start on the substrate runs before the activation counts
@@ -249,8 +244,11 @@ func (s *Service) bookNew(ctx context.Context, caller space.Caller, sb *space.Sa
 // while the 201 is written, has a running sandbox it was not told of: it finds it by
 // listing its sandboxes, or avoids the question with an Idempotency-Key. A write whose
 // outcome Postgres leaves unknown is sent again (writeRunning), and one that stays
-// unknown leaves no answered create nobody was told of (unanswer).
+// unknown leaves no answered create nobody was told of (unanswer). It is observed as
+// the activation's finish step, whatever its outcome.
 func (s *Service) finish(ctx, callerCtx context.Context, caller space.Caller, a activation, sb *space.Sandbox, ref string, warm, softBreach bool, began time.Time) (*space.Sandbox, error) {
+	finishBegan := s.opts.Now()
+	defer func() { s.metrics.step(a.kind(), stepFinish, s.opts.Now().Sub(finishBegan)) }()
 	outcome := "cold"
 	if warm {
 		outcome = "warm"

@@ -27,8 +27,8 @@ func timed(b *bundle) (*prometheus.Registry, *testenv.Clock) {
 	return reg, c
 }
 
-// histogram returns the sample count and sum of the series of name with labels.
-func histogram(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (uint64, float64) {
+// series returns the series of name with labels, nil when reg has none.
+func series(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) *dto.Metric {
 	t.Helper()
 	families, err := reg.Gather()
 	if err != nil {
@@ -40,12 +40,21 @@ func histogram(t *testing.T, reg *prometheus.Registry, name string, labels map[s
 		}
 		for _, m := range f.GetMetric() {
 			if matches(m, labels) {
-				return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+				return m
 			}
 		}
 	}
-	t.Fatalf("no series %s%v", name, labels)
-	return 0, 0
+	return nil
+}
+
+// histogram returns the sample count and sum of the series of name with labels.
+func histogram(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (uint64, float64) {
+	t.Helper()
+	m := series(t, reg, name, labels)
+	if m == nil {
+		t.Fatalf("no series %s%v", name, labels)
+	}
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 }
 
 func matches(m *dto.Metric, labels map[string]string) bool {
@@ -163,16 +172,8 @@ func TestActivationSignals(t *testing.T) {
 		if _, sum := histogram(t, reg, "space_sandbox_activation_step_seconds", map[string]string{"kind": "restore", "step": "start"}); sum != 4 {
 			t.Errorf("the restore's start took %vs, want the substrate's 4s", sum)
 		}
-		families, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range families {
-			for _, m := range f.GetMetric() {
-				if f.GetName() == "space_sandbox_activation_step_seconds" && matches(m, map[string]string{"kind": "restore", "step": "place"}) {
-					t.Error("a restore has a place step series; its place is the API's, not the service's")
-				}
-			}
+		if series(t, reg, "space_sandbox_activation_step_seconds", map[string]string{"kind": "restore", "step": "place"}) != nil {
+			t.Error("a restore has a place step series; its place is the API's, not the service's")
 		}
 	})
 
