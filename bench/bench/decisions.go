@@ -27,6 +27,11 @@ type DecisionsCell struct {
 	// (getrusage, user and system): what a decision costs the replica's side, the
 	// go-redis client's system calls included. Redis's side is the script scenario's.
 	ClientCPU []float64
+	// RedisCPU is the Redis main threads' CPU time per decision in µs, per run
+	// (serverCPU): what a decision costs the Redis every replica shares, reading its
+	// request and writing its reply included. Its inverse is how many decisions one
+	// Redis core serves a second once Redis, not a replica, is what is short.
+	RedisCPU []float64
 }
 
 // ownCPU is this process's CPU time so far, user and system.
@@ -134,6 +139,11 @@ func runDecisions(ctx context.Context, env *Env, runs int, sz sizes) (*Decisions
 						return nil, err
 					}
 					calls.n.Store(0)
+					served, err := serverCPU(ctx, rdb)
+					if err != nil {
+						rdb.Close()
+						return nil, err
+					}
 					cpu := ownCPU()
 					n, elapsed, p50, err := decideFor(ctx, decide, g, sz.decisionsDur)
 					cpu = ownCPU() - cpu
@@ -141,12 +151,19 @@ func runDecisions(ctx context.Context, env *Env, runs int, sz sizes) (*Decisions
 						rdb.Close()
 						return nil, fmt.Errorf("%s %s g=%d: %w", c.Impl, topo.name, g, err)
 					}
+					after, err := serverCPU(ctx, rdb)
+					if err != nil {
+						rdb.Close()
+						return nil, err
+					}
+					served = after - served
 					c.PerSec = append(c.PerSec, float64(n)/elapsed.Seconds())
 					if sent := calls.n.Load(); sent > 0 {
 						c.PerCall = append(c.PerCall, float64(n)/float64(sent))
 					}
 					if n > 0 {
 						c.ClientCPU = append(c.ClientCPU, float64(cpu.Microseconds())/float64(n))
+						c.RedisCPU = append(c.RedisCPU, float64(served.Microseconds())/float64(n))
 					}
 					if g == 1 {
 						c.P50 = append(c.P50, ms(p50))

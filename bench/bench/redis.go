@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -101,6 +102,26 @@ func processCPU(ctx context.Context, rdb redis.Cmdable) (time.Duration, error) {
 		return 0, fmt.Errorf("INFO cpu lacks the main thread's used_cpu_user/sys")
 	}
 	return time.Duration(total * float64(time.Second)), nil
+}
+
+// serverCPU is processCPU summed over every Redis that rdb reaches: the one server,
+// or each master of a cluster (a decision's keys share one slot, so one master runs
+// them; the others' idle CPU is counted alike for every implementation).
+func serverCPU(ctx context.Context, rdb redis.UniversalClient) (time.Duration, error) {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return processCPU(ctx, rdb)
+	}
+	var mu sync.Mutex
+	var total time.Duration
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		cpu, err := processCPU(ctx, node)
+		mu.Lock()
+		total += cpu
+		mu.Unlock()
+		return err
+	})
+	return total, err
 }
 
 // redisTime is the server's clock, the one the admission script reads.

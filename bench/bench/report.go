@@ -74,6 +74,17 @@ func (r *Report) Targets() []Target {
 			worst32 = min(worst32, st.Median)
 			parts = append(parts, fmt.Sprintf("%s/32 %s", topo, st.format("%.2f×")))
 		}
+		// Where the driver and Redis share the machine's cores, space's decisions/s
+		// cannot pass the cores over what a decision costs the two together: that
+		// ceiling, against redis_rate's decisions/s in the same run, is shown beside.
+		for _, topo := range []string{"standalone", "cluster"} {
+			a, p := d.Cell(implSpace, topo, 32), d.Cell(implRedisRate, topo, 32)
+			cpu := summarize(a.ClientCPU).Median + summarize(a.RedisCPU).Median
+			ceiling := float64(r.Machine.CPUs) * 1e6 / cpu
+			parts = append(parts, fmt.Sprintf("%s/32 CPU a decision, driver + Redis, %.1f µs (redis_rate %.1f µs; Redis's own %s against %s µs): at most %.0f/s on %d cores, %.2f× redis_rate's", topo,
+				cpu, summarize(p.ClientCPU).Median+summarize(p.RedisCPU).Median, summarize(a.RedisCPU).format("%.2f"), summarize(p.RedisCPU).format("%.2f"),
+				ceiling, r.Machine.CPUs, ceiling/summarize(p.PerSec).Median))
+		}
 		for _, topo := range []string{"standalone", "cluster"} {
 			parts = append(parts, fmt.Sprintf("p50 at 1 goroutine %s %s ms (redis_rate %s ms)", topo,
 				summarize(d.Cell(implSpace, topo, 1).P50).format("%.3f"), summarize(d.Cell(implRedisRate, topo, 1).P50).format("%.3f")))
@@ -173,7 +184,7 @@ func (r *Report) Summary() string {
 			if c.Impl == implSpace {
 				fmt.Fprintf(&b, ", %s decisions a script call", summarize(c.PerCall).format("%.1f"))
 			}
-			fmt.Fprintf(&b, ", client CPU %s µs a decision", summarize(c.ClientCPU).format("%.1f"))
+			fmt.Fprintf(&b, ", client CPU %s µs a decision, Redis CPU %s µs a decision", summarize(c.ClientCPU).format("%.1f"), summarize(c.RedisCPU).format("%.2f"))
 			b.WriteString("\n")
 		}
 	}
@@ -391,15 +402,16 @@ func (r *Report) Markdown(command string) string {
 	if d := r.Decision; d != nil {
 		w("### 2. Decisions/s from Go\n\n")
 		w("Allow path (every decision admits and writes), %s per cell, ours and redis_rate back to back in each run (which goes first alternates), on the services' Redis (standalone on one port, and the 3-node cluster), one go-redis client per topology built as space-api builds its own.\n\n", d.Duration)
-		w("| topology | goroutines | space decisions/s | redis_rate decisions/s | space / redis_rate | space decisions a script call | client CPU µs a decision, space / redis_rate |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		w("| topology | goroutines | space decisions/s | redis_rate decisions/s | space / redis_rate | space decisions a script call | client CPU µs a decision, space / redis_rate | Redis CPU µs a decision, space / redis_rate | decisions a Redis CPU-second, space ÷ redis_rate |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, topo := range []string{"standalone", "cluster"} {
 			for _, g := range []int{1, 8, 32} {
 				a, p := d.Cell(implSpace, topo, g), d.Cell(implRedisRate, topo, g)
-				w("| %s | %d | %s | %s | %s | %s | %s / %s |\n", topo, g, summarize(a.PerSec).format("%.0f"), summarize(p.PerSec).format("%.0f"), ratioStats(a.PerSec, p.PerSec).format("%.2f×"), summarize(a.PerCall).format("%.1f"),
-					summarize(a.ClientCPU).format("%.1f"), summarize(p.ClientCPU).format("%.1f"))
+				w("| %s | %d | %s | %s | %s | %s | %s / %s | %s / %s | %s |\n", topo, g, summarize(a.PerSec).format("%.0f"), summarize(p.PerSec).format("%.0f"), ratioStats(a.PerSec, p.PerSec).format("%.2f×"), summarize(a.PerCall).format("%.1f"),
+					summarize(a.ClientCPU).format("%.1f"), summarize(p.ClientCPU).format("%.1f"),
+					summarize(a.RedisCPU).format("%.2f"), summarize(p.RedisCPU).format("%.2f"), ratioStats(p.RedisCPU, a.RedisCPU).format("%.2f×"))
 			}
 		}
-		w("\nClient CPU is the driver process's (getrusage, user and system, over the cell's decisions): the replica's side of a decision, go-redis's system calls included; what Redis spends is section 1's.\n")
+		w("\nClient CPU is the driver process's (getrusage, user and system, over the cell's decisions): the replica's side of a decision, go-redis's system calls included. Redis CPU is the Redis main threads' (`INFO cpu`, `used_cpu_user_main_thread` + `used_cpu_sys_main_thread`, over every master of the cluster), reading requests and writing replies included: what a decision costs the one Redis that every replica shares. Its ratio is how many more decisions a second one Redis core serves for space than for redis_rate once Redis is what is short, as it is with enough replicas; on this machine one driver process sharing the two cores with Redis never gets it there.\n")
 		w("\n")
 		w("A decision's latency at 1 goroutine (each call timed, the median of the cell's calls):\n\n")
 		w("| topology | space p50 ms | redis_rate p50 ms |\n|---|---:|---:|\n")

@@ -141,6 +141,10 @@ type ScaleDecisions struct {
 	// of its own on the same server, in the same rotation: what a larger keyspace
 	// costs Redis itself shows in both ratios alike.
 	PeerSpread, PeerOne []float64
+	// RedisCPU are the four arms' Redis main-thread CPU per decision in µs, per run,
+	// in the order Spread, One, PeerSpread, PeerOne: where a larger keyspace's cost
+	// lands, on the one thread every replica shares.
+	RedisCPU [4][]float64
 }
 
 // ScaleFlat is the flat-in-tenants comparison.
@@ -349,13 +353,13 @@ func (r *ScaleResult) decisions(ctx context.Context, env *Env, runs int, s scale
 	spread := func() string { return "c" + strconv.Itoa(rand.IntN(n)) }
 	one := func() string { return "c0" }
 	arms := []struct {
-		out    *[]float64
-		decide decider
+		out, cpu *[]float64
+		decide   decider
 	}{
-		{&d.Spread, decideOn(spread)},
-		{&d.One, decideOn(one)},
-		{&d.PeerSpread, peerOn(spread)},
-		{&d.PeerOne, peerOn(one)},
+		{&d.Spread, &d.RedisCPU[0], decideOn(spread)},
+		{&d.One, &d.RedisCPU[1], decideOn(one)},
+		{&d.PeerSpread, &d.RedisCPU[2], peerOn(spread)},
+		{&d.PeerOne, &d.RedisCPU[3], peerOn(one)},
 	}
 	for _, i := range []int{1, 3} { // loads the scripts
 		if _, err := arms[i].decide(ctx); err != nil {
@@ -364,11 +368,22 @@ func (r *ScaleResult) decisions(ctx context.Context, env *Env, runs int, s scale
 	}
 	for run := range runs {
 		for _, arm := range rotate(arms, run) {
+			before, err := processCPU(ctx, rdb)
+			if err != nil {
+				return err
+			}
 			made, elapsed, _, err := decideFor(ctx, arm.decide, d.Goroutines, d.Duration)
 			if err != nil {
 				return fmt.Errorf("scale decisions: %w", err)
 			}
+			after, err := processCPU(ctx, rdb)
+			if err != nil {
+				return err
+			}
 			*arm.out = append(*arm.out, float64(made)/elapsed.Seconds())
+			if made > 0 {
+				*arm.cpu = append(*arm.cpu, float64((after-before).Microseconds())/float64(made))
+			}
 		}
 		env.logf("scale: decisions/s run %d: %s keys %.0f/s, one key %.0f/s; redis_rate %.0f/s and %.0f/s", run+1, count(n), d.Spread[run], d.One[run], d.PeerSpread[run], d.PeerOne[run])
 	}

@@ -46,6 +46,11 @@ func checkScaleSmoke(t *testing.T, s *ScaleResult) {
 	if dec := s.Decisions; len(dec.PeerSpread) != 1 || len(dec.PeerOne) != 1 || !(dec.PeerSpread[0] > 0) || !(dec.PeerOne[0] > 0) {
 		t.Errorf("redis_rate's decisions/s: %v over %d keys, %v over one", dec.PeerSpread, dec.Keys, dec.PeerOne)
 	}
+	for i, cpu := range s.Decisions.RedisCPU {
+		if len(cpu) != 1 || !(cpu[0] > 0) {
+			t.Errorf("arm %d: Redis CPU a decision %v µs, want one figure above 0", i, cpu)
+		}
+	}
 	d := s.Redis
 	if d.Sampled == 0 || !(d.MemoryUsage > 16) {
 		t.Errorf("idle keys: MEMORY USAGE %.0f over %d keys", d.MemoryUsage, d.Sampled)

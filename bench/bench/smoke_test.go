@@ -161,6 +161,11 @@ func TestSmoke(t *testing.T) {
 			if len(c.PerCall) != 1 || (c.Goroutines == 1 && c.PerCall[0] != 1) || c.PerCall[0] < 1 {
 				t.Errorf("%s %s %d: decisions a script call %v", c.Impl, c.Topology, c.Goroutines, c.PerCall)
 			}
+			// Every decision costs Redis's main thread something, on whichever master
+			// holds its slot.
+			if len(c.RedisCPU) != 1 || !(c.RedisCPU[0] > 0) {
+				t.Errorf("%s %s %d: Redis CPU a decision %v µs", c.Impl, c.Topology, c.Goroutines, c.RedisCPU)
+			}
 		}
 	})
 	t.Run("decisions from many goroutines at once cost Redis less each than one at a time", func(t *testing.T) {
