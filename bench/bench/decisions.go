@@ -139,24 +139,18 @@ func runDecisions(ctx context.Context, env *Env, runs int, sz sizes) (*Decisions
 						return nil, err
 					}
 					calls.n.Store(0)
-					served, err := serverCPU(ctx, rdb)
-					if err != nil {
-						rdb.Close()
-						return nil, err
-					}
+					var n int64
+					var elapsed, p50 time.Duration
 					cpu := ownCPU()
-					n, elapsed, p50, err := decideFor(ctx, decide, g, sz.decisionsDur)
+					served, err := redisCPUOf(ctx, rdb, func() (err error) {
+						n, elapsed, p50, err = decideFor(ctx, decide, g, sz.decisionsDur)
+						return err
+					})
 					cpu = ownCPU() - cpu
 					if err != nil {
 						rdb.Close()
 						return nil, fmt.Errorf("%s %s g=%d: %w", c.Impl, topo.name, g, err)
 					}
-					after, err := serverCPU(ctx, rdb)
-					if err != nil {
-						rdb.Close()
-						return nil, err
-					}
-					served = after - served
 					c.PerSec = append(c.PerSec, float64(n)/elapsed.Seconds())
 					if sent := calls.n.Load(); sent > 0 {
 						c.PerCall = append(c.PerCall, float64(n)/float64(sent))

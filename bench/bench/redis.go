@@ -124,6 +124,22 @@ func serverCPU(ctx context.Context, rdb redis.UniversalClient) (time.Duration, e
 	return total, err
 }
 
+// redisCPUOf is the CPU Redis's main threads (serverCPU) spent while fn ran.
+func redisCPUOf(ctx context.Context, rdb redis.UniversalClient, fn func() error) (time.Duration, error) {
+	before, err := serverCPU(ctx, rdb)
+	if err != nil {
+		return 0, err
+	}
+	if err := fn(); err != nil {
+		return 0, err
+	}
+	after, err := serverCPU(ctx, rdb)
+	if err != nil {
+		return 0, err
+	}
+	return after - before, nil
+}
+
 // redisTime is the server's clock, the one the admission script reads.
 func redisTime(ctx context.Context, rdb redis.Cmdable) (time.Time, error) {
 	t, err := rdb.Time(ctx).Result()

@@ -79,6 +79,9 @@ func (r *Report) Targets() []Target {
 		// ceiling, against redis_rate's decisions/s in the same run, is shown beside.
 		for _, topo := range []string{"standalone", "cluster"} {
 			a, p := d.Cell(implSpace, topo, 32), d.Cell(implRedisRate, topo, 32)
+			if len(a.RedisCPU) == 0 || len(p.RedisCPU) == 0 {
+				continue
+			}
 			cpu := summarize(a.ClientCPU).Median + summarize(a.RedisCPU).Median
 			ceiling := float64(r.Machine.CPUs) * 1e6 / cpu
 			parts = append(parts, fmt.Sprintf("%s/32 CPU a decision, driver + Redis, %.1f µs (redis_rate %.1f µs; Redis's own %s against %s µs): at most %.0f/s on %d cores, %.2f× redis_rate's", topo,

@@ -368,21 +368,18 @@ func (r *ScaleResult) decisions(ctx context.Context, env *Env, runs int, s scale
 	}
 	for run := range runs {
 		for _, arm := range rotate(arms, run) {
-			before, err := processCPU(ctx, rdb)
-			if err != nil {
+			var made int64
+			var elapsed time.Duration
+			served, err := redisCPUOf(ctx, rdb, func() (err error) {
+				made, elapsed, _, err = decideFor(ctx, arm.decide, d.Goroutines, d.Duration)
 				return err
-			}
-			made, elapsed, _, err := decideFor(ctx, arm.decide, d.Goroutines, d.Duration)
+			})
 			if err != nil {
 				return fmt.Errorf("scale decisions: %w", err)
 			}
-			after, err := processCPU(ctx, rdb)
-			if err != nil {
-				return err
-			}
 			*arm.out = append(*arm.out, float64(made)/elapsed.Seconds())
 			if made > 0 {
-				*arm.cpu = append(*arm.cpu, float64((after-before).Microseconds())/float64(made))
+				*arm.cpu = append(*arm.cpu, float64(served.Microseconds())/float64(made))
 			}
 		}
 		env.logf("scale: decisions/s run %d: %s keys %.0f/s, one key %.0f/s; redis_rate %.0f/s and %.0f/s", run+1, count(n), d.Spread[run], d.One[run], d.PeerSpread[run], d.PeerOne[run])

@@ -278,18 +278,11 @@ func runScript(ctx context.Context, env *Env, runs int, sz sizes) (*ScriptResult
 			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 				return nil, fmt.Errorf("CONFIG RESETSTAT: %w", err)
 			}
-			cpuBefore, err := processCPU(ctx, rdb)
-			if err != nil {
-				return nil, err
-			}
 			// One goroutine: Redis is then never preempted by the bench's own callers
 			// in the middle of a call, which usec (wall time in Redis) would count.
-			if err := decideN(ctx, decide, sz.scriptCalls, 1, allow); err != nil {
-				return nil, fmt.Errorf("%s/%s: %w", c.Impl, c.Path, err)
-			}
-			cpuAfter, err := processCPU(ctx, rdb)
+			cpu, err := redisCPUOf(ctx, rdb, func() error { return decideN(ctx, decide, sz.scriptCalls, 1, allow) })
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("%s/%s: %w", c.Impl, c.Path, err)
 			}
 			stats, err := commandStats(ctx, rdb)
 			if err != nil {
@@ -300,7 +293,7 @@ func runScript(ctx context.Context, env *Env, runs int, sz sizes) (*ScriptResult
 				return nil, fmt.Errorf("%s/%s: EVALSHA ran %d times for %d decisions", c.Impl, c.Path, st.Calls, sz.scriptCalls)
 			}
 			c.Usec = append(c.Usec, float64(st.Usec)/float64(st.Calls))
-			c.CPUUsec = append(c.CPUUsec, float64((cpuAfter-cpuBefore).Microseconds())/float64(sz.scriptCalls))
+			c.CPUUsec = append(c.CPUUsec, float64(cpu.Microseconds())/float64(sz.scriptCalls))
 		}
 		env.logf("script: run %d/%d done", run+1, runs)
 	}
