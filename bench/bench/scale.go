@@ -108,12 +108,22 @@ func scaleSizesFor(quick bool) scaleSizes {
 }
 
 // scaleMarks are the memory phase's points, as fractions of sizes.scale.tenants.
-var scaleMarks = []float64{0.25, 0.5, 1, 1.5, 2}
+var scaleMarks = []float64{0.25, 0.5, 1, 1.5, 2, 3, 4}
+
+// steadyMark is the mark from which the heap must have stopped growing: twice the
+// size, the size being each per-key map's bound (keyed.DefaultMax), once every map has
+// been at its bound long enough for its evictions and its idle sweeps to have run.
+// Between the size and twice it the heap still steps up once as they start: 23 to 36
+// bytes a tenant in the recorded runs up to d3fc5d6, where a probe run to four times
+// the size then read 7 bytes a tenant from twice to four times (docs/benchmarks.md,
+// "A replica's heap past its maps' bound").
+const steadyMark = 2
 
 // ScaleResult is the scale scenario.
 type ScaleResult struct {
-	// Tenants is the scenario's size; the memory phase's last point is at Beyond.
-	Tenants, Beyond, WarmUp, Conns int
+	// Tenants is the scenario's size; the memory phase's last point is at Beyond, and
+	// the heap is judged to have stopped growing from Steady (steadyMark) to Beyond.
+	Tenants, Steady, Beyond, WarmUp, Conns int
 	// Bound is keyed.DefaultMax, the entries of each per-key map of a replica;
 	// BudgetKeys is SPACE_METRICS_BUDGET_KEYS's default.
 	Bound, BudgetKeys int
@@ -237,7 +247,7 @@ func scaleEnv(vars map[string]string) map[string]string {
 
 func runScale(ctx context.Context, env *Env, runs int, sz sizes) (*ScaleResult, error) {
 	s := sz.scale
-	res := &ScaleResult{Tenants: s.tenants, Beyond: int(float64(s.tenants) * scaleMarks[len(scaleMarks)-1]), WarmUp: s.warmUp, Conns: s.conns,
+	res := &ScaleResult{Tenants: s.tenants, Steady: s.tenants * steadyMark, Beyond: int(float64(s.tenants) * scaleMarks[len(scaleMarks)-1]), WarmUp: s.warmUp, Conns: s.conns,
 		Bound: keyed.DefaultMax, BudgetKeys: config.Default().MetricsBudgetKeys, Rate: scaleRate}
 
 	// 4 first: its keys expire while the rest runs.

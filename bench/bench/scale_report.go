@@ -32,26 +32,26 @@ const heapBound = 64 << 20
 // deletes an expired key when a read meets it or its expiry cycle samples it.
 const scaleExpirySlack = 10 * time.Second
 
-// scaleGrowth is the live heap from the start to Tenants, and from Tenants to Beyond,
-// in bytes, and whether both points exist.
-func (r *ScaleResult) scaleGrowth() (toSize, beyond float64, ok bool) {
-	start, at, last := r.point(0), r.point(r.Tenants), r.point(r.Beyond)
-	if start == nil || at == nil || last == nil {
-		return 0, 0, false
+// scaleGrowth is the live heap in bytes from the start to Tenants, from Tenants to
+// Steady, and from Steady to Beyond, and whether the four points exist.
+func (r *ScaleResult) scaleGrowth() (toSize, settling, steady float64, ok bool) {
+	start, at, settled, last := r.point(0), r.point(r.Tenants), r.point(r.Steady), r.point(r.Beyond)
+	if start == nil || at == nil || settled == nil || last == nil {
+		return 0, 0, 0, false
 	}
-	return at.HeapAlloc - start.HeapAlloc, last.HeapAlloc - at.HeapAlloc, true
+	return at.HeapAlloc - start.HeapAlloc, settled.HeapAlloc - at.HeapAlloc, last.HeapAlloc - settled.HeapAlloc, true
 }
 
-// stopped reports whether the heap stopped growing with tenants past Tenants: its
-// growth per tenant from Tenants to Beyond at most a tenth of that from the start to
-// Tenants.
+// stopped reports whether the heap stopped growing with tenants past the maps' bound:
+// its growth per tenant from Steady to Beyond at most a tenth of that from the start
+// to Tenants.
 func (r *ScaleResult) stopped() bool {
-	toSize, beyond, ok := r.scaleGrowth()
+	toSize, _, steady, ok := r.scaleGrowth()
 	if !ok {
 		return false
 	}
 	perBefore := toSize / float64(r.Tenants)
-	perAfter := beyond / float64(r.Beyond-r.Tenants)
+	perAfter := steady / float64(r.Beyond-r.Steady)
 	return perAfter <= max(perBefore, 0)/10
 }
 
@@ -62,13 +62,15 @@ func (r *Report) scaleTargets() []Target {
 		return nil
 	}
 	var ts []Target
-	if toSize, beyond, ok := s.scaleGrowth(); ok {
-		start, at, last := s.point(0), s.point(s.Tenants), s.point(s.Beyond)
+	if toSize, settling, steady, ok := s.scaleGrowth(); ok {
+		start, at, settled, last := s.point(0), s.point(s.Tenants), s.point(s.Steady), s.point(s.Beyond)
 		ts = append(ts, Target{fmt.Sprintf("a replica's live heap after %s tenants ≤ %d MiB above its start", count(s.Tenants), heapBound>>20),
 			fmt.Sprintf("%.1f → %.1f MiB (%+.1f MiB, %.0f bytes a tenant; heap in use %+.1f MiB, RSS %.0f MiB)", mib(start.HeapAlloc), mib(at.HeapAlloc), mib(toSize), toSize/float64(s.Tenants), mib(at.HeapInuse-start.HeapInuse), mib(at.RSS)),
 			toSize <= heapBound})
-		ts = append(ts, Target{fmt.Sprintf("the live heap stops growing from %s to %s tenants (per tenant ≤ a tenth of the first %s's)", count(s.Tenants), count(s.Beyond), count(s.Tenants)),
-			fmt.Sprintf("%.1f → %.1f MiB (%+.1f MiB, %.0f bytes a tenant; heap in use %+.1f MiB)", mib(at.HeapAlloc), mib(last.HeapAlloc), mib(beyond), beyond/float64(s.Beyond-s.Tenants), mib(last.HeapInuse-at.HeapInuse)),
+		ts = append(ts, Target{fmt.Sprintf("the live heap stops growing from %s to %s tenants (per tenant ≤ a tenth of the first %s's)", count(s.Steady), count(s.Beyond), count(s.Tenants)),
+			fmt.Sprintf("%.1f → %.1f MiB (%+.1f MiB, %.0f bytes a tenant; heap in use %+.1f MiB); from %s to %s, as the maps' evictions and sweeps start, %+.1f MiB (%.0f bytes a tenant)",
+				mib(settled.HeapAlloc), mib(last.HeapAlloc), mib(steady), steady/float64(s.Beyond-s.Steady), mib(last.HeapInuse-settled.HeapInuse),
+				count(s.Tenants), count(s.Steady), mib(settling), settling/float64(s.Steady-s.Tenants)),
 			s.stopped()})
 		ts = append(ts, Target{fmt.Sprintf("/metrics samples do not grow from %s to %s tenants", count(s.Tenants), count(s.Beyond)),
 			fmt.Sprintf("%d at the start, %d at %s, %d at %s", start.Series, at.Series, count(s.Tenants), last.Series, count(s.Beyond)),

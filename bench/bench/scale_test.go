@@ -14,8 +14,8 @@ func checkScaleSmoke(t *testing.T, s *ScaleResult) {
 	if s == nil {
 		t.Fatal("the scale scenario reported nothing")
 	}
-	if len(s.Points) != 1+len(scaleMarks) || s.Points[0].Tenants != 0 || s.Points[len(s.Points)-1].Tenants != s.Beyond {
-		t.Fatalf("memory points %+v, want the start and one at each of %v × %d", s.Points, scaleMarks, s.Tenants)
+	if len(s.Points) != 1+len(scaleMarks) || s.Points[0].Tenants != 0 || s.Points[len(s.Points)-1].Tenants != s.Beyond || s.point(s.Steady) == nil || s.point(s.Tenants) == nil {
+		t.Fatalf("memory points %+v, want the start and one at each of %v × %d, %d and %d among them", s.Points, scaleMarks, s.Tenants, s.Tenants, s.Steady)
 	}
 	for _, p := range s.Points {
 		if !(p.HeapInuse > 0) || !(p.HeapAlloc > 0) || !(p.RSS > 0) || p.Series == 0 || len(p.Sites) == 0 {
