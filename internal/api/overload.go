@@ -300,3 +300,18 @@ func (c *limitedConn) Close() error {
 	c.once.Do(c.release)
 	return err
 }
+
+// CloseWrite half-closes the connection beneath (see CloseWrite).
+func (c *limitedConn) CloseWrite() error { return CloseWrite(c.Conn) }
+
+// CloseWrite half-closes c when it can (a TCP connection, or a wrapper of one that
+// says so), and does nothing otherwise. net/http half-closes a connection before it
+// closes it after a request body over its limit, so that the client reads the answer
+// rather than a reset; a wrapper of the connection that hid the method would turn
+// that into a reset.
+func CloseWrite(c net.Conn) error {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}

@@ -75,8 +75,7 @@ type Main struct {
 
 	// inFlight counts connections with a request being read or answered; shutdown
 	// waits for it to reach zero.
-	inFlight  prometheus.Gauge
-	connState sync.Map // net.Conn -> http.ConnState
+	inFlight prometheus.Gauge
 
 	// noReplenisher leaves the warm pool to the test that drives it round by round;
 	// noReconciler does the same for the reconciler, noLifecycle for the lifecycle.
@@ -183,7 +182,8 @@ func (m *Main) listen() error {
 		m.publicLn.Close()
 		return fmt.Errorf("listen SPACE_INTERNAL_HTTP_ADDR %s: %w", m.Config.InternalHTTPAddr, err)
 	}
-	m.publicLn = api.LimitConnections(m.publicLn, m.Config.Overload.MaxConnections, m.Registry)
+	m.publicLn = trackedListener{api.LimitConnections(m.publicLn, m.Config.Overload.MaxConnections, m.Registry)}
+	m.internalLn = trackedListener{m.internalLn}
 	m.public = newHTTPServer(m.API.Public(), m.Logger, m.readHeaderTimeout)
 	m.internal = newHTTPServer(m.API.Internal(), m.Logger, m.readHeaderTimeout)
 	m.public.ConnState, m.internal.ConnState = m.trackConn, m.trackConn
@@ -219,29 +219,46 @@ func newHTTPServer(h http.Handler, logger *slog.Logger, readHeaderTimeout time.D
 }
 
 // trackConn keeps inFlight: +1 when a connection starts a request, -1 when it leaves
-// that state. A connection's state is one atomic, stored when the connection is first
-// seen and swapped at each change after: a kept-alive connection changes state twice a
-// request, and storing into the map each time cost an allocation and a map write per
-// request.
+// that state. The state of each connection lives in it (trackedConn), swapped at each
+// change: a kept-alive connection changes state twice a request, and a map of every
+// connection's state (a sync.Map keyed by the connection) cost its lookups 2% of a
+// refused create's CPU (docs/benchmarks.md, "A refusal's chain").
 func (m *Main) trackConn(c net.Conn, state http.ConnState) {
-	v, ok := m.connState.Load(c)
+	tc, ok := c.(*trackedConn)
 	if !ok {
-		if state == http.StateClosed || state == http.StateHijacked {
-			return
-		}
-		v, _ = m.connState.LoadOrStore(c, new(atomic.Int32)) // http.StateNew is 0
+		return // not accepted by a trackedListener: none of the listeners'
 	}
-	prev := http.ConnState(v.(*atomic.Int32).Swap(int32(state)))
+	prev := http.ConnState(tc.state.Swap(int32(state)))
 	if prev == http.StateActive && state != http.StateActive {
 		m.inFlight.Dec()
 	}
 	if state == http.StateActive && prev != http.StateActive {
 		m.inFlight.Inc()
 	}
-	if state == http.StateClosed || state == http.StateHijacked {
-		m.connState.Delete(c)
-	}
 }
+
+// trackedListener wraps each connection it accepts in a trackedConn.
+type trackedListener struct{ net.Listener }
+
+func (l trackedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &trackedConn{Conn: c}, nil
+}
+
+// trackedConn is an accepted connection and the http.ConnState trackConn last saw of
+// it (http.StateNew, 0, until the first).
+type trackedConn struct {
+	net.Conn
+	state atomic.Int32
+}
+
+// CloseWrite half-closes the connection beneath when it can: net/http does so before
+// it closes a connection whose request body went over its limit, so that the client
+// reads the answer rather than a reset.
+func (c *trackedConn) CloseWrite() error { return api.CloseWrite(c.Conn) }
 
 func (m *Main) onPoolView() {
 	if m.OnPoolView != nil {
