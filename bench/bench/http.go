@@ -107,15 +107,16 @@ type RefusalResult struct {
 	// NoCaps is space-api with the client's rate from the environment and no
 	// concurrency or live cap; Full is the same client with both caps (the full path).
 	NoCaps, Full *HTTPRow
-	// RedisRate is the chi + redis_rate peer, Bare the chi peer with no store, and
-	// Constant the same chi server reading no body and answering one pre-rendered
-	// 429: the limit of HTTP itself on the machine.
-	RedisRate, Bare, Constant *HTTPRow
+	// RedisRate is the chi + redis_rate peer, Bare the chi peer with no store, Same
+	// the bare peer answering space-api's own 429 (headers and body), and Constant
+	// the same chi server reading no body and answering one pre-rendered 429: the
+	// limit of HTTP itself on the machine.
+	RedisRate, Bare, Same, Constant *HTTPRow
 }
 
 // Rows are the refusal rows in the report's order.
 func (r *RefusalResult) Rows() []*HTTPRow {
-	return []*HTTPRow{r.NoCaps, r.Full, r.RedisRate, r.Bare, r.Constant}
+	return []*HTTPRow{r.NoCaps, r.Full, r.RedisRate, r.Bare, r.Same, r.Constant}
 }
 
 // httpClients are the quota flag of the HTTP scenario: no live cap for the clients

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +45,11 @@ func runRefusals(ctx context.Context, env *Env, on *apiServer, rs *testenv.Redis
 		return nil, err
 	}
 	defer constant.stop()
+	spaceAnswer, err := env.startPeer(ctx, peerBare, "", "-space-answer")
+	if err != nil {
+		return nil, err
+	}
+	defer spaceAnswer.stop()
 
 	res := &RefusalResult{Threads: wrkThreads, Connections: sz.httpWorkers,
 		Duration:  max(time.Second, sz.httpDur.Round(time.Second)),
@@ -50,6 +57,7 @@ func runRefusals(ctx context.Context, env *Env, on *apiServer, rs *testenv.Redis
 		Full:      &HTTPRow{Name: "space-api, full path", Outcome: "429"},
 		RedisRate: &HTTPRow{Name: "chi + redis_rate", Outcome: "429"},
 		Bare:      &HTTPRow{Name: "chi, no store", Outcome: "429"},
+		Same:      &HTTPRow{Name: "chi, space's answer", Outcome: "429"},
 		Constant:  &HTTPRow{Name: "chi, constant answer", Outcome: "429"},
 	}
 	targets := []refusalTarget{
@@ -57,6 +65,7 @@ func runRefusals(ctx context.Context, env *Env, on *apiServer, rs *testenv.Redis
 		{res.Full, on, "bench-reject", "client_activation"},
 		{res.RedisRate, redisRate, "bench-reject-bare", ""},
 		{res.Bare, bare, "bench-reject-bare", ""},
+		{res.Same, spaceAnswer, "bench-reject-bare", ""},
 		{res.Constant, constant, "bench-reject-bare", ""},
 	}
 	// Each client's one token goes first; the next create must be refused, by its rate.
@@ -71,6 +80,19 @@ func runRefusals(ctx context.Context, env *Env, on *apiServer, rs *testenv.Redis
 		if code != http.StatusTooManyRequests || (t.bucket != "" && !bytes.Contains(body, []byte(`"bucket":"`+t.bucket+`"`))) {
 			return nil, fmt.Errorf("%s: a create of %s over its rate was answered %d %s, want 429 %s", t.row.Name, t.client, code, bytes.TrimSpace(body), t.bucket)
 		}
+	}
+	// The peer answering space-api's answer must answer it: the same header names and
+	// values, the same body, but for the request id's value.
+	want, err := createAnswer(ctx, on.PublicURL, "bench-reject-bare", coldBody)
+	if err != nil {
+		return nil, err
+	}
+	got, err := createAnswer(ctx, spaceAnswer.PublicURL, "bench-reject-bare", coldBody)
+	if err != nil {
+		return nil, err
+	}
+	if err := sameAnswer(want, got); err != nil {
+		return nil, fmt.Errorf("%s: %w", res.Same.Name, err)
 	}
 	load := func(t refusalTarget, d time.Duration) wrkLoad {
 		return wrkLoad{Name: t.row.Name, URL: t.srv.PublicURL, Client: t.client, Body: coldBody, Connections: sz.httpWorkers, Duration: d}
@@ -106,11 +128,49 @@ func runRefusals(ctx context.Context, env *Env, on *apiServer, rs *testenv.Redis
 			}
 			t.row.addWrk(r)
 		}
-		for _, s := range []*apiServer{on, redisRate, bare, constant} {
+		for _, s := range []*apiServer{on, redisRate, bare, spaceAnswer, constant} {
 			if err := s.alive(); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return res, nil
+}
+
+// sameAnswer says how got differs from want, two answers to a create that must be
+// alike on the wire: status, header names and values (but Date, and X-Request-Id's
+// value), and body, once each answer's own request id is taken out of it.
+func sameAnswer(want, got response) error {
+	if got.status != want.status {
+		return fmt.Errorf("answered %d, space-api %d", got.status, want.status)
+	}
+	for _, h := range []http.Header{want.header, got.header} {
+		if len(h.Values("X-Request-Id")) != 1 || len(h.Get("X-Request-Id")) != 16 {
+			return fmt.Errorf("X-Request-Id %q, want 16 characters", h.Values("X-Request-Id"))
+		}
+	}
+	names := func(h http.Header) []string {
+		var ns []string
+		for k, vs := range h {
+			switch k {
+			case "Date":
+			case "X-Request-Id":
+				ns = append(ns, k)
+			default:
+				ns = append(ns, k+": "+strings.Join(vs, ", "))
+			}
+		}
+		slices.Sort(ns)
+		return ns
+	}
+	if w, g := names(want.header), names(got.header); !slices.Equal(w, g) {
+		return fmt.Errorf("headers %q, space-api's %q", g, w)
+	}
+	strip := func(a response) []byte {
+		return bytes.ReplaceAll(a.body, []byte(a.header.Get("X-Request-Id")), nil)
+	}
+	if w, g := strip(want), strip(got); !bytes.Equal(w, g) {
+		return fmt.Errorf("body %s, space-api's %s", bytes.TrimSpace(g), bytes.TrimSpace(w))
+	}
+	return nil
 }

@@ -379,19 +379,32 @@ func httpGet(ctx context.Context, u string) ([]byte, error) {
 
 // createOnce sends one create for client and returns the status code and body.
 func createOnce(ctx context.Context, base, client, body string) (int, []byte, error) {
+	a, err := createAnswer(ctx, base, client, body)
+	return a.status, a.body, err
+}
+
+// response is a server's answer to one request.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// createAnswer sends one create of client with body, and returns the whole answer.
+func createAnswer(ctx context.Context, base, client, body string) (response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/sandboxes", strings.NewReader(body))
 	if err != nil {
-		return 0, nil, err
+		return response{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Client-ID", client)
 	resp, err := plainClient.Do(req)
 	if err != nil {
-		return 0, nil, fmt.Errorf("POST %s/v1/sandboxes: %w", base, err)
+		return response{}, fmt.Errorf("POST %s/v1/sandboxes: %w", base, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
+	return response{resp.StatusCode, resp.Header, b}, err
 }
 
 // getLimits sends GET /v1/limits for client.

@@ -11,7 +11,10 @@
 //   - cmd/peer-chi-redis-rate asks go-redis/redis_rate v10 (one EVALSHA, Allow with
 //     a per-client limit) and answers 429 when refused;
 //   - cmd/peer-chi-bare asks nobody and answers 429 at once: the ceiling of the HTTP
-//     part alone on this machine.
+//     part alone on this machine. With -space-answer its 429 is space-api's own answer
+//     to the same client (SpaceAnswer): the same headers and the same body, byte for
+//     byte but the request id's value, so that what the answer itself costs the
+//     server and the load generator is told apart from what deciding it costs.
 //
 // Each runs in a process of its own, as space-api does, so that none shares the
 // driver's process with the load generator.
@@ -22,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os/signal"
 	"strconv"
@@ -58,8 +62,64 @@ func RefuseAll(context.Context, string) (Decision, error) {
 	return Decision{RetryAfter: 24 * time.Hour}, nil
 }
 
-// Handler is a peer's router: GET /readyz, and POST /v1/sandboxes decided by decide.
+// Handler is a peer's router: GET /readyz, and POST /v1/sandboxes decided by decide,
+// a refusal answered with a small problem+json and Retry-After.
 func Handler(decide Decider) http.Handler {
+	return handler(decide, func(w http.ResponseWriter, _ *http.Request, client string, d Decision) {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(d.RetryAfter.Round(time.Second)/time.Second), 10))
+		problem(w, http.StatusTooManyRequests, "rate_limited", "client "+client+" is over its rate")
+	})
+}
+
+// SpaceAnswer is the bare peer answering every create with the 429 space-api gives an
+// allowlisted client over its rate of 0 with a burst of 1 (the bench's refused client):
+// RateLimit-Policy, RateLimit, Retry-After, Cache-Control and a fresh X-Request-Id, and
+// the problem body with the same fields in the same order, written as the other
+// answers here are (encoding/json). The bench checks the two answers alike before it
+// measures them (runRefusals).
+func SpaceAnswer() http.Handler {
+	return handler(RefuseAll, func(w http.ResponseWriter, r *http.Request, client string, _ Decision) {
+		id := requestID()
+		h := w.Header()
+		h.Set("Ratelimit-Policy", `"client_activation";q=1;w=1`)
+		h.Set("Ratelimit", `"client_activation";r=0;t=86400`)
+		h.Set("Retry-After", "86400")
+		h.Set("X-Request-Id", id)
+		h.Set("Content-Type", "application/problem+json")
+		h.Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusTooManyRequests)
+		enc := json.NewEncoder(w)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(spaceProblem{
+			Type: "https://github.com/space-sandbox/space/blob/main/docs/problems.md#limited", Title: http.StatusText(http.StatusTooManyRequests),
+			Status: http.StatusTooManyRequests, Detail: "client " + strconv.Quote(client) + " is over its sandbox activation rate; slow down and retry after the Retry-After delay",
+			Instance: r.URL.Path, Code: "limited", Bucket: "client_activation", Client: client, RequestID: id,
+		})
+	})
+}
+
+// spaceProblem is space-api's problem body of a refusal, its fields in its order.
+type spaceProblem struct {
+	Type      string `json:"type"`
+	Title     string `json:"title"`
+	Status    int    `json:"status"`
+	Detail    string `json:"detail"`
+	Instance  string `json:"instance"`
+	Code      string `json:"code"`
+	Bucket    string `json:"bucket"`
+	Client    string `json:"client"`
+	RequestID string `json:"request_id"`
+}
+
+// requestID is 16 hex digits, as space-api's request ids are.
+func requestID() string {
+	return fmt.Sprintf("%016x", rand.Uint64())
+}
+
+// refuser writes a peer's answer to a create of client that decide refused.
+type refuser func(w http.ResponseWriter, r *http.Request, client string, d Decision)
+
+func handler(decide Decider, refuse refuser) http.Handler {
 	r := chi.NewRouter()
 	r.Get("/readyz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	r.Post("/v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
@@ -84,8 +144,7 @@ func Handler(decide Decider) http.Handler {
 		case err != nil:
 			problem(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 		case !d.Allowed:
-			w.Header().Set("Retry-After", strconv.FormatInt(int64(d.RetryAfter.Round(time.Second)/time.Second), 10))
-			problem(w, http.StatusTooManyRequests, "rate_limited", "client "+client+" is over its rate")
+			refuse(w, r, client, d)
 		default:
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusCreated)
