@@ -73,8 +73,9 @@ type Main struct {
 	public, internal     *http.Server
 	serveErr             chan error
 
-	// inFlight counts connections with a request being read or answered; shutdown
-	// waits for it to reach zero.
+	// inFlight counts connections with a request being read or answered
+	// (space_http_active_connections); Shutdown itself waits for the requests, not
+	// for this gauge.
 	inFlight prometheus.Gauge
 
 	// noReplenisher leaves the warm pool to the test that drives it round by round;
