@@ -223,7 +223,8 @@ func newHTTPServer(h http.Handler, logger *slog.Logger, readHeaderTimeout time.D
 // that state. The state of each connection lives in it (trackedConn), swapped at each
 // change: a kept-alive connection changes state twice a request, and a map of every
 // connection's state (a sync.Map keyed by the connection) cost its lookups 2% of a
-// refused create's CPU (docs/benchmarks.md, "A refusal beside bare chi").
+// refused create's CPU (docs/benchmarks.md, "A refusal beside bare chi: the answer,
+// and the rest").
 func (m *Main) trackConn(c net.Conn, state http.ConnState) {
 	tc, ok := c.(*trackedConn)
 	if !ok {
