@@ -111,9 +111,9 @@ func BenchmarkRefusalHandler(b *testing.B) {
 				req.RemoteAddr = "127.0.0.1:40000"
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("X-Client-ID", "bench")
-				w := &statusWriter{h: http.Header{}}
+				w := &testenv.StatusWriter{}
 				h.ServeHTTP(w, req)
-				return w.status
+				return w.Status
 			}
 			create() // the client's one token
 			b.ReportAllocs()
@@ -150,13 +150,3 @@ func benchMain(b *testing.B, quota string, admission bool) *Main {
 	b.Cleanup(func() { m.Close() })
 	return m
 }
-
-// statusWriter is a ResponseWriter that keeps the status and drops the body.
-type statusWriter struct {
-	h      http.Header
-	status int
-}
-
-func (w *statusWriter) Header() http.Header         { return w.h }
-func (w *statusWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (w *statusWriter) WriteHeader(status int)      { w.status = status }
