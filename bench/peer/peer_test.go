@@ -2,8 +2,6 @@ package peer
 
 import (
 	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/space-sandbox/space/internal/testenv"
@@ -11,8 +9,9 @@ import (
 
 // BenchmarkHandler is one refused create through a peer's handler alone, no socket
 // and no net/http server: the request of space-api's BenchmarkRefusalHandler (package
-// internal/app), built the same way, so that the two compare the handlers themselves,
-// apart from what serving them over loopback adds:
+// internal/app), testenv.CreateRequest, written to the same testenv.StatusWriter, so
+// that the two compare the handlers themselves, apart from what serving them over
+// loopback adds:
 //
 //	cd bench && go test -run '^$' -bench Handler -benchmem ./peer/
 //	go test -run '^$' -bench RefusalHandler -benchmem ./internal/app/
@@ -34,12 +33,8 @@ func BenchmarkHandler(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				req := httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(`{"template":"python-3.12","cpu_millis":500,"memory_mib":1024,"disk_gib":5}`))
-				req.RemoteAddr = "127.0.0.1:40000"
-				req.Header.Set("Content-Type", "application/json")
-				req.Header.Set("X-Client-ID", "bench")
 				w := &testenv.StatusWriter{}
-				c.h.ServeHTTP(w, req)
+				c.h.ServeHTTP(w, testenv.CreateRequest("bench"))
 				if w.Status != c.want {
 					b.Fatalf("status %d, want %d", w.Status, c.want)
 				}

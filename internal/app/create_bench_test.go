@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -107,12 +106,8 @@ func BenchmarkRefusalHandler(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			h := benchMain(b, c.quota, true).API.Public()
 			create := func() int {
-				req := httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(`{"template":"python-3.12","cpu_millis":500,"memory_mib":1024,"disk_gib":5}`))
-				req.RemoteAddr = "127.0.0.1:40000"
-				req.Header.Set("Content-Type", "application/json")
-				req.Header.Set("X-Client-ID", "bench")
 				w := &testenv.StatusWriter{}
-				h.ServeHTTP(w, req)
+				h.ServeHTTP(w, testenv.CreateRequest("bench"))
 				return w.Status
 			}
 			create() // the client's one token
