@@ -179,7 +179,7 @@ type known struct {
 // tokens at now: nothing when it has no state of the bucket under rate, or for the
 // charge that relearns one too old.
 func (m *memory) knownState(key string, rate space.Rate, need int, now time.Time) known {
-	cell := m.known.Load(key)
+	cell := m.known.LoadAt(key, now.Unix()) // the map's clock is now().Unix() (newKnownBuckets)
 	if cell == nil {
 		return known{}
 	}

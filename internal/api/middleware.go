@@ -292,6 +292,16 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 				if !s.logger.Enabled(r.Context(), level) {
 					return
 				}
+				// A refusal's line is throttled (one a route and budget key per
+				// RefusalLogEvery, with the count held back) before the line is built:
+				// under a flood most are held back.
+				held := int64(-1)
+				if status == http.StatusTooManyRequests && !s.logger.Enabled(r.Context(), slog.LevelDebug) {
+					var ok bool
+					if ok, held = s.refusals.Allow(listener + " " + route + " " + key); !ok {
+						return
+					}
+				}
 				attrs := []slog.Attr{
 					slog.String("listener", listener),
 					slog.String("method", method),
@@ -303,11 +313,7 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 					slog.String("client", client),
 					slog.String("budget_key", key),
 				}
-				if status == http.StatusTooManyRequests && !s.logger.Enabled(r.Context(), slog.LevelDebug) {
-					ok, held := s.refusals.Allow(listener + " " + route + " " + key)
-					if !ok {
-						return
-					}
+				if held >= 0 {
 					attrs = append(attrs, slog.Int64("refusals_held_back", held))
 				}
 				s.logger.LogAttrs(r.Context(), level, "request", attrs...)

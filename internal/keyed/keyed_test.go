@@ -139,6 +139,25 @@ func TestIdleFor(t *testing.T) {
 		}
 	})
 
+	t.Run("a use at the caller's reading of the clock keeps an entry as Load's does", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 10*time.Second)
+		b.m.LoadOrNew("read-at", nil)
+		b.m.LoadOrNew("unread", nil)
+		b.clock.Add(10)
+		if b.m.LoadAt("read-at", b.clock.Load()) == nil || b.m.LoadAt("missing", b.clock.Load()) != nil {
+			t.Fatal("LoadAt did not find exactly the keys the map holds")
+		}
+		b.clock.Add(1) // unread's last use is 11 s ago, read-at's 1 s
+		b.m.LoadOrNew("new", nil)
+		if b.m.LoadAt("unread", b.clock.Load()) != nil {
+			t.Fatal("an entry idle for 11 s outlived IdleFor of 10 s")
+		}
+		if b.m.Load("read-at") == nil {
+			t.Fatal("an entry used through LoadAt within IdleFor was forgotten")
+		}
+	})
+
 	t.Run("an entry is never forgotten before IdleFor has passed", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 10*time.Second)

@@ -37,14 +37,18 @@ func NewThrottle(interval time.Duration, now func() time.Time) *Throttle {
 	if now == nil {
 		now = time.Now
 	}
-	return &Throttle{interval: interval, now: now, keys: keyed.New(keyed.Options[throttleEntry]{Max: throttleKeys})}
+	return &Throttle{interval: interval, now: now, keys: keyed.New(keyed.Options[throttleEntry]{
+		Max: throttleKeys,
+		Now: func() int64 { return now().Unix() },
+	})}
 }
 
 // Allow reports whether a line for key may be written now and, when it may, how many
 // lines for key were held back since the last one written.
 func (t *Throttle) Allow(key string) (bool, int64) {
-	e := t.keys.LoadOrNew(key, func(e *throttleEntry) { e.last.Store(never) })
-	now := t.now().UnixNano()
+	at := t.now() // once: a read of the clock costs as much as the key's lookup
+	e := t.keys.LoadOrNewAt(key, func(e *throttleEntry) { e.last.Store(never) }, at.Unix())
+	now := at.UnixNano()
 	prev := e.last.Load()
 	if prev != never && now-prev < int64(t.interval) {
 		e.held.Add(1)

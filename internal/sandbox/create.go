@@ -106,7 +106,11 @@ func (p *Plan) release() {
 // It is Create's first step; the API calls it alone for a create it queues, which is
 // planned now and created when the dispatcher runs it (CreateQueued).
 func (s *Service) Plan(caller space.Caller, req CreateRequest) (Plan, error) {
-	began := s.opts.Now()
+	return s.plan(caller, req, s.opts.Now())
+}
+
+// plan is Plan for a create that began at began, on the clock Create has read.
+func (s *Service) plan(caller space.Caller, req CreateRequest, began time.Time) (Plan, error) {
 	p := Plan{Caller: caller, Request: req}
 	if err := ValidateCreate(req.Shape, req.Metadata); err != nil {
 		return p, err
@@ -252,7 +256,7 @@ func (s *Service) CreateQueued(ctx context.Context, caller space.Caller, req Cre
 func (s *Service) create(ctx context.Context, caller space.Caller, req CreateRequest, places Places) (*space.Sandbox, space.Lease, error) {
 	began := s.opts.Now()
 	// 1. Validate.
-	p, err := s.Plan(caller, req)
+	p, err := s.plan(caller, req, began)
 	if space.ErrorCode(err) == space.EINVALID {
 		// A malformed create is told so after its place, in the order the limits
 		// apply: a client over its concurrency cap is told the cap.
