@@ -11,9 +11,11 @@ import (
 )
 
 // BenchmarkAdmit is the admission call of the create path as space-api makes it
-// (through a circuit breaker), with its allocations: Admit with a client rate (the two-bucket script) on the allow and
-// the reject path, and Refused, the early refusal's look. Each call is one round trip
-// to the services' Redis, which dominates ns/op; allocs/op is this package's own.
+// (through a circuit breaker), with its allocations: Admit with a client rate (the
+// two-bucket script) on the allow and the reject path, each one round trip to the
+// services' Redis, which dominates ns/op (allocs/op is this package's own); and the
+// refusal from memory (CachedRefusal), no round trip, of an untiered and of a tiered
+// charge (the tier's series counted).
 //
 //	go test -run '^$' -bench 'BenchmarkAdmit$' -benchmem ./internal/admission/
 func BenchmarkAdmit(b *testing.B) {
@@ -25,10 +27,12 @@ func BenchmarkAdmit(b *testing.B) {
 		name    string
 		rate    space.Rate
 		refused bool
+		tier    string
 	}{
-		{"allow", space.Rate{RefillRPS: 1e6, Burst: 1e6}, false},
-		{"reject", space.Rate{RefillRPS: 0, Burst: 1}, false},
-		{"refused", space.Rate{RefillRPS: 0, Burst: 1}, true},
+		{"allow", space.Rate{RefillRPS: 1e6, Burst: 1e6}, false, ""},
+		{"reject", space.Rate{RefillRPS: 0, Burst: 1}, false, ""},
+		{"refused", space.Rate{RefillRPS: 0, Burst: 1}, true, ""},
+		{"refused_tiered", space.Rate{RefillRPS: 0, Burst: 1}, true, "pro"},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			a, err := New(Options{Redis: rdb, Prefix: testenv.Prefix(b), Enabled: true, FailClosed: true, Cluster: c.rate, Timeout: time.Second,
@@ -44,7 +48,7 @@ func BenchmarkAdmit(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				if c.refused {
-					if refusal(a, space.Charge{Key: "acme", Rate: &rate, Cost: 1}) == nil {
+					if refusal(a, space.Charge{Key: "acme", Rate: &rate, Cost: 1, Tier: c.tier}) == nil {
 						b.Fatal("Refused = nil on a bucket known empty")
 					}
 					continue

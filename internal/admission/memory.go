@@ -222,11 +222,16 @@ func (b known) claim(cost int, bucket space.Bucket, client space.ClientKey) (*kn
 	return b.k, nil
 }
 
-// limitError is the refusal of a charge that finds left of what it needs.
+// limitError is the refusal of a charge that finds left of what it needs. The error
+// and the rate it names are one allocation, not two: one is made per refusal.
 func (b known) limitError(bucket space.Bucket, client space.ClientKey, left float64) *space.LimitError {
-	limit := b.k.Rate
+	e := &struct {
+		le    space.LimitError
+		limit space.Rate
+	}{limit: b.k.Rate}
 	left = max(left, 0)
-	return &space.LimitError{Bucket: bucket, Client: client, RetryAfter: micros((b.need - left) / limit.RefillRPS * 1e6), Limit: &limit, Remaining: left, FromMemory: true}
+	e.le = space.LimitError{Bucket: bucket, Client: client, RetryAfter: micros((b.need - left) / e.limit.RefillRPS * 1e6), Limit: &e.limit, Remaining: left, FromMemory: true}
+	return &e.le
 }
 
 // idleBuckets is how long memory keeps a bucket no charge asked about (keyed's

@@ -1,6 +1,8 @@
 package admission
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
@@ -42,6 +44,11 @@ type admissionMetrics struct {
 	// admissions took their cluster token. keys bounds the budget keys soft labels.
 	soft, sources *prometheus.CounterVec
 	keys          *metric.Keys
+	// tiered are the decisions' series of a tiered charge, bound at first use (a
+	// seriesKey to its prometheus.Counter): a label lookup hashes and compares every
+	// value, and a tiered client flooding over its rate is counted once a refusal.
+	// Bounded, as the series are, by the tiers ever loaded; neither is ever deleted.
+	tiered sync.Map
 
 	// The series of an untiered charge, bound once: the hot path of most fleets, and
 	// for the refusals, of a client flooding over its rate.
@@ -102,9 +109,9 @@ func (m *admissionMetrics) admitted(c space.Charge, d Decision) {
 			m.admittedClient.Inc()
 		}
 	} else {
-		m.decisions.WithLabelValues(decisionAdmitted, string(space.BucketClusterActivation), c.Tier).Inc()
+		m.series(decisionAdmitted, space.BucketClusterActivation, c.Tier).Inc()
 		if c.Rate != nil {
-			m.decisions.WithLabelValues(decisionAdmitted, string(space.BucketClientActivation), c.Tier).Inc()
+			m.series(decisionAdmitted, space.BucketClientActivation, c.Tier).Inc()
 		}
 	}
 	if d.SoftBreach {
@@ -128,9 +135,9 @@ func (m *admissionMetrics) errored(c space.Charge) {
 		}
 		return
 	}
-	m.decisions.WithLabelValues(decisionError, string(space.BucketClusterActivation), c.Tier).Inc()
+	m.series(decisionError, space.BucketClusterActivation, c.Tier).Inc()
 	if c.Rate != nil {
-		m.decisions.WithLabelValues(decisionError, string(space.BucketClientActivation), c.Tier).Inc()
+		m.series(decisionError, space.BucketClientActivation, c.Tier).Inc()
 	}
 }
 
@@ -145,7 +152,24 @@ func (m *admissionMetrics) count(decision string, bucket space.Bucket, tier stri
 			return
 		}
 	}
-	m.decisions.WithLabelValues(decision, string(bucket), tier).Inc()
+	m.series(decision, bucket, tier).Inc()
+}
+
+// seriesKey names one series of the decisions.
+type seriesKey struct {
+	decision string
+	bucket   space.Bucket
+	tier     string
+}
+
+// series is the decisions' series of decision, bucket and tier, bound once (tiered).
+func (m *admissionMetrics) series(decision string, bucket space.Bucket, tier string) prometheus.Counter {
+	k := seriesKey{decision, bucket, tier}
+	if c, ok := m.tiered.Load(k); ok {
+		return c.(prometheus.Counter)
+	}
+	c, _ := m.tiered.LoadOrStore(k, m.decisions.WithLabelValues(decision, string(bucket), tier))
+	return c.(prometheus.Counter)
 }
 
 // refusedLocally counts a refusal answered from memory (CachedRefusal), besides its
