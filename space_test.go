@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -108,4 +109,50 @@ func TestErrors(t *testing.T) {
 			t.Error("an allowlisted client's message depends on the identity mode")
 		}
 	})
+}
+
+func TestAppendQuote(t *testing.T) {
+	t.Parallel()
+	t.Run("every string is quoted exactly as strconv quotes it", func(t *testing.T) {
+		t.Parallel()
+		for _, s := range []string{
+			"", "acme", "client_activation", "bench-reject.1_A", " ~!#$%&'()*+,/:;<=>?@[]^`{|}",
+			`a"b`, `a\b`, "tab\there", "nl\n", "\x00", "\x7f", "é", "日本", "\xff\xfe", "ok\u2028",
+		} {
+			want := strconv.AppendQuote([]byte("prefix:"), s)
+			if got := space.AppendQuote([]byte("prefix:"), s); string(got) != string(want) {
+				t.Errorf("AppendQuote(%q) = %s, want %s", s, got, want)
+			}
+		}
+	})
+	t.Run("a refusal's message names its client quoted", func(t *testing.T) {
+		t.Parallel()
+		le := &space.LimitError{Bucket: space.BucketClientActivation, Client: `a"b`}
+		if got, want := le.Message(), `client "a\"b" is over its sandbox activation rate; slow down and retry after the Retry-After delay`; got != want {
+			t.Errorf("Message = %q, want %q", got, want)
+		}
+		le.Client = space.Unknown
+		if got := le.MessageFor(space.IdentityTrustedHeader); !strings.HasPrefix(got, `client "unknown" is over`) || !strings.HasSuffix(got, "; activations without an allowlisted X-Client-ID share this rate") {
+			t.Errorf("MessageFor(trusted_header) = %q", got)
+		}
+	})
+}
+
+// BenchmarkAppendQuote is the quoting of a refusal's client key and bucket name, against
+// strconv's.
+//
+//	go test -run '^$' -bench AppendQuote -benchmem .
+func BenchmarkAppendQuote(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		quote func([]byte, string) []byte
+	}{{"space", space.AppendQuote}, {"strconv", strconv.AppendQuote}} {
+		b.Run(c.name, func(b *testing.B) {
+			var buf [64]byte
+			for b.Loop() {
+				_ = c.quote(buf[:0], "bench-reject-bare")
+				_ = c.quote(buf[:0], "client_activation")
+			}
+		})
+	}
 }

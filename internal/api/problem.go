@@ -230,7 +230,7 @@ func setLimitHeaders(h http.Header, le *space.LimitError, rnd func() float64) {
 	var buf [128]byte
 	b := strconv.AppendInt(buf[:0], retry, 10)
 	endRetry := len(b)
-	b = strconv.AppendQuote(b, string(le.Bucket))
+	b = space.AppendQuote(b, string(le.Bucket))
 	name := b[endRetry:]
 	switch {
 	case le.Limit != nil:
