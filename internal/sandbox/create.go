@@ -272,8 +272,12 @@ func (s *Service) create(ctx context.Context, caller space.Caller, req CreateReq
 	}
 	defer p.release() // the hold of the refusal from memory, if it let the create through
 
-	// 2. Look up a repeat.
-	c := &creation{s: s, tmpl: p.Template, unclaimable: !req.Answered && req.IdempotencyKey == ""}
+	// 2. Look up a repeat. The creation is made for the repeat's look, or past the
+	// refusal from memory: a create refused from memory makes none.
+	var c *creation
+	newCreation := func() *creation {
+		return &creation{s: s, tmpl: p.Template, unclaimable: !req.Answered && req.IdempotencyKey == ""}
+	}
 	id, byKey := req.ID, false
 	if req.IdempotencyKey != "" {
 		first, err := s.keyHolder(ctx, &p)
@@ -285,6 +289,7 @@ func (s *Service) create(ctx context.Context, caller space.Caller, req CreateReq
 		}
 	}
 	if id != "" {
+		c = newCreation()
 		done, err := s.repeat(ctx, c, caller.ID, id)
 		if err != nil || done != nil {
 			return done, space.Lease{}, err
@@ -292,10 +297,13 @@ func (s *Service) create(ctx context.Context, caller space.Caller, req CreateReq
 	}
 
 	// 3. The refusal from memory.
-	if !c.retry {
+	if c == nil || !c.retry {
 		if err := s.refuseFromMemory(&p, began); err != nil {
 			return nil, space.Lease{}, err
 		}
+	}
+	if c == nil {
+		c = newCreation()
 	}
 
 	// 4. A new key claimed for a new sandbox.
