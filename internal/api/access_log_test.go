@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -135,6 +136,24 @@ func TestAccessLog(t *testing.T) {
 		}
 	})
 
+	t.Run("a line has the answer's status and the bytes of its body", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, slog.LevelInfo)
+		r := httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(pythonCreate))
+		r.RemoteAddr = "192.0.2.1:40000"
+		r.Header.Set(HeaderClientID, "acme")
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		b.public.ServeHTTP(w, r)
+		lines := logLines(t, b.log)
+		if len(lines) != 1 || w.Body.Len() == 0 {
+			t.Fatalf("%d lines and a body of %d bytes for one create, want 1 and some", len(lines), w.Body.Len())
+		}
+		if lines[0]["status"] != float64(w.Code) || lines[0]["bytes"] != float64(w.Body.Len()) {
+			t.Fatalf("line says status %v and %v bytes; the answer was %d and %d bytes", lines[0]["status"], lines[0]["bytes"], w.Code, w.Body.Len())
+		}
+	})
+
 	t.Run("at debug level every refusal is logged", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, slog.LevelDebug)
@@ -145,3 +164,57 @@ func TestAccessLog(t *testing.T) {
 		}
 	})
 }
+
+func TestAnswerRecorder(t *testing.T) {
+	t.Parallel()
+
+	t.Run("the first final status is the answer's; an informational one passes through", func(t *testing.T) {
+		t.Parallel()
+		w := &statusesWriter{ResponseWriter: httptest.NewRecorder()}
+		a := &answerRecorder{ResponseWriter: w}
+		a.WriteHeader(http.StatusEarlyHints)
+		if a.status != 0 {
+			t.Fatalf("status %d after a 103, want none yet", a.status)
+		}
+		a.WriteHeader(http.StatusTooManyRequests)
+		a.WriteHeader(http.StatusInternalServerError)
+		if _, err := a.Write([]byte("slow down")); err != nil {
+			t.Fatal(err)
+		}
+		if a.status != http.StatusTooManyRequests || a.bytes != len("slow down") {
+			t.Fatalf("recorded %d and %d bytes; want 429 and 9 bytes", a.status, a.bytes)
+		}
+		if fmt.Sprint(w.statuses) != "[103 429]" {
+			t.Fatalf("wrote statuses %v, want [103 429]", w.statuses)
+		}
+	})
+
+	t.Run("a body written first is a 200", func(t *testing.T) {
+		t.Parallel()
+		w := httptest.NewRecorder()
+		a := &answerRecorder{ResponseWriter: w}
+		if _, err := a.Write([]byte("ok")); err != nil {
+			t.Fatal(err)
+		}
+		if a.status != http.StatusOK || w.Code != http.StatusOK || a.bytes != 2 {
+			t.Fatalf("recorded %d and %d bytes, wrote %d; want 200, 2 bytes, 200", a.status, a.bytes, w.Code)
+		}
+	})
+
+	t.Run("a response controller flushes the writer beneath", func(t *testing.T) {
+		t.Parallel()
+		w := httptest.NewRecorder()
+		a := &answerRecorder{ResponseWriter: w}
+		if err := http.NewResponseController(a).Flush(); err != nil || !w.Flushed {
+			t.Fatalf("Flush = %v, flushed %v; want the recorder beneath flushed", err, w.Flushed)
+		}
+	})
+}
+
+// statusesWriter keeps every status written through it.
+type statusesWriter struct {
+	http.ResponseWriter
+	statuses []int
+}
+
+func (w *statusesWriter) WriteHeader(status int) { w.statuses = append(w.statuses, status) }

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
@@ -47,7 +46,47 @@ type requestState struct {
 	// idHeader is the X-Request-Id header's value slice, kept here so that setting
 	// the header costs no allocation of its own.
 	idHeader [1]string
+	// answer is the writer observe hands the handlers, which records the answer's
+	// status and size for the request's metrics and log line.
+	answer answerRecorder
 }
+
+// answerRecorder is a request's writer as observe hands it on: the status and the
+// bytes of the answer, recorded as they are written. It lives in the request's state,
+// in the allocation withRequestState makes; chi's WrapResponseWriter, which did the
+// same, was two more allocations a request. http.ResponseController reaches the
+// writer beneath through Unwrap (to flush it, or set its deadlines).
+type answerRecorder struct {
+	http.ResponseWriter
+	status int // the answer's status; 0 until one is written
+	bytes  int // the body's bytes written
+}
+
+// WriteHeader records the answer's status and writes it: the first final status
+// only, as net/http does; an informational one (1xx but 101) passes through.
+func (a *answerRecorder) WriteHeader(status int) {
+	if status >= 100 && status <= 199 && status != http.StatusSwitchingProtocols {
+		a.ResponseWriter.WriteHeader(status)
+		return
+	}
+	if a.status == 0 {
+		a.status = status
+		a.ResponseWriter.WriteHeader(status)
+	}
+}
+
+// Write writes the body, after a 200 when no status was written, as net/http does.
+func (a *answerRecorder) Write(p []byte) (int, error) {
+	if a.status == 0 {
+		a.WriteHeader(http.StatusOK)
+	}
+	n, err := a.ResponseWriter.Write(p)
+	a.bytes += n
+	return n, err
+}
+
+// Unwrap is the writer beneath, for http.ResponseController.
+func (a *answerRecorder) Unwrap() http.ResponseWriter { return a.ResponseWriter }
 
 // giveSeatBack gives the request's seat of the overload gate back now, to the next
 // request in turn, when the rest of its work is no work at all: a refusal from memory
@@ -247,14 +286,18 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 			if st == nil {
 				st = &requestState{}
 			}
-			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+			ww := &st.answer
+			if ww.ResponseWriter != nil {
+				ww = &answerRecorder{} // a request observed twice: a recorder of its own
+			}
+			ww.ResponseWriter = w
 			defer func() {
 				if rec := recover(); rec != nil {
 					if rec == http.ErrAbortHandler { //nolint:errorlint // sentinel compared as net/http does
 						panic(rec)
 					}
 					s.logger.ErrorContext(r.Context(), "handler panicked", "panic", rec, "stack", string(debug.Stack()), "request_id", RequestID(r.Context()))
-					if ww.Status() == 0 {
+					if ww.status == 0 {
 						s.writeError(ww, r, &space.Error{Code: space.EINTERNAL, Message: "internal error", Err: errors.New("panic")})
 					}
 				}
@@ -268,7 +311,7 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 				if route == "" {
 					route = "unmatched"
 				}
-				status := ww.Status()
+				status := ww.status
 				if status == 0 {
 					status = http.StatusOK
 				}
@@ -307,7 +350,7 @@ func (s *Server) observe(listener string) func(http.Handler) http.Handler {
 					slog.String("method", method),
 					slog.String("route", route),
 					slog.Int("status", status),
-					slog.Int("bytes", ww.BytesWritten()),
+					slog.Int("bytes", ww.bytes),
 					slog.Duration("duration", elapsed),
 					slog.String("request_id", RequestID(r.Context())),
 					slog.String("client", client),
