@@ -119,44 +119,36 @@ func TestIdleFor(t *testing.T) {
 		})}
 	}
 
-	t.Run("an entry idle for longer than IdleFor is forgotten by the next new key, one used within it is kept", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, 10*time.Second)
-		b.m.LoadOrNew("idle", nil)
-		b.m.LoadOrNew("busy", nil)
-		b.clock.Add(10)
-		b.m.Load("busy")
-		b.clock.Add(1) // idle's last use is 11 s ago, busy's 1 s
-		b.m.LoadOrNew("new", nil)
-		if b.m.Load("idle") != nil {
-			t.Fatal("an entry idle for 11 s outlived IdleFor of 10 s")
-		}
-		if b.m.Load("busy") == nil || b.m.Load("new") == nil {
-			t.Fatal("an entry used within IdleFor was forgotten")
-		}
-		if b.m.Len() != 2 || b.m.Idled() != 1 {
-			t.Fatalf("%d keys, %d idled; want 2 and 1", b.m.Len(), b.m.Idled())
-		}
-	})
-
-	t.Run("a use at the caller's reading of the clock keeps an entry as Load's does", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, 10*time.Second)
-		b.m.LoadOrNew("read-at", nil)
-		b.m.LoadOrNew("unread", nil)
-		b.clock.Add(10)
-		if b.m.LoadAt("read-at", b.clock.Load()) == nil || b.m.LoadAt("missing", b.clock.Load()) != nil {
-			t.Fatal("LoadAt did not find exactly the keys the map holds")
-		}
-		b.clock.Add(1) // unread's last use is 11 s ago, read-at's 1 s
-		b.m.LoadOrNew("new", nil)
-		if b.m.LoadAt("unread", b.clock.Load()) != nil {
-			t.Fatal("an entry idle for 11 s outlived IdleFor of 10 s")
-		}
-		if b.m.Load("read-at") == nil {
-			t.Fatal("an entry used through LoadAt within IdleFor was forgotten")
-		}
-	})
+	// Load reads the map's clock for an entry's use; LoadAt takes the caller's reading.
+	for _, read := range []struct {
+		name string
+		load func(b bundle, key string) *atomic.Int64
+	}{
+		{"Load", func(b bundle, key string) *atomic.Int64 { return b.m.Load(key) }},
+		{"LoadAt", func(b bundle, key string) *atomic.Int64 { return b.m.LoadAt(key, b.clock.Load()) }},
+	} {
+		t.Run("an entry idle for longer than IdleFor is forgotten by the next new key, one read by "+read.name+" within it is kept", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 10*time.Second)
+			b.m.LoadOrNew("idle", nil)
+			b.m.LoadOrNew("busy", nil)
+			b.clock.Add(10)
+			if read.load(b, "busy") == nil || read.load(b, "missing") != nil {
+				t.Fatalf("%s did not find exactly the keys the map holds", read.name)
+			}
+			b.clock.Add(1) // idle's last use is 11 s ago, busy's 1 s
+			b.m.LoadOrNewAt("new", nil, b.clock.Load())
+			if read.load(b, "idle") != nil {
+				t.Fatal("an entry idle for 11 s outlived IdleFor of 10 s")
+			}
+			if read.load(b, "busy") == nil || read.load(b, "new") == nil {
+				t.Fatal("an entry used within IdleFor was forgotten")
+			}
+			if b.m.Len() != 2 || b.m.Idled() != 1 {
+				t.Fatalf("%d keys, %d idled; want 2 and 1", b.m.Len(), b.m.Idled())
+			}
+		})
+	}
 
 	t.Run("an entry is never forgotten before IdleFor has passed", func(t *testing.T) {
 		t.Parallel()
