@@ -44,11 +44,12 @@ type admissionMetrics struct {
 	// admissions took their cluster token. keys bounds the budget keys soft labels.
 	soft, sources *prometheus.CounterVec
 	keys          *metric.Keys
-	// tiered are the decisions' series of a tiered charge, bound at first use (a
-	// seriesKey to its prometheus.Counter): a label lookup hashes and compares every
-	// value, and a tiered client flooding over its rate is counted once a refusal.
-	// Bounded, as the series are, by the tiers ever loaded; neither is ever deleted.
-	tiered sync.Map
+	// bound are the decisions' series not bound below (a tiered charge's, a shadow
+	// decision's), bound at their first use (a seriesKey to its prometheus.Counter): a
+	// label lookup hashes and compares every value, and a tiered client flooding over
+	// its rate is counted once a refusal. Bounded, as the series are, by the tiers ever
+	// loaded; neither is ever deleted.
+	bound sync.Map
 
 	// The series of an untiered charge, bound once: the hot path of most fleets, and
 	// for the refusals, of a client flooding over its rate.
@@ -162,13 +163,13 @@ type seriesKey struct {
 	tier     string
 }
 
-// series is the decisions' series of decision, bucket and tier, bound once (tiered).
+// series is the decisions' series of decision, bucket and tier, bound once (bound).
 func (m *admissionMetrics) series(decision string, bucket space.Bucket, tier string) prometheus.Counter {
 	k := seriesKey{decision, bucket, tier}
-	if c, ok := m.tiered.Load(k); ok {
+	if c, ok := m.bound.Load(k); ok {
 		return c.(prometheus.Counter)
 	}
-	c, _ := m.tiered.LoadOrStore(k, m.decisions.WithLabelValues(decision, string(bucket), tier))
+	c, _ := m.bound.LoadOrStore(k, m.decisions.WithLabelValues(decision, string(bucket), tier))
 	return c.(prometheus.Counter)
 }
 
