@@ -25,11 +25,11 @@ import (
 // are not UTF-8 is a 400 naming its field, where encoding/json would silently replace
 // them.
 func decodeJSON(r *http.Request, v any) error {
-	body, done, err := readJSON(r)
+	body, buf, err := readJSON(r)
 	if err != nil {
 		return err
 	}
-	defer done()
+	defer giveBody(buf)
 	return decodeJSONBody(body, v)
 }
 
@@ -39,33 +39,35 @@ func decodeJSON(r *http.Request, v any) error {
 var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // readJSON reads a JSON request's body: declared application/json (else 415), within
-// the limit, UTF-8 (else a 400 naming the field that is not). The body is good until
-// done is called; nothing decoded from it may keep a reference into it.
-func readJSON(r *http.Request) (body []byte, done func(), err error) {
+// the limit, UTF-8 (else a 400 naming the field that is not). The body is read into
+// buf and good until buf is given back (giveBody); nothing decoded from it may keep a
+// reference into it.
+func readJSON(r *http.Request) (body []byte, buf *bytes.Buffer, err error) {
 	if err := checkJSONContentType(r.Header["Content-Type"]); err != nil {
 		return nil, nil, err
 	}
-	buf := bodyBuffers.Get().(*bytes.Buffer)
+	buf = bodyBuffers.Get().(*bytes.Buffer)
 	buf.Reset()
-	done = func() {
-		// The pool keeps the buffers of ordinary bodies: one grown past the default
-		// limit (by a body near it, or a larger one where SPACE_MAX_BODY_BYTES is
-		// raised) is left to the GC.
-		if buf.Cap() <= config.DefaultMaxBodyBytes {
-			bodyBuffers.Put(buf)
-		}
-	}
 	if _, err := buf.ReadFrom(r.Body); err != nil {
-		done()
+		giveBody(buf)
 		return nil, nil, jsonError(err)
 	}
 	body = buf.Bytes()
 	if !utf8.Valid(body) {
 		err := space.FieldError(space.EINVALID, invalidUTF8Field(body), "is not valid UTF-8")
-		done()
+		giveBody(buf)
 		return nil, nil, err
 	}
-	return body, done, nil
+	return body, buf, nil
+}
+
+// giveBody gives back a buffer readJSON read a body into. The pool keeps the buffers
+// of ordinary bodies: one grown past the default limit (by a body near it, or a larger
+// one where SPACE_MAX_BODY_BYTES is raised) is left to the GC.
+func giveBody(buf *bytes.Buffer) {
+	if buf.Cap() <= config.DefaultMaxBodyBytes {
+		bodyBuffers.Put(buf)
+	}
 }
 
 // decodeJSONBody decodes body, read by readJSON, into v as decodeJSON does.

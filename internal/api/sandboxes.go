@@ -175,11 +175,11 @@ func (m *metadata) UnmarshalJSON(b []byte) error {
 // createRequest reads a create: its body, its Idempotency-Key and whether it prefers
 // to be queued. An error is a 400 naming what is malformed.
 func createRequest(r *http.Request) (sandbox.CreateRequest, error) {
-	raw, done, err := readJSON(r)
+	raw, buf, err := readJSON(r)
 	if err != nil {
 		return sandbox.CreateRequest{}, err
 	}
-	defer done()
+	defer giveBody(buf)
 	var body createBody
 	if !body.decodePlain(raw) {
 		if err := decodeJSONBody(raw, &body); err != nil {
