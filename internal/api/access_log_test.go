@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
@@ -45,6 +46,7 @@ func TestAccessLog(t *testing.T) {
 		log    *testenv.Buffer
 		leases *fakeLeases
 		public http.Handler
+		srv    *Server
 		clock  func(time.Duration) // moves the refusal sampler's clock on
 	}
 	setup := func(t *testing.T, level slog.Level) *bundle {
@@ -65,7 +67,7 @@ func TestAccessLog(t *testing.T) {
 		now := time.Unix(1_000, 0)
 		s.refusals = logs.NewThrottle(time.Second, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
 		b.clock = func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-		b.public = s.Public()
+		b.public, b.srv = s.Public(), s
 		return b
 	}
 	create := func(b *bundle, client string) int {
@@ -151,6 +153,25 @@ func TestAccessLog(t *testing.T) {
 		}
 		if lines[0]["status"] != float64(w.Code) || lines[0]["bytes"] != float64(w.Body.Len()) {
 			t.Fatalf("line says status %v and %v bytes; the answer was %d and %d bytes", lines[0]["status"], lines[0]["bytes"], w.Code, w.Body.Len())
+		}
+	})
+
+	t.Run("a request observed twice is recorded by each, neither recorder wrapping itself", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, slog.LevelInfo)
+		mux := chi.NewMux()
+		mux.Use(b.srv.observe("outer"), b.srv.observe("inner"))
+		mux.Get("/twice", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+		w := httptest.NewRecorder()
+		withRequestState(mux).ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/twice", nil))
+		lines := logLines(t, b.log)
+		if w.Code != http.StatusNoContent || len(lines) != 2 {
+			t.Fatalf("answered %d with %d lines, want 204 and a line from each", w.Code, len(lines))
+		}
+		for _, l := range lines {
+			if l["status"] != float64(http.StatusNoContent) {
+				t.Fatalf("line %v does not record the 204", l)
+			}
 		}
 	})
 

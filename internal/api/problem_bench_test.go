@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/testenv"
 )
 
 // benchRefusals are the two kinds of 429 the headers describe: a rate bucket (policy
@@ -63,23 +64,15 @@ func BenchmarkWriteLimitError(b *testing.B) {
 	req := httptest.NewRequest(http.MethodPost, "/v1/sandboxes", nil)
 	for _, r := range benchRefusals {
 		b.Run(r.name, func(b *testing.B) {
-			w := &discardWriter{h: http.Header{}}
+			w := &testenv.StatusWriter{}
 			b.ReportAllocs()
 			for b.Loop() {
-				clear(w.h)
+				clear(w.Header())
 				s.writeError(w, req, r.le)
 			}
 		})
 	}
 }
-
-// discardWriter is a ResponseWriter that keeps only the header map, so that the
-// benchmark measures writeError rather than a recorder's buffers.
-type discardWriter struct{ h http.Header }
-
-func (w *discardWriter) Header() http.Header         { return w.h }
-func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (w *discardWriter) WriteHeader(int)             {}
 
 // limitNumbers are the numbers every variant writes, computed as setLimitHeaders does,
 // so that the variants differ only in how they write them.
