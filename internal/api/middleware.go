@@ -116,10 +116,17 @@ func (st *requestState) giveSeat() {
 // when the request holds no seat.
 func seatGoesOnIdle(ctx context.Context) context.Context {
 	if st := stateFrom(ctx); st != nil && st.seatHeld.Load() {
-		return space.WithIdle(ctx, st.giveSeat)
+		return space.WithIdle(ctx, (*seatOnIdle)(st))
 	}
 	return ctx
 }
+
+// seatOnIdle is a request's state as the space.Idler of its create or restore: its
+// Idle gives the seat back. The state's own pointer, so that the context holds it at
+// no allocation of its own.
+type seatOnIdle requestState
+
+func (s *seatOnIdle) Idle() { (*requestState)(s).giveSeat() }
 
 func stateFrom(ctx context.Context) *requestState {
 	st, _ := ctx.Value(requestStateKey{}).(*requestState)

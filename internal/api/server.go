@@ -102,7 +102,7 @@ type Server struct {
 	identity     space.IdentityMode
 	refusals     *logs.Throttle
 	pace         *refusalPace
-	places       pacedPlaces // the concurrency cap as a create takes it
+	places       *pacedPlaces // the concurrency cap as a create takes it (a pointer: as a sandbox.Places, a value would be copied to the heap at every create)
 	gate         *gate
 
 	auth        Authenticator
@@ -145,7 +145,7 @@ func New(opts Options) *Server {
 	}
 	s.refusals = logs.NewThrottle(every, nil)
 	s.pace = newRefusalPace(max(opts.RefusalPace, 0), opts.Registry)
-	s.places = pacedPlaces{leases: s.concurrency, pace: s.pace}
+	s.places = &pacedPlaces{leases: s.concurrency, pace: s.pace}
 	if opts.Gate.Seats >= 0 {
 		s.gate = newGate(opts.Gate, opts.Registry)
 	}

@@ -254,7 +254,7 @@ func TestCreate(t *testing.T) {
 	t.Run("a start that waits on the substrate is idle (space.Idle); one that returns at once is not", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		ctx := space.WithIdle(b.ctx, func() { b.events.add("idle") })
+		ctx := space.WithIdle(b.ctx, space.IdleFunc(func() { b.events.add("idle") }))
 		// The simulated substrate's starts return at once: warm, cold, restore.
 		b.addReadySlots(t, python, 1)
 		if _, err := create(b.svc, ctx, acme(), sandbox.CreateRequest{Shape: python}); err != nil {
@@ -278,7 +278,7 @@ func TestCreate(t *testing.T) {
 		// A cold start held at the substrate: idle once it has waited, after the
 		// charge, and the create still ends well once the start returns.
 		b2 := setup(t)
-		ctx2 := space.WithIdle(b2.ctx, func() { b2.events.add("idle") })
+		ctx2 := space.WithIdle(b2.ctx, space.IdleFunc(func() { b2.events.add("idle") }))
 		release := b2.holdColdStarts()
 		created := make(chan error, 1)
 		go func() {
