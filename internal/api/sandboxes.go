@@ -180,11 +180,16 @@ func createRequest(r *http.Request) (sandbox.CreateRequest, error) {
 		return sandbox.CreateRequest{}, err
 	}
 	defer giveBody(buf)
-	var body createBody
+	var body createBody // on the stack: only the plain decoding fills it in place
 	if !body.decodePlain(raw) {
-		if err := decodeJSONBody(raw, &body); err != nil {
+		// A body decodePlain does not take goes through encoding/json, into a value of
+		// its own: given to json as an interface, body itself would be moved to the
+		// heap for every create, the plain ones too.
+		decoded := new(createBody)
+		if err := decodeJSONBody(raw, decoded); err != nil {
 			return sandbox.CreateRequest{}, err
 		}
+		body = *decoded
 	}
 	async, key, err := queueing(r, space.OperationCreate)
 	return sandbox.CreateRequest{
