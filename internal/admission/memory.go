@@ -4,6 +4,7 @@ import (
 	"math"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/space-sandbox/space"
 	"github.com/space-sandbox/space/internal/admission/model"
@@ -85,7 +86,8 @@ func (a *Admitter) CachedRefusal(c space.Charge) (space.Hold, *space.LimitError)
 	var le *space.LimitError
 	var client, cluster known
 	if rate != nil && key != "" {
-		client = a.knownState(a.clientPrefix+string(key), *rate, cost, now)
+		var buf [192]byte
+		client = a.knownState(joined(&buf, a.clientPrefix, string(key)), *rate, cost, now)
 		le = client.refusal(space.BucketClientActivation, key)
 	}
 	clusterKey, clusterRate := a.knownCluster(c.Tier)
@@ -173,6 +175,19 @@ type known struct {
 	k      *knownBucket
 	tokens float64 // the most the bucket holds now: the known tokens and all refill since
 	need   float64 // what the charge needs left in it: its cost, and a warm-up's floor
+}
+
+// joined is a and b as one string in buf (or on the heap, when they do not fit), for a
+// lookup that keeps no reference to it: the client bucket's key is looked up at every
+// refusal from memory, and a + b was an allocation of its own there (Go builds a
+// concatenation that stays on the stack only up to 32 bytes, and the default prefix
+// alone, "{space:cluster_admission:sandbox_activation}:client:", is 53; 192 bytes hold
+// it and a client key of space.MaxClientIDLen, 128). The string shares buf's bytes, which
+// nothing writes again; should a lookup ever keep it, escape analysis moves buf to the
+// heap rather than let the string outlive it.
+func joined(buf *[192]byte, a, b string) string {
+	s := append(append(buf[:0], a...), b...)
+	return unsafe.String(unsafe.SliceData(s), len(s))
 }
 
 // knownState is what this replica knows of bucket key for a charge needing need
