@@ -32,14 +32,18 @@ var goBenchmarks = []struct {
 	{"./internal/dispatcher", "^BenchmarkFairQueue$", nil},
 }
 
-// goBenchPair is two sub-benchmarks of Bench whose ratio is a target. Each run of
-// either is a go test of its own (-count 1, -benchtime sizes.goPairTime), the two one
-// after the other and the first of them alternating from run to run, so that run i of
-// each is taken beside run i of the other; the package's run with -count skips them.
-// go test's -count runs one sub-benchmark's repetitions in a block, and the block that
-// ran second met whatever the machine did later: in process the two refusals cost the
-// same (BenchmarkRefusalHandler), while over loopback the later block read 0.88–0.99×
-// the earlier one, whichever went first (measured 2026-12-07).
+// goBenchPair is two sub-benchmarks of Bench whose ratio is a target. Each of a run's
+// figures is the mean of two go tests of its own (-count 1, -benchtime
+// sizes.goPairTime), the four in the order first, second, second, first (order), the
+// first alternating from run to run, so that run i of each is taken beside run i of
+// the other; the package's run with -count skips them. go test's -count runs one
+// sub-benchmark's repetitions in a block, and the block that ran second met whatever
+// the machine did later: in process the two refusals cost the same
+// (BenchmarkRefusalHandler), while over loopback the later block read 0.88–0.99× the
+// earlier one, whichever went first. One go test of each a run, one after the other,
+// still read 0.86× to 1.12× between pairs minutes apart (eight pairs by hand at
+// afcb14d, median 1.00×): a drift over the pair's seconds falls on whichever ran
+// second, where over first, second, second, first a steady one falls alike on both.
 type goBenchPair struct {
 	Bench string
 	Subs  [2]string
@@ -118,19 +122,46 @@ func runGoBench(ctx context.Context, env *Env, sz sizes) (*GoBenchResult, error)
 	return res, nil
 }
 
-// run runs the pair's sub-benchmarks of pkg sz.goBenchCount times each, in turns,
-// and adds their lines to lines.
+// run runs the pair's sub-benchmarks of pkg for sz.goBenchCount runs, each run's
+// four go tests in order, and adds their lines to lines: one figure a run for each,
+// the mean of its two.
 func (p *goBenchPair) run(ctx context.Context, env *Env, pkg string, sz sizes, lines []*GoBenchLine) ([]*GoBenchLine, error) {
 	for run := range sz.goBenchCount {
-		for i := range 2 {
-			more, err := goTest(ctx, env, pkg, "^"+p.Bench+"$/^"+p.Subs[(run+i)%2]+"$", "", sz.goPairTime, 1)
+		var got []*GoBenchLine
+		for _, sub := range p.order(run) {
+			more, err := goTest(ctx, env, pkg, "^"+p.Bench+"$/^"+sub+"$", "", sz.goPairTime, 1)
 			if err != nil {
 				return nil, err
 			}
-			lines = mergeGoBench(lines, more)
+			got = mergeGoBench(got, more)
 		}
+		lines = mergeGoBench(lines, meanRuns(got))
 	}
 	return lines, nil
+}
+
+// order is the order of the pair's four go tests in run number run: first, second,
+// second, first, the first alternating from run to run.
+func (p *goBenchPair) order(run int) [4]string {
+	a, b := p.Subs[run%2], p.Subs[(run+1)%2]
+	return [4]string{a, b, b, a}
+}
+
+// meanRuns is lines with each benchmark's runs of each unit made one: their mean.
+func meanRuns(lines []*GoBenchLine) []*GoBenchLine {
+	out := make([]*GoBenchLine, 0, len(lines))
+	for _, l := range lines {
+		m := &GoBenchLine{Pkg: l.Pkg, Name: l.Name, Units: slices.Clone(l.Units), Metrics: make(map[string][]float64, len(l.Metrics))}
+		for u, vs := range l.Metrics {
+			sum := 0.0
+			for _, v := range vs {
+				sum += v
+			}
+			m.Metrics[u] = []float64{sum / float64(len(vs))}
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 // goTest runs go test's benchmarks matching pattern, less those matching skip (none

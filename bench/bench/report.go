@@ -620,7 +620,7 @@ func (r *Report) Markdown(command string) string {
 				continue
 			}
 			a, b := gb.Pair.names()
-			w(" `%s` and `%s` (`%s`), whose ratio is a target, are each run a `go test` of its own with `-count 1` and `-benchtime %s`, the two one after the other and the first of them alternating from run to run, so that each run of one is beside a run of the other; with `-count`, go test runs one sub-benchmark's repetitions in a block and the second block meets what the machine does later.",
+			w(" `%s` and `%s` (`%s`), whose ratio is a target, are each run as `go test`s of their own with `-count 1` and `-benchtime %s`, four a run in the order first, second, second, first, the first alternating from run to run, and each run's figure of one is the mean of its two, beside the other's: with `-count`, go test runs one sub-benchmark's repetitions in a block and the second block meets what the machine does later, and of two runs one after the other, the second meets a drift over their seconds that the order first, second, second, first shares between them.",
 				a, b, gb.Pkg, g.PairTime)
 		}
 		w("\n\n")

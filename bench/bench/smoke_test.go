@@ -650,6 +650,35 @@ func TestMergeGoBench(t *testing.T) {
 	}
 }
 
+func TestGoBenchPairOrder(t *testing.T) {
+	t.Parallel()
+	p := &goBenchPair{Bench: "BenchmarkCreate", Subs: [2]string{"a", "b"}}
+
+	t.Run("a run goes first, second, second, first, the first alternating from run to run", func(t *testing.T) {
+		for run, want := range [][4]string{{"a", "b", "b", "a"}, {"b", "a", "a", "b"}, {"a", "b", "b", "a"}} {
+			if got := p.order(run); got != want {
+				t.Errorf("run %d: order %v, want %v", run, got, want)
+			}
+		}
+	})
+
+	t.Run("a run's two go tests of each are one figure, their mean", func(t *testing.T) {
+		got := parseGoBench("./x", []byte("BenchmarkCreate/a-2 1 10 ns/op 100 creates/s\nBenchmarkCreate/b-2 1 30 ns/op 80 creates/s\n"+
+			"BenchmarkCreate/b-2 1 50 ns/op 90 creates/s\nBenchmarkCreate/a-2 1 20 ns/op 110 creates/s\n"))
+		mean := meanRuns(got)
+		if len(mean) != 2 || mean[0].Name != "BenchmarkCreate/a" || mean[1].Name != "BenchmarkCreate/b" {
+			t.Fatalf("lines %+v", mean)
+		}
+		if !slices.Equal(mean[0].Metrics["creates/s"], []float64{105}) || !slices.Equal(mean[0].Metrics["ns/op"], []float64{15}) ||
+			!slices.Equal(mean[1].Metrics["creates/s"], []float64{85}) || !slices.Equal(mean[1].Metrics["ns/op"], []float64{40}) {
+			t.Errorf("means %v, %v; want a 105 creates/s and 15 ns/op, b 85 and 40", mean[0].Metrics, mean[1].Metrics)
+		}
+		if !slices.Equal(got[0].Metrics["creates/s"], []float64{100, 110}) {
+			t.Errorf("the runs given were changed: %v", got[0].Metrics)
+		}
+	})
+}
+
 func TestGoBenchPairTarget(t *testing.T) {
 	t.Parallel()
 	p := &goBenchPair{Bench: "BenchmarkCreate", Subs: [2]string{"a", "b"}, Unit: "creates/s", AtLeast: 0.95, Target: "b ≥ 0.95× a"}
