@@ -1,8 +1,6 @@
 package admission
 
 import (
-	"sync"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
@@ -45,11 +43,10 @@ type admissionMetrics struct {
 	soft, sources *prometheus.CounterVec
 	keys          *metric.Keys
 	// bound are the decisions' series not bound below (a tiered charge's, a shadow
-	// decision's), bound at their first use (a seriesKey to its prometheus.Counter): a
-	// label lookup hashes and compares every value, and a tiered client flooding over
-	// its rate is counted once a refusal. Bounded, as the series are, by the tiers ever
-	// loaded; neither is ever deleted.
-	bound sync.Map
+	// decision's), bound at their first use: a tiered client flooding over its rate is
+	// counted once a refusal. Bounded, as the series are, by the tiers ever loaded;
+	// neither is ever deleted.
+	bound *metric.Bound[seriesKey, prometheus.Counter]
 
 	// The series of an untiered charge, bound once: the hot path of most fleets, and
 	// for the refusals, of a client flooding over its rate.
@@ -81,7 +78,10 @@ func newAdmissionMetrics(reg prometheus.Registerer) (*admissionMetrics, error) {
 		Name: "space_sandbox_admission_cluster_tokens_total",
 		Help: "Cluster tokens taken while tiers reserve shares of the cluster bucket, by tier and where they came from: reserve (the tier's own), shared (the remainder), borrowed (another tier's idle reserve).",
 	}, []string{"tier", "source"}))
-	m := &admissionMetrics{decisions: decisions, script: script, local: local, soft: soft, sources: sources}
+	m := &admissionMetrics{decisions: decisions, script: script, local: local, soft: soft, sources: sources,
+		bound: metric.NewBound(func(k seriesKey) prometheus.Counter {
+			return decisions.WithLabelValues(k.decision, string(k.bucket), k.tier)
+		})}
 	m.admittedCluster = decisions.WithLabelValues(decisionAdmitted, string(space.BucketClusterActivation), "")
 	m.admittedClient = decisions.WithLabelValues(decisionAdmitted, string(space.BucketClientActivation), "")
 	m.errorCluster = decisions.WithLabelValues(decisionError, string(space.BucketClusterActivation), "")
@@ -165,12 +165,7 @@ type seriesKey struct {
 
 // series is the decisions' series of decision, bucket and tier, bound once (bound).
 func (m *admissionMetrics) series(decision string, bucket space.Bucket, tier string) prometheus.Counter {
-	k := seriesKey{decision, bucket, tier}
-	if c, ok := m.bound.Load(k); ok {
-		return c.(prometheus.Counter)
-	}
-	c, _ := m.bound.LoadOrStore(k, m.decisions.WithLabelValues(decision, string(bucket), tier))
-	return c.(prometheus.Counter)
+	return m.bound.Of(seriesKey{decision, bucket, tier})
 }
 
 // refusedLocally counts a refusal answered from memory (CachedRefusal), besides its

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/space-sandbox/space"
+	"github.com/space-sandbox/space/internal/metric"
 )
 
 // requestStateKey is the context key of a request's requestState.
@@ -222,12 +223,12 @@ func saneToken(s string, max int) bool {
 
 // httpMetrics are the request series. The route label is chi's route pattern, never the
 // raw path, and the method label one of the methods of RFC 9110 or "other", so the
-// series are bounded by the router. Each series is looked up once and kept (bound): a
-// label lookup validates, hashes and compares every value, twice a request.
+// series are bounded by the router. Each series is looked up once and kept (bound):
+// a label lookup would be two a request.
 type httpMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
-	bound    sync.Map // seriesKey -> *requestSeries
+	bound    *metric.Bound[seriesKey, *requestSeries]
 }
 
 type seriesKey struct {
@@ -242,15 +243,7 @@ type requestSeries struct {
 
 // of is the series of one listener, route, method and status.
 func (m *httpMetrics) of(listener, route, method string, status int) *requestSeries {
-	k := seriesKey{listener, route, method, status}
-	if v, ok := m.bound.Load(k); ok {
-		return v.(*requestSeries)
-	}
-	v, _ := m.bound.LoadOrStore(k, &requestSeries{
-		requests: m.requests.WithLabelValues(listener, route, method, strconv.Itoa(status)),
-		duration: m.duration.WithLabelValues(listener, route, method),
-	})
-	return v.(*requestSeries)
+	return m.bound.Of(seriesKey{listener, route, method, status})
 }
 
 // methodLabel is method as the request series label it: a method of RFC 9110, or
@@ -276,6 +269,12 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10},
 		}, []string{"listener", "route", "method"}),
 	}
+	m.bound = metric.NewBound(func(k seriesKey) *requestSeries {
+		return &requestSeries{
+			requests: m.requests.WithLabelValues(k.listener, k.route, k.method, strconv.Itoa(k.status)),
+			duration: m.duration.WithLabelValues(k.listener, k.route, k.method),
+		}
+	})
 	reg.MustRegister(m.requests, m.duration)
 	return m
 }
